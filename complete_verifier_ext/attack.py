@@ -1,0 +1,352 @@
+"""Falsification by projected gradient descent (PGD) and counterexample checking.
+
+A region (see :mod:`complete_verifier_ext.spec`) is an input box plus a disjunction of clauses; a clause
+``(C, d)`` holds at an output ``y`` iff ``all(C @ y <= d)``.  A counterexample is a point of the box at
+which some clause holds.  This module
+
+* rounds real boxes to float32 boxes (:func:`float32_box`),
+* searches for counterexamples with a batched, deterministic sign-gradient PGD (:func:`pgd_attack`),
+* re-checks a candidate with the torch model and optionally onnxruntime (:func:`check_counterexample`),
+* formats it in the VNN-COMP results format (:func:`format_counterexample`).
+
+Lockstep contract of :func:`pgd_attack` (several processes may run it in lockstep): each step first calls
+``should_stop()`` exactly once; if it returns False, ``forward`` is called exactly once on the whole batch.
+The loop ends after ``cfg.pgd_steps`` steps, when ``should_stop()`` returns True, or (with
+``cfg.pgd_early_stop``) at the first step where some point satisfies some clause.  After the loop,
+``forward`` is called once more (on a single point) iff a candidate was found.  Apart from the results of
+``forward`` and ``should_stop``, the sequence of calls depends only on the arguments (seed included), never
+on the clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from complete_verifier_ext.spec import Clause, Region
+
+__all__ = [
+    "EmptyFloat32BoxError",
+    "check_counterexample",
+    "clause_margins",
+    "float32_box",
+    "format_counterexample",
+    "pgd_attack",
+]
+
+Forward = Callable[[torch.Tensor], torch.Tensor]
+
+# Defaults mirroring config.AttackConfig; read with getattr so any object with these attributes works.
+_CFG_DEFAULTS: dict[str, Any] = {
+    "pgd_steps": 100,
+    "pgd_restarts": 30,
+    "pgd_alpha": "auto",
+    "pgd_early_stop": True,
+    "pgd_lr_decay": 0.99,
+}
+
+
+class EmptyFloat32BoxError(ValueError):
+    """Raised by :func:`float32_box` (inward rounding) when some dimension contains no float32 value."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Float32 boxes
+# ----------------------------------------------------------------------------------------------------
+
+
+def _as_float64(a: Any, name: str) -> np.ndarray:
+    """Return ``a`` as a flat float64 array, rejecting NaN."""
+    arr = np.asarray(a, dtype=np.float64).reshape(-1)
+    if np.isnan(arr).any():
+        raise ValueError(f"{name} contains NaN")
+    return arr
+
+
+def float32_box(lower: Any, upper: Any, inward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Round the real box ``[lower, upper]`` to a float32 box.
+
+    ``inward=True`` rounds ``lower`` up and ``upper`` down, so every float32 point of the result lies in
+    the real box (used for attacks).  ``inward=False`` rounds ``lower`` down and ``upper`` up, so the result
+    contains the real box (used for sound bounds).  Values beyond the float32 range round to ``±inf``
+    outward and to ``±float32_max`` inward.
+
+    If inward rounding empties a dimension (the real interval contains no float32 value), the float32
+    nearest to the interval's midpoint is used when it lies inside the real interval; otherwise
+    :class:`EmptyFloat32BoxError` is raised (no float32 point of the real box exists).
+
+    Raises ``ValueError`` on NaN, on shape mismatch, or when ``lower > upper`` somewhere.
+    """
+    lo = _as_float64(lower, "lower")
+    hi = _as_float64(upper, "upper")
+    if lo.shape != hi.shape:
+        raise ValueError(f"lower and upper have different sizes: {lo.size} != {hi.size}")
+    if (lo > hi).any():
+        raise ValueError("lower > upper in some dimension")
+    with np.errstate(over="ignore"):
+        lo32 = lo.astype(np.float32)
+        hi32 = hi.astype(np.float32)
+    if inward:
+        lo32 = np.where(lo32.astype(np.float64) < lo, np.nextafter(lo32, np.float32(np.inf)), lo32)
+        hi32 = np.where(hi32.astype(np.float64) > hi, np.nextafter(hi32, np.float32(-np.inf)), hi32)
+        empty = lo32 > hi32
+        if empty.any():
+            with np.errstate(over="ignore"):
+                mid32 = (0.5 * (lo[empty] + hi[empty])).astype(np.float32)
+            mid64 = mid32.astype(np.float64)
+            if not ((lo[empty] <= mid64) & (mid64 <= hi[empty])).all():
+                bad = np.flatnonzero(empty)
+                raise EmptyFloat32BoxError(f"no float32 value in the input interval(s) {bad.tolist()}")
+            lo32[empty] = mid32
+            hi32[empty] = mid32
+    else:
+        lo32 = np.where(lo32.astype(np.float64) > lo, np.nextafter(lo32, np.float32(-np.inf)), lo32)
+        hi32 = np.where(hi32.astype(np.float64) < hi, np.nextafter(hi32, np.float32(np.inf)), hi32)
+    return lo32.astype(np.float32), hi32.astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Clause margins
+# ----------------------------------------------------------------------------------------------------
+
+
+def _clause_arrays(clause: Clause) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(C, d)`` of a clause as float64 arrays of shapes ``(k, n_out)`` and ``(k,)``."""
+    C = np.asarray(clause.C, dtype=np.float64)
+    d = np.asarray(clause.d, dtype=np.float64).reshape(-1)
+    if C.ndim == 1:
+        C = C.reshape(1, -1)
+    if C.shape[0] != d.size:
+        raise ValueError(f"clause has {C.shape[0]} rows in C but {d.size} entries in d")
+    return C, d
+
+
+def clause_margins(y: np.ndarray, clauses: Sequence[Clause]) -> np.ndarray:
+    """Return, for each clause, ``max(C @ y - d)`` (float64, shape ``(num_clauses,)``).
+
+    A margin ``<= 0`` means the clause holds at ``y``.  A clause with no rows always holds (margin -inf).
+    """
+    yv = np.asarray(y, dtype=np.float64).reshape(-1)
+    out = np.empty(len(clauses), dtype=np.float64)
+    for i, clause in enumerate(clauses):
+        C, d = _clause_arrays(clause)
+        if C.shape[0] == 0:
+            out[i] = -np.inf
+            continue
+        if C.shape[1] != yv.size:
+            raise ValueError(f"clause {i} expects {C.shape[1]} outputs, got {yv.size}")
+        out[i] = np.max(C @ yv - d)
+    return out
+
+
+def _padded_clauses(clauses: Sequence[Clause], n_out: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stack clauses into padded float64 tensors ``C (K, R, n_out)``, ``d (K, R)`` and row mask ``(K, R)``."""
+    arrays = [_clause_arrays(c) for c in clauses]
+    rows = max(1, max(C.shape[0] for C, _ in arrays))
+    C_pad = np.zeros((len(arrays), rows, n_out), dtype=np.float64)
+    d_pad = np.zeros((len(arrays), rows), dtype=np.float64)
+    mask = np.zeros((len(arrays), rows), dtype=bool)
+    for k, (C, d) in enumerate(arrays):
+        if C.shape[0] == 0:
+            continue
+        if C.shape[1] != n_out:
+            raise ValueError(f"clause {k} expects {C.shape[1]} outputs, the model has {n_out}")
+        C_pad[k, : C.shape[0]] = C
+        d_pad[k, : C.shape[0]] = d
+        mask[k, : C.shape[0]] = True
+    return torch.from_numpy(C_pad), torch.from_numpy(d_pad), torch.from_numpy(mask)
+
+
+def _row_margins(y: torch.Tensor, C: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Row margins ``C_k @ y_b - d_k`` for every point and clause: shape ``(B, K, R)`` (float64)."""
+    return torch.einsum("kro,bo->bkr", C, y) - d
+
+
+# ----------------------------------------------------------------------------------------------------
+# PGD
+# ----------------------------------------------------------------------------------------------------
+
+
+def _step_sizes(cfg: Any, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Initial per-dimension step size: ``(hi - lo) / 4`` for "auto", else the given absolute value."""
+    alpha = getattr(cfg, "pgd_alpha", _CFG_DEFAULTS["pgd_alpha"])
+    if isinstance(alpha, str):
+        if alpha != "auto":
+            raise ValueError(f"pgd_alpha must be 'auto' or a number, got {alpha!r}")
+        return (hi.double() - lo.double()) / 4.0
+    if not float(alpha) > 0.0:
+        raise ValueError(f"pgd_alpha must be positive, got {alpha!r}")
+    return torch.full_like(lo, float(alpha), dtype=torch.float64)
+
+
+def _initial_points(
+    lo: torch.Tensor, hi: torch.Tensor, restarts: int, n_clauses: int, gen: torch.Generator
+) -> torch.Tensor:
+    """Starting points ``(restarts, K, n)``: restart 0 is the box centre, the others uniform in the box."""
+    lo64, hi64 = lo.double(), hi.double()
+    u = torch.rand((restarts, n_clauses, lo.numel()), generator=gen, dtype=torch.float64)
+    u[0] = 0.5
+    x = (lo64 + (hi64 - lo64) * u).to(torch.float32)
+    return torch.minimum(torch.maximum(x, lo), hi)
+
+
+def _forward_flat(forward: Forward, x: torch.Tensor, input_shape: tuple[int, ...]) -> torch.Tensor:
+    """Run ``forward`` on flat points ``(N, n)`` and return the outputs as ``(N, n_out)``."""
+    y = forward(x.reshape(x.shape[0], *input_shape))
+    return y.reshape(x.shape[0], -1)
+
+
+def pgd_attack(
+    forward: Forward,
+    input_shape: tuple[int, ...],
+    region: Region,
+    cfg: Any,
+    *,
+    seed: int = 0,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> np.ndarray | None:
+    """Search for a counterexample of ``region`` with batched sign-gradient PGD.
+
+    Every clause gets its own attack (loss: sum of the positive parts of its row margins), with
+    ``cfg.pgd_restarts`` starts each (the first at the box centre, the others uniform in the box), all run
+    together in one forward call of batch size ``restarts * num_clauses`` per step.  Points live in the
+    inward-rounded float32 box (:func:`float32_box`) and are projected back after each step.  Step size at
+    step ``t`` is ``alpha * cfg.pgd_lr_decay**t``, with ``alpha = (upper - lower) / 4`` for ``"auto"`` or
+    the given number.  Deterministic for a given ``seed`` (a private ``torch.Generator`` is used).
+
+    ``should_stop`` is the only time-based stop (see the module docstring for the exact call pattern).
+    Returns a flat float32 counterexample, re-checked by running ``forward`` on exactly that point, or None
+    (also for a region without clauses or without any float32 point).
+    """
+    clauses = tuple(region.clauses)
+    if not clauses:
+        return None
+    try:
+        lo_np, hi_np = float32_box(region.lower, region.upper, inward=True)
+    except EmptyFloat32BoxError:
+        return None
+    n_in = math.prod(input_shape)
+    if lo_np.size != n_in:
+        raise ValueError(f"region has {lo_np.size} inputs but input_shape {input_shape} has {n_in}")
+    if not (np.isfinite(lo_np).all() and np.isfinite(hi_np).all()):
+        raise ValueError("pgd_attack needs a bounded input box")
+
+    steps = int(getattr(cfg, "pgd_steps", _CFG_DEFAULTS["pgd_steps"]))
+    restarts = max(1, int(getattr(cfg, "pgd_restarts", _CFG_DEFAULTS["pgd_restarts"])))
+    early_stop = bool(getattr(cfg, "pgd_early_stop", _CFG_DEFAULTS["pgd_early_stop"]))
+    decay = float(getattr(cfg, "pgd_lr_decay", _CFG_DEFAULTS["pgd_lr_decay"]))
+
+    lo, hi = torch.from_numpy(lo_np), torch.from_numpy(hi_np)
+    gen = torch.Generator().manual_seed(int(seed))
+    alpha = _step_sizes(cfg, lo, hi)
+    x = _initial_points(lo, hi, restarts, len(clauses), gen).reshape(-1, n_in)
+    n_clauses = len(clauses)
+    own = torch.arange(x.shape[0]) % n_clauses  # clause attacked by each point (layout: restart-major)
+
+    best_x: torch.Tensor | None = None
+    best_margin = math.inf
+    padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    for step in range(steps):
+        if should_stop():
+            break
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            y = _forward_flat(forward, xg, input_shape).double()
+            if padded is None:
+                padded = _padded_clauses(clauses, y.shape[1])
+            C, d, mask = padded
+            rows = _row_margins(y, C, d)  # (B, K, R)
+            margins = rows.detach().masked_fill(~mask, -math.inf).amax(dim=2)  # (B, K)
+            point_best, _ = margins.min(dim=1)
+            b = int(torch.argmin(point_best))
+            if point_best[b].item() <= 0.0 and point_best[b].item() < best_margin:
+                best_margin = point_best[b].item()
+                best_x = x[b].clone()
+            if best_x is not None and early_stop:
+                break
+            if step == steps - 1:
+                break  # the update would never be evaluated
+            own_rows = rows[torch.arange(x.shape[0]), own]  # (B, R)
+            loss = (torch.relu(own_rows) * mask[own]).sum()
+            grad = torch.autograd.grad(loss, xg, allow_unused=True)[0] if loss.requires_grad else None
+        if grad is None:
+            grad = torch.zeros_like(x)
+        step_size = (alpha * decay**step).to(torch.float32)
+        x = torch.minimum(torch.maximum(x - step_size * torch.sign(grad), lo), hi).detach()
+
+    if best_x is None:
+        return None
+    with torch.no_grad():
+        y_check = _forward_flat(forward, best_x.reshape(1, -1), input_shape)
+    x_out = best_x.numpy().astype(np.float32)
+    if np.min(clause_margins(y_check.double().numpy()[0], clauses)) > 0.0:
+        return None
+    return x_out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Checking and formatting
+# ----------------------------------------------------------------------------------------------------
+
+
+def _ort_input(session: Any, x: np.ndarray, input_shape: tuple[int, ...]) -> tuple[str, np.ndarray]:
+    """Shape and type ``x`` for the first input of an onnxruntime session."""
+    inp = session.get_inputs()[0]
+    dtype = np.float64 if inp.type == "tensor(double)" else np.float32
+    dims = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in (inp.shape or [])]
+    shape: tuple[int, ...] = tuple(dims) if math.prod(dims) == x.size else (1, *input_shape)
+    return inp.name, x.astype(dtype).reshape(shape)
+
+
+def _ort_output(onnx_path: str, x: np.ndarray, input_shape: tuple[int, ...]) -> np.ndarray:
+    """Run the ONNX model on ``x`` with onnxruntime (CPU) and return its first output, flat float64."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    name, feed = _ort_input(session, x, input_shape)
+    out = session.run(None, {name: feed})[0]
+    return np.asarray(out, dtype=np.float64).reshape(-1)
+
+
+def check_counterexample(
+    forward: Forward,
+    input_shape: tuple[int, ...],
+    x: np.ndarray,
+    region: Region,
+    onnx_path: str | None = None,
+) -> tuple[bool, np.ndarray]:
+    """Check that ``x`` is a counterexample of ``region``.
+
+    ``x`` (flat, cast to float32) must lie in the real input box, and some clause must hold, without any
+    tolerance, at the torch output and, when ``onnx_path`` is given, at the onnxruntime output too (the
+    same clause for both).  Returns ``(is_counterexample, y)`` with ``y`` the flat float64 torch output.
+    """
+    x32 = np.asarray(x, dtype=np.float32).reshape(-1)
+    with torch.no_grad():
+        y_t = _forward_flat(forward, torch.from_numpy(x32.copy()).reshape(1, -1), input_shape)
+    y = y_t.double().numpy().reshape(-1)
+    lo = _as_float64(region.lower, "lower")
+    hi = _as_float64(region.upper, "upper")
+    x64 = x32.astype(np.float64)
+    if x64.size != lo.size or not (np.all(lo <= x64) and np.all(x64 <= hi)):
+        return False, y
+    holds = clause_margins(y, region.clauses) <= 0.0
+    if onnx_path is not None and holds.any():
+        holds &= clause_margins(_ort_output(onnx_path, x32, input_shape), region.clauses) <= 0.0
+    return bool(holds.any()), y
+
+
+def format_counterexample(x: np.ndarray, y: np.ndarray) -> str:
+    """Format a counterexample in the VNN-COMP results format: ``((X_0 v)\\n (X_1 v)\\n ... (Y_j v))``.
+
+    Values are written with ``repr`` of the Python float, which round-trips exactly (float32 values are
+    written exactly as float64 numbers).
+    """
+    entries = [f"(X_{i} {float(v)!r})" for i, v in enumerate(np.asarray(x).reshape(-1))]
+    entries += [f"(Y_{j} {float(v)!r})" for j, v in enumerate(np.asarray(y).reshape(-1))]
+    return "(" + "\n ".join(entries) + ")"

@@ -1,0 +1,97 @@
+"""α-CROWN: optimise the lower ReLU slopes of every (start node, ReLU) pair by gradient ascent.
+
+For each start node s (every pre-activation node refined by CROWN, and the output) and each ReLU j
+that s depends on, ``alpha[s][j]`` has shape ``(rows_s, B, *shape_j)``: one slope per row of s's
+A-matrix, so rows are independent and can live on different ranks.  Rows are sharded exactly as in
+CROWN, so each rank owns the α (and Adam state) of its own rows and never sends them anywhere; the
+intermediate bounds flow between ranks through the autograd-aware all-gather, whose backward sums
+every rank's gradient.
+
+Loop (as in α,β-CROWN): Adam(lr_alpha) with ExponentialLR(lr_decay), ``iteration`` steps; α starts
+from the adaptive CROWN slopes, so iteration 0 reproduces CROWN; the best bound of every output row
+is kept.  Intermediate bounds are intersected with the best ones found so far (sound, and later
+layers profit from every earlier improvement) by a straight-through step, so the gradient always
+reaches the fresh bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..model.graph import Graph
+from ..parallel import comm
+from .crown import CrownState, ancestors_relus, final_bounds, sweep
+from .ops import Relu
+from .walk import Alphas, Box
+
+
+@dataclass(frozen=True)
+class AlphaOptions:
+    iteration: int = 100
+    lr_alpha: float = 0.1
+    lr_decay: float = 0.98
+    early_stop: bool = True  # stop once every output row is positive
+
+
+def init_alphas(graph: Graph, state: CrownState, n_rows: dict[int, int]) -> dict[int, Alphas]:
+    """α for every start node in ``n_rows`` (start -> local rows), from CROWN's adaptive slopes."""
+    alphas: dict[int, Alphas] = {}
+    for s, rows in n_rows.items():
+        alphas[s] = {}
+        for j in ancestors_relus(graph, s):
+            lo, hi = state.bounds[graph.nodes[j].inputs[0]]
+            slope = Relu.relaxation(lo, hi)[2]  # (B, *shape_j)
+            alphas[s][j] = slope.unsqueeze(0).repeat(rows, *[1] * slope.dim()).requires_grad_(True)
+    return alphas
+
+
+def local_rows(state: CrownState, graph: Graph, n_spec: int) -> dict[int, int]:
+    """Rows of every start node held by this rank (2 per neuron for intermediate nodes)."""
+    rows = {k: 2 * (lambda r: r[1] - r[0])(comm.shard_range(len(idx))) for k, idx in state.rows.items()}
+    s0, s1 = comm.shard_range(n_spec)
+    rows[len(graph.nodes) - 1] = s1 - s0
+    return rows
+
+
+def alpha_crown(graph: Graph, box: Box, C: Tensor, state: CrownState, opts: AlphaOptions,
+                should_stop: Callable[[], bool] = lambda: False,
+                on_step: Callable[[int, Tensor], None] | None = None) -> tuple[Tensor, CrownState]:
+    """Optimised lower bounds (B, S) of ``C @ y``, never below CROWN's; and the last sweep's state."""
+    out = len(graph.nodes) - 1
+    alphas = init_alphas(graph, state, local_rows(state, graph, C.shape[0]))
+    params = [a for per_start in alphas.values() for a in per_start.values()]
+    opt = torch.optim.Adam(params, lr=opts.lr_alpha)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, opts.lr_decay)
+    best: Tensor | None = None
+    last = state
+    ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
+    for it in range(opts.iteration):
+        cur = sweep(graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True)
+        for k in state.rows:
+            ref[k] = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
+        lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), grad=True)  # (B, S), (S_r, B)
+        best = lb.detach() if best is None else torch.maximum(best, lb.detach())
+        last = cur
+        if on_step is not None:
+            on_step(it, best)
+        # The zero terms keep every gathered tensor in this rank's graph, so that every rank runs the
+        # same all-reduces in backward even when it holds no rows of some layer.
+        loss = -lb_local.sum() + sum(0.0 * g.sum() for g in cur.gathered)
+        done = (opts.early_stop and bool((best > 0).all())) or it == opts.iteration - 1
+        if comm.all_reduce_flag(done or should_stop(), "or"):
+            break
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            for a in params:
+                a.clamp_(0.0, 1.0)
+    if best is None:  # zero iterations requested
+        best, _ = final_bounds(graph, state, box, C)
+    detached = CrownState({k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}, state.rows, [])
+    return best, detached

@@ -1,0 +1,198 @@
+"""IBP and CROWN drivers: one forward sweep over the graph.
+
+Every node gets IBP bounds from its inputs' current bounds; the input of every ReLU (a
+*pre-activation* node) is then tightened by CROWN on its unstable neurons, so later IBP boxes and
+ReLU relaxations use the tightest bounds known.  Row sharding: the unstable neurons of a layer (and
+the output spec rows) are split over the ranks with ``comm.shard_range``; each rank back-substitutes
+only its rows and one all-gather of the ``(B, rows)`` bounds gives every rank the whole layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..model.graph import Graph
+from ..parallel import comm
+from .ops import Affine, Conv, Flatten, Linear
+from .walk import Alphas, Bounds, Box, back_substitute, concretize
+
+
+@dataclass
+class CrownState:
+    """What a CROWN sweep leaves behind: bounds of every node and the rows it refined."""
+
+    bounds: Bounds
+    rows: dict[int, Tensor]  # pre-activation node -> flat indices of the neurons bounded by CROWN
+    gathered: list[Tensor]  # all-gathered tensors of this sweep (α-CROWN keeps them in every loss)
+
+
+def pre_activation_nodes(graph: Graph) -> list[int]:
+    return sorted({graph.nodes[j].inputs[0] for j in graph.relu_nodes()})
+
+
+def exact_by_ibp(graph: Graph, k: int) -> bool:
+    """True when node k is one affine layer (plus elementwise affine ops) of the input: IBP is exact."""
+    layers = 0
+    while k != 0:
+        node = graph.nodes[k]
+        if node.op.is_relu or len(node.inputs) != 1 or not isinstance(node.op, (Linear, Conv, Affine, Flatten)):
+            return False
+        layers += isinstance(node.op, (Linear, Conv))
+        if layers > 1:
+            return False
+        k = node.inputs[0]
+    return True
+
+
+def unstable_index(lo: Tensor, hi: Tensor) -> Tensor:
+    """Flat indices of neurons with l < 0 < u for some batch element.  lo/hi: (B, *shape)."""
+    return ((lo < 0) & (hi > 0)).flatten(1).any(0).nonzero().flatten()
+
+
+def gather_rows(x: Tensor, dim: int, grad: bool) -> Tensor:
+    return comm.all_gather_cat_grad(x, dim) if grad else comm.all_gather_cat(x, dim)
+
+
+def ancestors_relus(graph: Graph, k: int) -> list[int]:
+    """ReLU nodes that node k depends on."""
+    seen, stack, out = set(), [k], []
+    while stack:
+        i = stack.pop()
+        for j in graph.nodes[i].inputs:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+                if graph.nodes[j].op.is_relu:
+                    out.append(j)
+    return sorted(out)
+
+
+def neuron_rows(graph: Graph, k: int, idx: Tensor, bounds: Bounds, box: Box,
+                alphas: Alphas | None, grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """CROWN lower and upper bounds of neurons ``idx`` of node k, this rank's share computed here.
+
+    Rows ``[+e_i; -e_i]`` for the local share of idx go back in one pass; the gathered result is
+    ``(lower (B, R), upper (B, R), gathered)``.
+    """
+    r0, r1 = comm.shard_range(len(idx))
+    local = idx[r0:r1]
+    r = len(local)
+    B = box[0].shape[0]
+    n = bounds[k][0][0].numel()
+    C = torch.zeros(2 * r, B, n)  # (2r, B, n)
+    ar = torch.arange(r)
+    C[ar, :, local] = 1.0
+    C[ar + r, :, local] = -1.0
+    lb = back_substitute(graph, k, C.view(2 * r, B, *graph.nodes[k].shape), bounds, box, alphas)  # (2r, B)
+    both = torch.stack([lb[:r].T, -lb[r:].T])  # (2, B, r)
+    gathered = gather_rows(both, 2, grad)  # (2, B, R)
+    return gathered[0], gathered[1], gathered
+
+
+def _straight_through(fresh: Tensor, value: Tensor) -> Tensor:
+    """``value`` in the forward pass, the gradient of ``fresh`` in the backward pass.
+
+    Used to intersect α-CROWN's fresh bounds with older ones: a plain max would give zero gradient
+    to every neuron where the old bound wins, freezing its α for good.
+    """
+    if not fresh.requires_grad:
+        return value
+    return fresh + (value - fresh).detach()
+
+
+def tighten(box: Box, idx: Tensor, lo_rows: Tensor, hi_rows: Tensor, intersect: bool = True) -> Box:
+    """Set the bounds of neurons ``idx`` to new ones (intersected with the old ones if ``intersect``).
+
+    Out of place, so autograd sees it.  ``intersect=False`` is auto_LiRPA's CROWN, which replaces
+    the IBP bounds of the neurons it recomputes even where IBP was tighter.
+    """
+    lo, hi = box
+    shape = lo.shape
+    lo, hi = lo.flatten(1), hi.flatten(1)
+    if intersect:
+        lo_rows = _straight_through(lo_rows, torch.maximum(lo[:, idx], lo_rows))
+        hi_rows = _straight_through(hi_rows, torch.minimum(hi[:, idx], hi_rows))
+    return lo.index_copy(1, idx, lo_rows).view(shape), hi.index_copy(1, idx, hi_rows).view(shape)
+
+
+def sweep(graph: Graph, box: Box, *, reference: Bounds | None = None, rows: dict[int, Tensor] | None = None,
+          alphas: dict[int, Alphas] | None = None, grad: bool = False, intersect: bool = True) -> CrownState:
+    """IBP for every node, CROWN for every pre-activation node.
+
+    ``reference``: bounds to intersect with (e.g. CROWN's, inside α-CROWN); ``rows``: fixed neuron
+    sets per pre-activation node (else the unstable ones); ``alphas[k]``: α of start node k;
+    ``intersect``: keep the IBP bound of a neuron where it is tighter than CROWN's (sound, and much
+    tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN).
+    """
+    bounds: Bounds = {0: box}
+    pre = set(pre_activation_nodes(graph))
+    used_rows: dict[int, Tensor] = {}
+    gathered: list[Tensor] = []
+    for k in range(1, len(graph.nodes)):
+        node = graph.nodes[k]
+        bounds[k] = node.op.ibp(*(bounds[i] for i in node.inputs))
+        if k not in pre:
+            continue
+        if reference is not None:
+            lo, hi = bounds[k]
+            bounds[k] = (_straight_through(lo, torch.maximum(lo, reference[k][0])),
+                         _straight_through(hi, torch.minimum(hi, reference[k][1])))
+        if exact_by_ibp(graph, k):
+            continue
+        idx = rows[k] if rows is not None else unstable_index(*bounds[k])
+        used_rows[k] = idx
+        lo_rows, hi_rows, g = neuron_rows(graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad)
+        gathered.append(g)
+        bounds[k] = tighten(bounds[k], idx, lo_rows, hi_rows, intersect)
+    return CrownState(bounds, used_rows, gathered)
+
+
+def spec_matrix(C: Tensor, B: int, out_shape) -> Tensor:
+    """(S, n_out) -> (S, B, *out_shape)."""
+    return C.to(torch.float32)[:, None, :].expand(C.shape[0], B, C.shape[1]).reshape(C.shape[0], B, *out_shape)
+
+
+def final_bounds(graph: Graph, state: CrownState, box: Box, C: Tensor, alphas: Alphas | None = None,
+                 grad: bool = False) -> tuple[Tensor, Tensor]:
+    """Lower bounds of ``C @ y`` over the box: (B, S); the output rows are split over the ranks.
+
+    Returns ``(gathered lb (B, S), local lb (S_r, B))``.
+    """
+    out = len(graph.nodes) - 1
+    s0, s1 = comm.shard_range(C.shape[0])
+    B = box[0].shape[0]
+    lb_local = back_substitute(graph, out, spec_matrix(C[s0:s1], B, graph.nodes[out].shape), state.bounds, box,
+                               alphas)  # (S_r, B)
+    return gather_rows(lb_local, 0, grad).T, lb_local
+
+
+def ibp_final(graph: Graph, bounds: Bounds, C: Tensor) -> Tensor:
+    """IBP lower bounds (B, S) of ``C @ y``, with C merged into the last Linear when there is one."""
+    out = len(graph.nodes) - 1
+    node = graph.nodes[out]
+    B = bounds[0][0].shape[0]
+    A = spec_matrix(C, B, node.shape)
+    if isinstance(node.op, Linear):
+        A_in, bias = node.op.backward(A, graph.nodes[node.inputs[0]].shape)
+        return (concretize(A_in[0], bounds[node.inputs[0]]) + bias).T
+    return concretize(A, bounds[out]).T
+
+
+def ibp(graph: Graph, box: Box, C: Tensor) -> tuple[Tensor, Bounds]:
+    """Interval bound propagation: (lb (B, S), bounds of every node)."""
+    bounds: Bounds = {0: box}
+    for k in range(1, len(graph.nodes)):
+        node = graph.nodes[k]
+        bounds[k] = node.op.ibp(*(bounds[i] for i in node.inputs))
+    return ibp_final(graph, bounds, C), bounds
+
+
+@torch.no_grad()
+def crown(graph: Graph, box: Box, C: Tensor, intersect: bool = True) -> tuple[Tensor, CrownState]:
+    """CROWN with CROWN intermediate bounds and the adaptive lower ReLU slope: (lb (B, S), state)."""
+    state = sweep(graph, box, intersect=intersect)
+    lb, _ = final_bounds(graph, state, box, C)
+    return lb, state

@@ -1,0 +1,263 @@
+"""Bound operators: one small class per operator.
+
+Contract (after auto_LiRPA's operator classes, kept minimal):
+
+* ``forward(*xs)``: the concrete function on tensors of shape ``(B, *in_shape)``.
+* ``ibp(*boxes)``: interval bounds; each box is ``(lo, hi)`` of shape ``(B, *in_shape)``.
+* ``backward(A, *in_shapes)``: linear back-substitution for a *lower* bound.  ``A`` has shape
+  ``(S, B, *out_shape)`` and represents the linear function ``sum(A * y)`` of this node's output
+  ``y``; the result is ``(As, bias)`` where ``As[i]`` has shape ``(S, B, *in_shape_i)`` (or ``None``
+  when the input does not depend on the network input) and ``bias`` is ``(S, B)`` or a scalar ``0``,
+  such that ``sum(A * y) >= sum_i sum(As[i] * x_i) + bias`` for all admissible inputs (an equality
+  for affine operators).  Upper bounds are lower bounds of negated rows.
+
+``Relu`` is the only non-linear operator; its backward also takes the pre-activation bounds and an
+optional slope tensor ``alpha`` (α-CROWN).  Weights of ``Linear``/``Conv`` live in a
+:class:`~complete_verifier_ext.parallel.sharded.ShardedWeight`, so the same code runs sharded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..parallel import comm
+from ..parallel.sharded import ShardedWeight
+
+Box = tuple[Tensor, Tensor]
+
+
+def _fold(A: Tensor) -> tuple[Tensor, tuple[int, int]]:
+    """(S, B, *shape) -> (S*B, *shape)."""
+    return A.reshape(A.shape[0] * A.shape[1], *A.shape[2:]), (A.shape[0], A.shape[1])
+
+
+class Op:
+    """Base class. ``n_inputs`` says how many graph inputs the operator reads."""
+
+    n_inputs = 1
+    is_relu = False
+
+    def forward(self, *xs: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def ibp(self, *boxes: Box) -> Box:
+        raise NotImplementedError
+
+    def backward(self, A: Tensor, *in_shapes) -> tuple[list[Tensor | None], Tensor | float]:
+        raise NotImplementedError
+
+
+class Input(Op):
+    n_inputs = 0
+
+
+class Linear(Op):
+    """y = x @ W.T + b with x: (B, in), W: (out, in) sharded on dim 0, b: (out,) replicated."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, mode: str = "none"):
+        self.weight = ShardedWeight(weight.detach().to(torch.float32), mode)
+        self.bias = None if bias is None else bias.detach().to(torch.float32).clone()
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.weight.linear(x)
+        return y if self.bias is None else y + self.bias
+
+    def ibp(self, box: Box) -> Box:
+        """Centre/radius form, column-parallel: this rank's output rows, then an all-gather."""
+        lo, hi = box
+        mid, rad = (hi + lo) / 2, (hi - lo) / 2
+        W = self.weight.local  # (out_r, in)
+        r0, r1 = self.weight.rows
+        out_mid = mid @ W.T
+        if self.bias is not None:
+            out_mid = out_mid + self.bias[r0:r1]
+        out_rad = rad @ W.abs().T
+        out_mid, out_rad = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=-1).chunk(2, 0)
+        return out_mid - out_rad, out_mid + out_rad
+
+    def backward(self, A: Tensor, in_shape) -> tuple[list[Tensor | None], Tensor | float]:
+        # A: (S, B, out) -> (S, B, in)
+        bias = 0.0 if self.bias is None else A @ self.bias  # (S, B)
+        return [self.weight.linear_t(A)], bias
+
+
+class Conv(Op):
+    """2-D convolution (groups = 1); W: (out, in, kh, kw) sharded on dim 0; b replicated."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, stride, padding, dilation, mode: str = "none"):
+        self.weight = ShardedWeight(weight.detach().to(torch.float32), mode)
+        self.bias = None if bias is None else bias.detach().to(torch.float32).clone()
+        self.stride, self.padding, self.dilation = tuple(stride), tuple(padding), tuple(dilation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.weight.conv2d(x, self.stride, self.padding, self.dilation)
+        return y if self.bias is None else y + self.bias.view(-1, 1, 1)
+
+    def ibp(self, box: Box) -> Box:
+        lo, hi = box
+        mid, rad = (hi + lo) / 2, (hi - lo) / 2
+        W = self.weight.local
+        r0, r1 = self.weight.rows
+        out_mid = F.conv2d(mid, W, None, self.stride, self.padding, self.dilation)
+        if self.bias is not None:
+            out_mid = out_mid + self.bias[r0:r1].view(-1, 1, 1)
+        out_rad = F.conv2d(rad, W.abs(), None, self.stride, self.padding, self.dilation)
+        both = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=1)
+        out_mid, out_rad = both.chunk(2, 0)
+        return out_mid - out_rad, out_mid + out_rad
+
+    def output_padding(self, in_shape, out_shape) -> tuple[int, int]:
+        """Rows/cols of the input that the strided convolution never reached."""
+        kh, kw = self.weight.shape[2:]
+        pads = []
+        for i, k in enumerate((kh, kw)):
+            full = (out_shape[i + 1] - 1) * self.stride[i] - 2 * self.padding[i] + self.dilation[i] * (k - 1) + 1
+            pads.append(in_shape[i + 1] - full)
+        return tuple(pads)
+
+    def backward(self, A: Tensor, in_shape) -> tuple[list[Tensor | None], Tensor | float]:
+        # A: (S, B, C_out, H', W') -> (S, B, C_in, H, W) by a transposed convolution (never unrolled)
+        flat, (S, B) = _fold(A)
+        out_pad = self.output_padding(in_shape, A.shape[2:])
+        A_in = self.weight.conv_transpose2d(flat, self.stride, self.padding, self.dilation, out_pad)
+        bias = 0.0 if self.bias is None else (A.sum((3, 4)) @ self.bias)  # (S, B)
+        return [A_in.reshape(S, B, *A_in.shape[1:])], bias
+
+
+class Relu(Op):
+    """y = max(x, 0) with the CROWN relaxation.
+
+    For pre-activation bounds l < 0 < u the upper line is ``u/(u-l) * (x - l)``; the lower line is
+    ``alpha * x`` with ``alpha`` in [0, 1] (α-CROWN) or, by default, the adaptive choice
+    ``alpha = 1 if u > -l else 0``.  Stable neurons are exact.
+    """
+
+    is_relu = True
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(x)
+
+    def ibp(self, box: Box) -> Box:
+        return box[0].clamp(min=0), box[1].clamp(min=0)
+
+    @staticmethod
+    def relaxation(lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Upper slope and intercept, adaptive lower slope; all (B, *shape)."""
+        unstable = (lower < 0) & (upper > 0)
+        active = lower >= 0
+        denom = torch.where(unstable, upper - lower, torch.ones_like(upper))
+        up_slope = torch.where(unstable, upper / denom, active.to(upper.dtype))
+        up_bias = torch.where(unstable, -up_slope * lower, torch.zeros_like(upper))
+        lo_slope = torch.where(unstable, (upper > -lower).to(upper.dtype), active.to(upper.dtype))
+        return up_slope, up_bias, lo_slope
+
+    @staticmethod
+    def lower_slope(lower: Tensor, upper: Tensor, alpha: Tensor | None, default: Tensor) -> Tensor:
+        """The lower slope: α (clamped to [0, 1]) on unstable neurons, exact on stable ones."""
+        if alpha is None:
+            return default
+        unstable = (lower < 0) & (upper > 0)
+        return torch.where(unstable, alpha.clamp(0, 1), default)
+
+    def backward_relu(self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Tensor | None = None):
+        """A: (S, B, *shape); lower/upper: (B, *shape); alpha: (S, B, *shape) or None."""
+        up_slope, up_bias, lo_slope = self.relaxation(lower, upper)
+        lo_slope = self.lower_slope(lower, upper, alpha, lo_slope)
+        A_pos, A_neg = A.clamp(min=0), A.clamp(max=0)
+        A_in = A_pos * lo_slope + A_neg * up_slope
+        bias = (A_neg * up_bias).flatten(2).sum(-1)
+        return [A_in], bias
+
+
+class Flatten(Op):
+    """Reshape to ``out_shape`` (per sample); covers ONNX Flatten and Reshape."""
+
+    def __init__(self, out_shape):
+        self.out_shape = tuple(out_shape)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.reshape(x.shape[0], *self.out_shape)
+
+    def ibp(self, box: Box) -> Box:
+        return self.forward(box[0]), self.forward(box[1])
+
+    def backward(self, A: Tensor, in_shape):
+        return [A.reshape(A.shape[0], A.shape[1], *in_shape)], 0.0
+
+
+class Affine(Op):
+    """Elementwise y = x * scale + shift with constants broadcast to the per-sample shape.
+
+    Covers Add/Sub/Mul/Div by constants, Neg, BatchNorm in inference mode, Identity/Dropout.
+    """
+
+    def __init__(self, scale: Tensor | float = 1.0, shift: Tensor | float = 0.0):
+        self.scale = torch.as_tensor(scale, dtype=torch.float32)
+        self.shift = torch.as_tensor(shift, dtype=torch.float32)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.scale + self.shift
+
+    def ibp(self, box: Box) -> Box:
+        a, b = self.forward(box[0]), self.forward(box[1])
+        return torch.minimum(a, b), torch.maximum(a, b)
+
+    def backward(self, A: Tensor, in_shape):
+        A_in = (A * self.scale).expand(*A.shape[:2], *in_shape)
+        bias = (A * torch.broadcast_to(self.shift, tuple(in_shape))).flatten(2).sum(-1)
+        return [A_in], bias
+
+
+class Add(Op):
+    """y = x0 + sign * x1 for two graph tensors of the same shape (residual connections)."""
+
+    n_inputs = 2
+
+    def __init__(self, sign: float = 1.0):
+        self.sign = sign
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        return a + self.sign * b
+
+    def ibp(self, ba: Box, bb: Box) -> Box:
+        if self.sign > 0:
+            return ba[0] + bb[0], ba[1] + bb[1]
+        return ba[0] - bb[1], ba[1] - bb[0]
+
+    def backward(self, A: Tensor, sa, sb):
+        return [A, A if self.sign > 0 else -A], 0.0
+
+
+def fold_affine_into(prev: Op, aff: Affine) -> bool:
+    """Fold a per-channel Affine (BatchNorm) into a preceding Conv/Linear (unsharded only)."""
+    if not isinstance(prev, (Conv, Linear)) or prev.weight.mode != "none":
+        return False
+    out = prev.weight.shape[0]
+    scale, shift = aff.scale, aff.shift
+    if isinstance(prev, Conv):
+        if scale.dim() and tuple(scale.shape) not in ((out, 1, 1),):
+            return False
+        if shift.dim() and tuple(shift.shape) not in ((out, 1, 1),):
+            return False
+    else:
+        if scale.dim() > 1 or shift.dim() > 1:
+            return False
+    s = scale.reshape(-1).expand(out) if scale.dim() else scale.expand(out)
+    t = shift.reshape(-1).expand(out) if shift.dim() else shift.expand(out)
+    W = prev.weight.local * s.reshape(-1, *[1] * (prev.weight.local.dim() - 1))
+    b = (prev.bias if prev.bias is not None else torch.zeros(out)) * s + t
+    prev.weight = ShardedWeight(W, "none")
+    prev.bias = b
+    return True
+
+
+def numel(shape) -> int:
+    return math.prod(shape)

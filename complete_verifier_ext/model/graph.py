@@ -1,0 +1,72 @@
+"""A network as a topologically ordered list of bound operators."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..bounds.ops import Conv, Input, Linear, Op
+from ..parallel.sharded import ShardedWeight
+
+
+@dataclass
+class Node:
+    name: str
+    op: Op
+    inputs: tuple[int, ...]  # indices of earlier nodes
+    shape: tuple[int, ...]  # per-sample output shape (no batch dimension)
+
+
+@dataclass
+class Graph:
+    """Node 0 is the network input; ``nodes[-1]`` is the output.  Shapes exclude the batch axis."""
+
+    nodes: list[Node] = field(default_factory=list)
+    source: str = "<model>"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.nodes[0].shape
+
+    @property
+    def output_size(self) -> int:
+        return int(torch.Size(self.nodes[-1].shape).numel())
+
+    def add(self, name: str, op: Op, inputs: tuple[int, ...], shape) -> int:
+        self.nodes.append(Node(name, op, tuple(inputs), tuple(int(s) for s in shape)))
+        return len(self.nodes) - 1
+
+    def forward(self, x: Tensor, upto: int | None = None) -> Tensor:
+        """x: (B, *input_shape) -> (B, *output_shape) (or node ``upto``'s value)."""
+        last = len(self.nodes) - 1 if upto is None else upto
+        values: list[Tensor | None] = [x.reshape(x.shape[0], *self.input_shape)]
+        for node in self.nodes[1 : last + 1]:
+            values.append(node.op.forward(*(values[i] for i in node.inputs)))
+        return values[last]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.forward(x).reshape(x.shape[0], -1)
+
+    def relu_nodes(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.op.is_relu]
+
+    def consumers(self) -> list[list[int]]:
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for i, n in enumerate(self.nodes):
+            for j in n.inputs:
+                users[j].append(i)
+        return users
+
+    def shard(self, mode: str) -> Graph:
+        """Re-wrap every Linear/Conv weight as this rank's shard (``mode``: none|fsdp|tp), in place."""
+        for node in self.nodes:
+            if isinstance(node.op, (Linear, Conv)) and node.op.weight.mode != mode:
+                full = node.op.weight.local
+                node.op.weight = ShardedWeight(full, mode)
+        return self
+
+
+def input_node() -> Op:
+    return Input()

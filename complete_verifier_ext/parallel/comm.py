@@ -1,0 +1,431 @@
+"""Collective helpers: the only module of the project that calls ``torch.distributed``.
+
+Three layers, in the order of this file:
+
+1. group state (``init``, ``init_from_env``, ``shutdown``, ``rank``, ``world_size``, ``device``) and
+   ``shard_range``, the one rule that says which rows a rank owns;
+2. plain helpers (``all_gather_cat``, ``all_reduce``, ``all_reduce_flag``, ``broadcast``,
+   ``broadcast_object``, ``ring_pass``, ``ring_pass_start``, ``barrier``), no autograd;
+3. one autograd-aware helper, ``all_gather_cat_grad``.
+
+Every helper returns its input (or the identity result) when the world size is 1 or no process group
+is initialised, so one process runs exactly the code path the sharded runs are compared against.
+
+Every collective is counted in ``stats()`` (per name: calls and bytes this rank contributed). Names:
+``all_gather``, ``all_gather_sizes`` (the size exchange of ``all_gather_cat`` when the caller does not
+pass ``sizes``), ``all_reduce``, ``all_reduce_flag``, ``broadcast``, ``broadcast_object``,
+``ring_pass``, ``ring_pass_shape`` (the shape exchange of ``ring_pass`` when ``recv_shape`` is not
+given) and ``barrier``. Nothing is counted at world size 1.
+
+Lockstep rule: every rank must call the same helpers in the same order with the same ``sizes`` /
+``recv_shape`` arguments (sizes are global knowledge, e.g. from ``shard_range``), whatever its data.
+Helpers skip a transfer only on conditions every rank sees identically (e.g. all blocks empty).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "init",
+    "init_from_env",
+    "shutdown",
+    "rank",
+    "world_size",
+    "device",
+    "backend",
+    "resolve_backend",
+    "shard_range",
+    "shard_sizes",
+    "all_gather_cat",
+    "all_gather_into",
+    "all_gather_cat_grad",
+    "all_reduce",
+    "all_reduce_flag",
+    "broadcast",
+    "broadcast_object",
+    "ring_pass",
+    "ring_pass_start",
+    "RingPass",
+    "barrier",
+    "stats",
+    "reset_stats",
+]
+
+_REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Group state
+# ----------------------------------------------------------------------------------------------------------
+
+
+def resolve_backend(backend: str) -> str:
+    """``"auto"`` -> ``"nccl"`` when CUDA is available, else ``"gloo"``; other names pass through."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return backend
+
+
+def init(
+    backend: str,
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    timeout_s: float = 30.0,
+    *,
+    local_rank: int | None = None,
+) -> None:
+    """Join (create) the default process group over TCP at ``master_addr:master_port``.
+
+    At ``world_size == 1`` no group is created: every helper is then a no-op.
+    With NCCL the rank's GPU (``local_rank``, default ``rank`` modulo the GPU count) becomes the
+    current device. ``timeout_s`` bounds every collective: a backstop against a dead peer.
+    """
+    backend = resolve_backend(backend)
+    if world_size <= 1:
+        return
+    if backend == "nccl":
+        gpu = local_rank if local_rank is not None else rank % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def init_from_env(backend: str = "auto", timeout_s: float = 30.0) -> None:
+    """Join the group described by torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK."""
+    env = os.environ
+    local = env.get("LOCAL_RANK")
+    init(
+        backend,
+        int(env["RANK"]),
+        int(env["WORLD_SIZE"]),
+        env.get("MASTER_ADDR", "127.0.0.1"),
+        int(env.get("MASTER_PORT", "29500")),
+        timeout_s,
+        local_rank=int(local) if local is not None else None,
+    )
+
+
+def shutdown() -> None:
+    """Destroy the default process group if one exists (safe to call twice)."""
+    if _active():
+        dist.destroy_process_group()
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _active() else 0
+
+
+def rank() -> int:
+    """This process's rank (0 without a group)."""
+    return _rank()
+
+
+def world_size() -> int:
+    """Number of ranks (1 without a group)."""
+    return dist.get_world_size() if _active() else 1
+
+
+def backend() -> str | None:
+    """Backend name of the active group, or None."""
+    return str(dist.get_backend()) if _active() else None
+
+
+def device() -> torch.device:
+    """Device that this rank's tensors (and collective buffers) live on: its GPU under NCCL, else CPU."""
+    if backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _parallel() -> bool:
+    return _active() and dist.get_world_size() > 1
+
+
+def shard_range(n: int, rank: int | None = None, world: int | None = None) -> tuple[int, int]:
+    """Rows ``[r*n//P, (r+1)*n//P)`` owned by rank ``r`` of ``P``; contiguous, ordered, may be empty."""
+    r = _rank() if rank is None else rank
+    p = world_size() if world is None else world
+    return r * n // p, (r + 1) * n // p
+
+
+def shard_sizes(n: int, world: int | None = None) -> list[int]:
+    """Number of rows of every rank under ``shard_range``."""
+    p = world_size() if world is None else world
+    return [(q + 1) * n // p - q * n // p for q in range(p)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Statistics
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stats:
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, name: str, nbytes: int) -> None:
+        entry = self.counts.setdefault(name, {"calls": 0, "bytes": 0})
+        entry["calls"] += 1
+        entry["bytes"] += int(nbytes)
+
+
+_STATS = _Stats()
+
+
+def stats() -> dict[str, dict[str, int]]:
+    """Per collective name ``{"calls": n, "bytes": b}`` since the last ``reset_stats`` (a copy).
+
+    ``bytes`` counts what this rank contributed (its padded block, its reduced tensor, what it sent).
+    """
+    return {name: dict(entry) for name, entry in _STATS.counts.items()}
+
+
+def reset_stats() -> None:
+    """Forget all counts."""
+    _STATS.counts.clear()
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Plain collectives (no autograd)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _all_gather_flat(out: Tensor, block: Tensor) -> None:
+    """All-gather equal-size contiguous ``block`` of every rank into ``out`` (P * block.numel())."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, block)
+
+
+def all_gather_into(out: Tensor, block: Tensor) -> Tensor:
+    """All-gather equal-size blocks: ``out`` (P * block.numel() elements, contiguous) receives every
+    rank's ``block`` in rank order. No autograd; returns ``out``. One ``all_gather``.
+
+    For callers that own a reusable receive buffer (``ShardedWeight.gathered``).
+    """
+    if not _parallel():
+        return out.copy_(block.reshape(out.shape))
+    _STATS.add("all_gather", _nbytes(block))
+    _all_gather_flat(out, block.contiguous())
+    return out
+
+
+def _exchange_sizes(n_local: int, dev: torch.device) -> list[int]:
+    """Every rank's ``n_local`` (one small all-gather, counted as ``all_gather_sizes``)."""
+    mine = torch.tensor([n_local], dtype=torch.int64, device=dev)
+    out = torch.empty(world_size(), dtype=torch.int64, device=dev)
+    _STATS.add("all_gather_sizes", _nbytes(mine))
+    _all_gather_flat(out, mine)
+    return [int(v) for v in out.tolist()]
+
+
+def _gather_dim0(block: Tensor, sizes: Sequence[int]) -> Tensor:
+    """Concatenate every rank's ``block`` (n_r, *rest) along dim 0; blocks padded to the largest size."""
+    p, most = len(sizes), max(sizes)
+    rest = block.shape[1:]
+    if most == 0:
+        return block.new_empty((0, *rest))
+    if block.shape[0] < most:
+        pad = block.new_zeros((most - block.shape[0], *rest))
+        block = torch.cat([block, pad], 0)
+    block = block.contiguous()
+    out = block.new_empty((p * most, *rest))  # (P*m, *rest)
+    _STATS.add("all_gather", _nbytes(block))
+    _all_gather_flat(out, block)
+    if all(s == most for s in sizes):
+        return out
+    return torch.cat([out[q * most : q * most + s] for q, s in enumerate(sizes)], 0)
+
+
+def all_gather_cat(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None) -> Tensor:
+    """Concatenate every rank's ``t`` along ``dim``: (.., n_r, ..) -> (.., sum_r n_r, ..). No autograd.
+
+    Blocks may differ in size along ``dim`` (zero included); all other dims must be equal. Pass
+    ``sizes`` (every rank's size along ``dim``, identical on all ranks) to skip the size exchange; without
+    it one small extra all-gather (``all_gather_sizes``) learns them. Cost: one ``all_gather`` of the
+    largest block, none when every block is empty. The result is bitwise the blocks' values.
+    """
+    if not _parallel():
+        return t
+    dim = dim % t.dim()
+    if sizes is None:
+        sizes = _exchange_sizes(t.shape[dim], t.device)
+    elif len(sizes) != world_size() or sizes[rank()] != t.shape[dim]:
+        raise ValueError(f"sizes {list(sizes)} do not match world size {world_size()} / local {t.shape[dim]}")
+    with torch.no_grad():
+        full = _gather_dim0(t.movedim(dim, 0), sizes)  # (sum n_r, *rest)
+    return full.movedim(0, dim).contiguous()
+
+
+def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
+    """Element-wise reduction over ranks (``"sum"``, ``"max"``, ``"min"``); out of place, no autograd."""
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"unknown reduce op {op!r}; expected one of {sorted(_REDUCE_OPS)}")
+    if not _parallel():
+        return t
+    out = t.detach().clone().contiguous()
+    _STATS.add("all_reduce", _nbytes(out))
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+    return out
+
+
+def all_reduce_flag(flag: bool, op: str = "or") -> bool:
+    """Collective decision: logical ``"or"`` / ``"and"`` of every rank's ``flag``."""
+    if op not in ("or", "and"):
+        raise ValueError(f"unknown flag op {op!r}; expected 'or' or 'and'")
+    if not _parallel():
+        return bool(flag)
+    t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device())
+    _STATS.add("all_reduce_flag", _nbytes(t))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "or" else dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def broadcast(t: Tensor, src: int = 0) -> Tensor:
+    """Rank ``src``'s ``t`` on every rank. Every rank passes a tensor of the same shape and dtype.
+
+    Out of place on receivers (a new tensor); ``src`` gets its own ``t`` back.
+    """
+    if not _parallel():
+        return t
+    if rank() == src:
+        buf = t.detach().contiguous()
+    else:
+        buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    _STATS.add("broadcast", _nbytes(buf))
+    dist.broadcast(buf, src=src)
+    return buf
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s picklable ``obj`` on every rank (others pass anything, e.g. None)."""
+    if not _parallel():
+        return obj
+    box = [obj]
+    _STATS.add("broadcast_object", 0)
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank."""
+    if not _parallel():
+        return
+    _STATS.add("barrier", 0)
+    dist.barrier()
+
+
+@dataclass
+class RingPass:
+    """An in-flight ring exchange; ``wait()`` returns the tensor received from rank - 1."""
+
+    received: Tensor
+    works: list[Any]
+
+    def wait(self) -> Tensor:
+        for work in self.works:
+            work.wait()
+        self.works = []
+        return self.received
+
+
+def _ring_shape(t: Tensor) -> torch.Size:
+    """Shape of the tensor that rank - 1 is passing (one small ring exchange, ``ring_pass_shape``)."""
+    shape = torch.tensor(t.shape, dtype=torch.int64, device=t.device)
+    _STATS.add("ring_pass_shape", _nbytes(shape))
+    return torch.Size(_p2p(shape, torch.empty_like(shape)).wait().tolist())
+
+
+def _p2p(send: Tensor, recv: Tensor) -> RingPass:
+    """Post send of ``send`` to rank+1 and receive into ``recv`` from rank-1 (empty tensors skipped)."""
+    p, r = world_size(), rank()
+    ops = []
+    if send.numel() > 0:
+        ops.append(dist.P2POp(dist.isend, send, (r + 1) % p))
+    if recv.numel() > 0:
+        ops.append(dist.P2POp(dist.irecv, recv, (r - 1) % p))
+    works = dist.batch_isend_irecv(ops) if ops else []
+    return RingPass(recv, list(works))
+
+
+def ring_pass_start(t: Tensor, recv_shape: Sequence[int] | None = None) -> RingPass:
+    """Start sending ``t`` to rank + 1 and receiving rank - 1's tensor; returns a handle to ``wait()`` on.
+
+    ``recv_shape`` (shape of the incoming tensor, same dtype) skips the shape exchange; without it one
+    small extra ring exchange (``ring_pass_shape``) learns it. Keep ``t`` alive and unmodified until
+    ``wait()`` returns. At world size 1 the handle returns ``t``.
+    """
+    if not _parallel():
+        return RingPass(t, [])
+    send = t.detach().contiguous()
+    shape = torch.Size(recv_shape) if recv_shape is not None else _ring_shape(send)
+    recv = torch.empty(shape, dtype=send.dtype, device=send.device)
+    _STATS.add("ring_pass", _nbytes(send))
+    return _p2p(send, recv)
+
+
+def ring_pass(t: Tensor, recv_shape: Sequence[int] | None = None) -> Tensor:
+    """Send ``t`` to rank + 1, return what rank - 1 sent (shapes may differ). No autograd."""
+    return ring_pass_start(t, recv_shape).wait()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Autograd-aware gather
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _GatherCatGrad(torch.autograd.Function):
+    """Forward: all-gather-cat along ``dim``. Backward: all-reduce (SUM) the full gradient, keep own block.
+
+    Each rank's loss may depend on the whole gathered tensor, so the gradient of the total objective
+    (the sum of every rank's loss) wrt this rank's block is the sum over ranks of the block's slice.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, t: Tensor, dim: int, sizes: list[int]) -> Tensor:
+        ctx.dim, ctx.sizes, ctx.rank = dim, sizes, rank()
+        return all_gather_cat(t, dim, sizes=sizes)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        total = all_reduce(grad.contiguous(), "sum")  # (.., sum n_r, ..)
+        start = sum(ctx.sizes[: ctx.rank])
+        return total.narrow(ctx.dim, start, ctx.sizes[ctx.rank]), None, None
+
+
+def all_gather_cat_grad(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None) -> Tensor:
+    """``all_gather_cat`` with autograd: backward = one ``all_reduce`` (SUM) of the full gradient.
+
+    Gradient convention (see the package docstring): the objective is the SUM over ranks of each rank's
+    loss; the gradient delivered to ``t`` is that objective's gradient wrt this rank's block. Every rank
+    must run backward through this node (lockstep), even if its loss ignores the result.
+    """
+    if not _parallel():
+        return t
+    dim = dim % t.dim()
+    if sizes is None:
+        sizes = _exchange_sizes(t.shape[dim], t.device)
+    return _GatherCatGrad.apply(t, dim, list(sizes))

@@ -1,0 +1,250 @@
+"""Start P ranks and run one function on each: ``run(fn, world_size, args)``.
+
+Three ways in:
+
+* ``world_size == 1`` (and no torchrun environment): ``fn(*args)`` in this process, no group;
+* started by torchrun (``RANK`` and ``WORLD_SIZE`` in the environment): join that group
+  (``comm.init_from_env``), call ``fn`` here, return its result on every rank (rank 0 prints);
+* otherwise: spawn ``world_size`` processes (``torch.multiprocessing``, start method ``spawn``), each
+  joins the group (``comm.init``) and calls ``fn(*args)``; rank 0's return value comes back.
+
+``fn`` and ``args`` must be picklable (module-level functions); the result must be picklable with plain
+``pickle`` (return CPU tensors). Backend ``auto``: NCCL with one GPU per rank when CUDA is available,
+else gloo. The port is ``MASTER_PORT`` if set, else a free one; the address ``MASTER_ADDR`` or
+127.0.0.1. ``MALLOC_MMAP_THRESHOLD_=65536`` is put in the children's environment unless already set
+(see ``memory``).
+
+Failures never hang: a rank that raises sends its formatted error back; a rank that dies (signal,
+``os._exit``) is noticed by polling the children. Then every other child is terminated (it may be
+blocked in a collective), killed if it does not stop, joined, and ``RankFailure`` is raised, naming the
+rank: ``"rank 1 failed: ValueError: ..."`` or ``"rank 1 died (signal 9)"``. When several ranks fail
+together, a rank that died is reported first, else the earliest error (the others are usually
+collateral, e.g. "connection closed" in a collective); all are in ``RankFailure.failures``.
+``timeout_s`` also bounds every collective (``init_process_group``), as a backstop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, TypeVar
+
+import torch
+import torch.multiprocessing as mp
+
+from . import comm
+from .memory import MMAP_THRESHOLD_ENV
+
+__all__ = ["RankFailure", "run"]
+
+T = TypeVar("T")
+
+_POLL_S = 0.5  # how often the parent looks at its children when nothing happens
+_GRACE_S = 1.0  # after a first failure, how long to wait for the root cause to show up
+_STOP_S = 3.0  # how long a child gets to stop after SIGTERM, before SIGKILL
+
+
+@dataclass(frozen=True)
+class _Failure:
+    rank: int
+    reason: str  # "failed: ValueError: ..." or "died (signal 9)"
+    details: str = ""  # the child's traceback, if any
+    died: bool = False
+    when: float = float("inf")  # the child's clock at the error (time.time())
+
+
+class RankFailure(RuntimeError):
+    """A rank raised or died. ``rank``, ``reason`` and ``details`` (traceback) describe the one reported;
+    ``failures`` lists every failure seen."""
+
+    def __init__(self, failure: _Failure, failures: list[_Failure] | None = None) -> None:
+        self.rank, self.reason, self.details = failure.rank, failure.reason, failure.details
+        self.failures = failures or [failure]
+        message = f"rank {failure.rank} {failure.reason}"
+        super().__init__(f"{message}\n{failure.details}".rstrip() if failure.details else message)
+
+
+def run(
+    fn: Callable[..., T],
+    world_size: int,
+    args: tuple = (),
+    backend: str = "auto",
+    timeout_s: float = 30.0,
+) -> T:
+    """Run ``fn(*args)`` on ``world_size`` ranks; return rank 0's result (see the module docstring)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return _run_joined(fn, world_size, args, backend, timeout_s)
+    if world_size == 1:
+        return fn(*args)
+    return _run_spawned(fn, world_size, args, comm.resolve_backend(backend), timeout_s)
+
+
+def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float) -> T:
+    """Started by torchrun: join its group (unless already in one) and run ``fn`` here."""
+    env_world = int(os.environ["WORLD_SIZE"])
+    if env_world != world_size:
+        warnings.warn(f"torchrun started {env_world} ranks; ignoring world_size={world_size}", stacklevel=3)
+    if comm.world_size() > 1:
+        return fn(*args)
+    comm.init_from_env(backend, timeout_s)
+    try:
+        return fn(*args)
+    finally:
+        comm.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Spawning
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _free_port(addr: str) -> int:
+    """A TCP port that is free on ``addr`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _child_environment() -> Iterator[None]:
+    """Put ``MALLOC_MMAP_THRESHOLD_`` (unless set) in the environment that spawned children inherit."""
+    added = {k: v for k, v in MMAP_THRESHOLD_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _child(
+    rank: int,
+    world_size: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    backend: str,
+    addr: str,
+    port: int,
+    timeout_s: float,
+    conn: Connection,
+) -> None:
+    """Body of a spawned rank: join, run, send ``("ok", pickled result | None)`` or ``("error", ...)``."""
+    try:
+        comm.init(backend, rank, world_size, addr, port, timeout_s)
+        result = fn(*args)
+        message: tuple = ("ok", pickle.dumps(result, pickle.HIGHEST_PROTOCOL) if rank == 0 else None)
+    except BaseException as exc:  # everything, KeyboardInterrupt included, goes back to the parent
+        message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time())
+    conn.send(message)
+    conn.close()
+    if message[0] == "ok":
+        comm.shutdown()
+
+
+def _run_spawned(fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float) -> T:
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks, {torch.cuda.device_count()} GPUs")
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else _free_port(addr)
+    ctx = mp.get_context("spawn")
+    procs: list[Any] = []
+    conns: list[Connection] = []
+    try:
+        with _child_environment():
+            for rank in range(world_size):
+                recv, send = ctx.Pipe(duplex=False)
+                child_args = (rank, world_size, fn, args, backend, addr, port, timeout_s, send)
+                proc = ctx.Process(target=_child, args=child_args, name=f"rank{rank}")
+                proc.start()
+                send.close()  # the child holds the write end now
+                procs.append(proc)
+                conns.append(recv)
+        payload = _collect(procs, conns)
+        _join(procs, _STOP_S)  # let the ranks finish their shutdown
+        return pickle.loads(payload)
+    finally:
+        _reap(procs)
+        for c in conns:
+            c.close()
+
+
+def _poll(rank: int, proc: Any, conn: Connection) -> tuple[str, Any] | None:
+    """One look at a child: ``("ok", payload)``, ``("failed", _Failure)`` or None (still running)."""
+    alive = proc.is_alive()  # before the poll: a child that exits has finished sending
+    message = None
+    if conn.poll():
+        with contextlib.suppress(EOFError, OSError):
+            message = conn.recv()
+    if message is not None and message[0] == "ok":
+        return "ok", message[1]
+    if message is not None:
+        _, summary, details, when = message
+        return "failed", _Failure(rank, f"failed: {summary}", details, when=when)
+    if alive:
+        return None
+    code = proc.exitcode
+    reason = f"died (signal {-code})" if code is not None and code < 0 else f"died (exit code {code})"
+    return "failed", _Failure(rank, reason, died=True)
+
+
+def _collect(procs: list[Any], conns: list[Connection]) -> bytes:
+    """Wait until every rank reported success (return rank 0's pickled result) or one failed (raise)."""
+    pending = set(range(len(procs)))
+    payload: bytes | None = None
+    while pending:
+        wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=_POLL_S)
+        for rank in sorted(pending):
+            seen = _poll(rank, procs[rank], conns[rank])
+            if seen is None:
+                continue
+            if seen[0] == "failed":
+                _raise_root_cause(seen[1], procs, conns, pending - {rank})
+            pending.discard(rank)
+            payload = seen[1] if rank == 0 else payload
+    assert payload is not None
+    return payload
+
+
+def _raise_root_cause(first: _Failure, procs: list[Any], conns: list[Connection], others: set[int]) -> None:
+    """Give the other ranks a moment to report, then raise the most likely root cause."""
+    failures = [first]
+    deadline = time.monotonic() + _GRACE_S
+    while others and time.monotonic() < deadline:
+        wait([conns[r] for r in others] + [procs[r].sentinel for r in others], timeout=0.1)
+        for rank in sorted(others):
+            seen = _poll(rank, procs[rank], conns[rank])
+            if seen is not None:
+                others.discard(rank)
+                if seen[0] == "failed":
+                    failures.append(seen[1])
+    root = min(failures, key=lambda f: (not f.died, f.when, f.rank))
+    raise RankFailure(root, sorted(failures, key=lambda f: f.rank))
+
+
+def _join(procs: list[Any], timeout_s: float) -> None:
+    """Join every child, all within ``timeout_s`` together."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _reap(procs: list[Any]) -> None:
+    """Terminate (then kill) every child that is still running, and join them all."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    _join(procs, _STOP_S)
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=_STOP_S)

@@ -1,0 +1,122 @@
+"""Per-rank peak memory of the bound computation (one mode per process, measured per rank).
+
+Usage::
+
+    pm = PeakMemory(device)
+    pm.start()            # after the model (this rank's shards) is loaded
+    ...                   # bound computation
+    pm.peak_mb()          # peak above the start, in MiB
+
+CUDA: ``torch.cuda.reset_peak_memory_stats`` at ``start()``; ``peak_mb() = max_memory_allocated - baseline``.
+
+CPU: ``start()`` resets the kernel's resident-set high-water mark (writes ``5`` to
+``/proc/self/clear_refs``, Linux) and records the current RSS as the baseline; ``peak_mb()`` is
+``VmHWM`` (``/proc/self/status``, or ``ru_maxrss``) minus the baseline. If the reset is impossible,
+``reset_ok`` is False and the value is an upper bound (it includes any peak before ``start()``).
+
+RSS follows the live tensors only if glibc returns freed blocks to the OS, which it does for blocks
+above ``MALLOC_MMAP_THRESHOLD_`` (e.g. 65536). glibc reads that variable once, when the process
+starts, so it must be in the environment *before* the process starts: ``launch.run`` sets it for the
+ranks it spawns; a single-process run (the CLI) must re-exec itself with the variable set, e.g.::
+
+    if not mmap_threshold_env_ok():
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MMAP_THRESHOLD_ENV})
+
+``mmap_threshold_env_ok()`` says whether this process started with it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+import torch
+
+__all__ = ["MMAP_THRESHOLD_ENV", "PeakMemory", "mmap_threshold_env_ok", "rss_mb", "hwm_mb"]
+
+MMAP_THRESHOLD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+_MIB = 1024 * 1024
+
+
+def mmap_threshold_env_ok() -> bool:
+    """True if ``MALLOC_MMAP_THRESHOLD_`` was set (to an integer) when this process started.
+
+    Reads the start-up environment (``/proc/self/environ``) where available: setting ``os.environ``
+    later does not affect glibc.
+    """
+    name = "MALLOC_MMAP_THRESHOLD_"
+    try:
+        entries = Path("/proc/self/environ").read_bytes().split(b"\0")
+        start_env = dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+    except OSError:
+        start_env = dict(os.environ)
+    return start_env.get(name, "").strip().isdigit()
+
+
+def _status_kb(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (e.g. ``VmRSS``, ``VmHWM``), or None."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process, MiB (``ru_maxrss`` if /proc is unavailable)."""
+    kb = _status_kb("VmRSS")
+    return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
+def hwm_mb() -> float:
+    """Resident-set high-water mark of this process, MiB."""
+    kb = _status_kb("VmHWM")
+    return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
+def _reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False if not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _status_kb("VmHWM") is not None
+
+
+class PeakMemory:
+    """Peak memory of this rank above the level at ``start()``, in MiB (see the module docstring)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.baseline_mb = 0.0
+        self.reset_ok = False
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def start(self) -> None:
+        """Reset the high-water mark and record the current level as the baseline."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline_mb = torch.cuda.memory_allocated(self.device) / _MIB
+            self.reset_ok = True
+        else:
+            self.reset_ok = _reset_hwm()
+            self.baseline_mb = rss_mb()
+
+    def peak_total_mb(self) -> float:
+        """The absolute high-water mark since ``start()`` (allocated bytes on CUDA, RSS on CPU)."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device) / _MIB
+        return hwm_mb()
+
+    def peak_mb(self) -> float:
+        """Peak above the baseline recorded at ``start()``, MiB (never negative)."""
+        return max(0.0, self.peak_total_mb() - self.baseline_mb)

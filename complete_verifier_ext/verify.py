@@ -1,0 +1,157 @@
+"""The verification pipeline of one instance: attack -> IBP -> CROWN -> α-CROWN -> verdict.
+
+Runs identically on every rank (lockstep): every data-dependent decision (stop on time, verdict)
+is taken from replicated values or through a collective.  World size 1 is the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .attack import check_counterexample, float32_box, format_counterexample, pgd_attack
+from .bounds.alpha import AlphaOptions, alpha_crown
+from .bounds.crown import crown, ibp
+from .config import Config
+from .model.graph import Graph
+from .model.onnx_loader import load_model
+from .parallel import comm
+from .parallel.memory import PeakMemory
+from .spec import Region, Spec, load_vnnlib
+
+VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
+
+
+@dataclass
+class InstanceResult:
+    verdict: str
+    time_s: float
+    bounds: dict[str, list[float]] = field(default_factory=dict)  # method -> one bound per clause
+    counterexample: str | None = None  # VNN-COMP "((X_0 v) ... (Y_0 v) ...)" for sat
+    peak_mb: list[float] = field(default_factory=list)  # per rank
+    message: str = ""
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict, "time_s": round(self.time_s, 4), "bounds": self.bounds,
+                "peak_mb": [round(p, 2) for p in self.peak_mb], "message": self.message}
+
+
+@dataclass
+class Clock:
+    """Deadline whose expiry every rank agrees on (one all-reduce per question)."""
+
+    deadline: float
+
+    def expired(self) -> bool:
+        return comm.all_reduce_flag(time.monotonic() > self.deadline, "or")
+
+
+def spec_rows(region: Region) -> tuple[Tensor, np.ndarray, np.ndarray]:
+    """All clause rows stacked: C (S, n_out) float32, d (S,), clause index of every row (S,)."""
+    C = np.concatenate([c.C for c in region.clauses])
+    d = np.concatenate([c.d for c in region.clauses])
+    owner = np.concatenate([np.full(len(c.d), i) for i, c in enumerate(region.clauses)])
+    return torch.tensor(C, dtype=torch.float32), d, owner
+
+
+def clause_bounds(lb_rows: Tensor, d: np.ndarray, owner: np.ndarray, n_clauses: int) -> np.ndarray:
+    """Lower bound of the amount by which each clause fails: max over its rows of lb(C y) - d."""
+    margin = lb_rows.detach().double().cpu().numpy()[0] - d
+    out = np.full(n_clauses, -np.inf)
+    np.maximum.at(out, owner, margin)
+    return out
+
+
+def input_box(region: Region, graph: Graph) -> tuple[Tensor, Tensor]:
+    """The outward-rounded float32 box, shaped (1, *input_shape)."""
+    lo, hi = float32_box(region.lower, region.upper, inward=False)
+    shape = (1, *graph.input_shape)
+    return torch.tensor(lo).view(shape), torch.tensor(hi).view(shape)
+
+
+def attack(graph: Graph, region: Region, cfg: Config, clock: Clock, onnx_path: str) -> str | None:
+    """PGD; returns the formatted counterexample, re-checked on the model and onnxruntime."""
+    with torch.enable_grad():
+        x = pgd_attack(graph, graph.input_shape, region, cfg.attack, seed=cfg.general.seed,
+                       should_stop=clock.expired)
+    if x is None:
+        return None
+    ok, y = check_counterexample(graph, graph.input_shape, x, region, onnx_path=onnx_path)
+    ok = comm.all_reduce_flag(ok, "and")
+    return format_counterexample(x, y) if ok else None
+
+
+def bound_region(graph: Graph, region: Region, cfg: Config, clock: Clock, bounds: dict[str, list[float]],
+                 on_step: Callable | None = None) -> bool:
+    """Run IBP, then CROWN, then α-CROWN (up to ``solver.bound_prop_method``); True when verified."""
+    C, d, owner = spec_rows(region)
+    n = len(region.clauses)
+    box = input_box(region, graph)
+    method = cfg.solver.bound_prop_method
+    with torch.no_grad():
+        lb, _ = ibp(graph, box, C)
+    cb = clause_bounds(lb, d, owner, n)
+    bounds.setdefault("ibp", []).extend(cb.tolist())
+    if (cb > 0).all() or method == "ibp":
+        return bool((cb > 0).all())
+    lb, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
+    cb = clause_bounds(lb, d, owner, n)
+    bounds.setdefault("crown", []).extend(cb.tolist())
+    if (cb > 0).all() or method == "crown":
+        return bool((cb > 0).all())
+    a = cfg.solver.alpha_crown
+    opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
+    lb, _ = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=on_step)
+    cb = np.maximum(clause_bounds(lb, d, owner, n), cb)
+    bounds.setdefault("alpha_crown", []).extend(cb.tolist())
+    return bool((cb > 0).all())
+
+
+def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph, Spec]:
+    graph = load_model(onnx_path)
+    spec = load_vnnlib(vnnlib_path)
+    n_in = int(np.prod(graph.input_shape))
+    if spec.n_inputs != n_in:
+        raise ValueError(f"{vnnlib_path}: declares {spec.n_inputs} inputs, but {onnx_path} takes {n_in}")
+    if spec.n_outputs != graph.output_size:
+        raise ValueError(f"{vnnlib_path}: declares {spec.n_outputs} outputs, but {onnx_path} has {graph.output_size}")
+    if cfg.parallel.world_size > 1:
+        graph.shard(cfg.parallel.mode)
+    return graph, spec
+
+
+def verify_instance(cfg: Config, onnx_path: str, vnnlib_path: str, timeout: float,
+                    on_step: Callable | None = None) -> InstanceResult:
+    """Verify one (model, spec) pair on this rank; every rank must call it with the same arguments."""
+    t0 = time.monotonic()
+    torch.manual_seed(cfg.general.seed)
+    graph, spec = load_instance(cfg, onnx_path, vnnlib_path)
+    clock = Clock(t0 + timeout)
+    memory = PeakMemory(comm.device())
+    memory.start()
+    bounds: dict[str, list[float]] = {}
+    verdict, cex = "unsat", None
+    order = cfg.attack.pgd_order
+    for region in spec.regions:
+        if order == "before":
+            cex = attack(graph, region, cfg, clock, onnx_path)
+            if cex is not None:
+                verdict = "sat"
+                break
+        verified = bound_region(graph, region, cfg, clock, bounds, on_step)
+        if not verified and order == "after":
+            cex = attack(graph, region, cfg, clock, onnx_path)
+            if cex is not None:
+                verdict = "sat"
+                break
+        if not verified:
+            verdict = "unknown"
+    if verdict == "unknown" and clock.expired():
+        verdict = "timeout"
+    peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
+    return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist())

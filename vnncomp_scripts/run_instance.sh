@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# VNN-COMP: verify one instance.   usage: run_instance.sh v1 CATEGORY ONNX VNNLIB RESULTS TIMEOUT
+# Runs `abcrown` with configs/CATEGORY.yaml (configs/default.yaml if there is none), overriding the
+# instance, the results file and the timeout; the result (sat/unsat/unknown/timeout/error) is written to
+# RESULTS. ONNX, VNNLIB and RESULTS are relative to the current directory.
+# ABCROWN_EXTRA_ARGS (optional) is appended, e.g. ABCROWN_EXTRA_ARGS="--general.device cuda".
+set -euo pipefail
+
+usage() {
+    echo "usage: $0 v1 CATEGORY ONNX VNNLIB RESULTS TIMEOUT" >&2
+    exit 2
+}
+
+[[ $# -eq 6 ]] || usage
+[[ "$1" == "v1" ]] || { echo "$0: unsupported version '$1' (expected v1)" >&2; usage; }
+CATEGORY="$2"
+ONNX="$3"
+VNNLIB="$4"
+RESULTS="$5"
+TIMEOUT="$6"
+TOOL_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+if [[ ! "$TIMEOUT" =~ ^[0-9]+([.][0-9]*)?$ ]]; then
+    echo "$0: TIMEOUT must be a number of seconds, got '$TIMEOUT'" >&2
+    usage
+fi
+
+CONFIG="$TOOL_DIR/configs/$CATEGORY.yaml"
+if [[ ! "$CATEGORY" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ || ! -f "$CONFIG" ]]; then
+    echo "$0: no config for category '$CATEGORY', using configs/default.yaml" >&2
+    CONFIG="$TOOL_DIR/configs/default.yaml"
+fi
+
+if command -v abcrown >/dev/null 2>&1; then
+    ABCROWN=(abcrown)
+else
+    ABCROWN=("${PYTHON:-python3}" -m complete_verifier_ext.cli)
+fi
+read -r -a EXTRA <<< "${ABCROWN_EXTRA_ARGS:-}"
+
+rm -f -- "$RESULTS"  # never leave a stale result from an earlier run
+exec "${ABCROWN[@]}" --config "$CONFIG" \
+    --model.onnx_path "$ONNX" \
+    --specification.vnnlib_path "$VNNLIB" \
+    --general.results_file "$RESULTS" \
+    --bab.timeout "$TIMEOUT" \
+    --general.csv_name null \
+    --quiet ${EXTRA[@]+"${EXTRA[@]}"}
