@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .config import Config, ConfigError, load_config
 from .model.onnx_loader import ModelError
 from .parallel import comm, launch
@@ -135,6 +137,8 @@ def write_outputs(cfg: Config, instances: list[Instance], results: list[Instance
 
 
 def _rank_main(cfg: Config, instances: list[Instance], show_progress: bool) -> list[InstanceResult]:
+    if comm.world_size() > 1:  # share the cores instead of oversubscribing them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.world_size()))
     return run_instances(cfg, instances, show_progress)
 
 

@@ -52,8 +52,10 @@ def unstable_index(lo: Tensor, hi: Tensor) -> Tensor:
     return ((lo < 0) & (hi > 0)).flatten(1).any(0).nonzero().flatten()
 
 
-def gather_rows(x: Tensor, dim: int, grad: bool) -> Tensor:
-    return comm.all_gather_cat_grad(x, dim) if grad else comm.all_gather_cat(x, dim)
+def gather_rows(x: Tensor, dim: int, grad: bool, n: int) -> Tensor:
+    """All-gather the row blocks of ``n`` rows split by ``shard_range`` (sizes known: one collective)."""
+    sizes = comm.shard_sizes(n)
+    return comm.all_gather_cat_grad(x, dim, sizes=sizes) if grad else comm.all_gather_cat(x, dim, sizes=sizes)
 
 
 def ancestors_relus(graph: Graph, k: int) -> list[int]:
@@ -88,7 +90,7 @@ def neuron_rows(graph: Graph, k: int, idx: Tensor, bounds: Bounds, box: Box,
     C[ar + r, :, local] = -1.0
     lb = back_substitute(graph, k, C.view(2 * r, B, *graph.nodes[k].shape), bounds, box, alphas)  # (2r, B)
     both = torch.stack([lb[:r].T, -lb[r:].T])  # (2, B, r)
-    gathered = gather_rows(both, 2, grad)  # (2, B, R)
+    gathered = gather_rows(both, 2, grad, len(idx))  # (2, B, R)
     return gathered[0], gathered[1], gathered
 
 
@@ -166,7 +168,7 @@ def final_bounds(graph: Graph, state: CrownState, box: Box, C: Tensor, alphas: A
     B = box[0].shape[0]
     lb_local = back_substitute(graph, out, spec_matrix(C[s0:s1], B, graph.nodes[out].shape), state.bounds, box,
                                alphas)  # (S_r, B)
-    return gather_rows(lb_local, 0, grad).T, lb_local
+    return gather_rows(lb_local, 0, grad, C.shape[0]).T, lb_local
 
 
 def ibp_final(graph: Graph, bounds: Bounds, C: Tensor) -> Tensor:

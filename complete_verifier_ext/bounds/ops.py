@@ -80,7 +80,8 @@ class Linear(Op):
         if self.bias is not None:
             out_mid = out_mid + self.bias[r0:r1]
         out_rad = rad @ W.abs().T
-        out_mid, out_rad = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=-1).chunk(2, 0)
+        both = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=-1, sizes=comm.shard_sizes(self.weight.shape[0]))
+        out_mid, out_rad = both.chunk(2, 0)
         return out_mid - out_rad, out_mid + out_rad
 
     def backward(self, A: Tensor, in_shape) -> tuple[list[Tensor | None], Tensor | float]:
@@ -110,7 +111,7 @@ class Conv(Op):
         if self.bias is not None:
             out_mid = out_mid + self.bias[r0:r1].view(-1, 1, 1)
         out_rad = F.conv2d(rad, W.abs(), None, self.stride, self.padding, self.dilation)
-        both = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=1)
+        both = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=1, sizes=comm.shard_sizes(self.weight.shape[0]))
         out_mid, out_rad = both.chunk(2, 0)
         return out_mid - out_rad, out_mid + out_rad
 

@@ -1,0 +1,201 @@
+"""Small deterministic models and properties for the tests and the bundled example.
+
+Every factory is a pure function of its ``seed`` (a private ``torch.Generator``; the global RNG is
+never touched), so a test can rebuild the same network anywhere:
+
+* :func:`mlp` / :func:`cnn`: ``torch.nn.Sequential`` ReLU networks (He-normal weights, small biases);
+* :func:`mlp_onnx`: the network of ``mlp(sizes, seed)`` written as ONNX (first layer MatMul + Add,
+  the others Gemm), so the torch and ONNX paths can be compared;
+* :func:`residual_onnx`: Sub/Div normalisation -> Conv -> BatchNormalization -> Relu -> Conv ->
+  Add (residual) -> Relu -> Flatten -> Gemm, written with ``onnx.helper``;
+* :func:`write_vnnlib`: an L∞ robustness property (a counterexample is an input in the box where some
+  ``Y_j >= Y_label``).
+
+ONNX models have a symbolic batch axis (``"batch"``), so onnxruntime accepts any batch size.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+__all__ = ["CNN_INPUT_SHAPE", "RESIDUAL_INPUT_SHAPE", "RESIDUAL_OUTPUTS", "cnn", "mlp", "mlp_onnx",
+           "residual_onnx", "write_vnnlib"]
+
+CNN_INPUT_SHAPE = (2, 8, 8)
+RESIDUAL_INPUT_SHAPE = (2, 6, 6)
+RESIDUAL_OUTPUTS = 3
+_OPSET = 13
+_BIAS_STD = 0.1
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed))
+
+
+def _he(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    """He-normal weights: std sqrt(2 / fan_in), fan_in = prod(shape[1:])."""
+    fan_in = math.prod(shape[1:])
+    return torch.randn(*shape, generator=gen) * math.sqrt(2.0 / fan_in)
+
+
+def _small(gen: torch.Generator, n: int) -> torch.Tensor:
+    return torch.randn(n, generator=gen) * _BIAS_STD
+
+
+@torch.no_grad()
+def _init(module: nn.Module, gen: torch.Generator) -> nn.Module:
+    module.weight.copy_(_he(gen, *module.weight.shape))
+    module.bias.copy_(_small(gen, module.bias.shape[0]))
+    return module
+
+
+def mlp(sizes: Sequence[int], seed: int) -> nn.Sequential:
+    """``sizes[0] -> sizes[1] -> ... -> sizes[-1]``: Linear layers with a ReLU between two of them."""
+    if len(sizes) < 2:
+        raise ValueError(f"an MLP needs at least an input and an output size, got {list(sizes)}")
+    gen = _gen(seed)
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        if i:
+            layers.append(nn.ReLU())
+        layers.append(_init(nn.Linear(n_in, n_out), gen))
+    return nn.Sequential(*layers).eval()
+
+
+def cnn(seed: int, input_shape: Sequence[int] = CNN_INPUT_SHAPE, channels: int = 3, hidden: int = 8,
+        n_out: int = 3) -> nn.Sequential:
+    """Conv(3x3, stride 2, pad 1) -> ReLU -> Conv(3x3, stride 2, pad 1) -> ReLU -> Flatten -> Linear -> ReLU
+    -> Linear, for per-sample input ``input_shape = (C, H, W)``."""
+    c, h, w = input_shape
+    gen = _gen(seed)
+
+    def down(n: int) -> int:  # output size of a 3x3, stride 2, padding 1 convolution
+        return (n + 2 - 3) // 2 + 1
+
+    flat = channels * down(down(h)) * down(down(w))
+    return nn.Sequential(
+        _init(nn.Conv2d(c, channels, 3, stride=2, padding=1), gen), nn.ReLU(),
+        _init(nn.Conv2d(channels, channels, 3, stride=2, padding=1), gen), nn.ReLU(),
+        nn.Flatten(),
+        _init(nn.Linear(flat, hidden), gen), nn.ReLU(),
+        _init(nn.Linear(hidden, n_out), gen),
+    ).eval()
+
+
+def _const(name: str, value: np.ndarray | torch.Tensor) -> TensorProto:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().numpy()
+    return numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)
+
+
+def _value_info(name: str, dims: Sequence[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))
+
+
+def _save(path: str | os.PathLike, graph: onnx.GraphProto) -> str:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)],
+                              producer_name="complete_verifier_ext.testing")
+    model.ir_version = 8  # readable by every onnxruntime this project supports
+    onnx.checker.check_model(model)
+    path = os.fspath(path)
+    onnx.save(model, path)
+    return path
+
+
+def mlp_onnx(path: str | os.PathLike, sizes: Sequence[int], seed: int) -> str:
+    """Write ``mlp(sizes, seed)`` as ONNX: layer 0 as MatMul + Add, the others as Gemm (alternating
+    ``transB`` 1 and 0).  Input ``"x"`` of shape ``(batch, sizes[0])``, output ``"y"``; returns the path."""
+    net = mlp(sizes, seed)
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    nodes, inits = [], []
+    cur = "x"
+    for i, lin in enumerate(linears):
+        W, b = lin.weight.detach(), lin.bias.detach()  # (out, in), (out,)
+        out = "y" if i == len(linears) - 1 else f"z{i}"
+        if i == 0:
+            inits += [_const("W0", W.T), _const("b0", b)]
+            nodes += [helper.make_node("MatMul", [cur, "W0"], ["mm0"], name="matmul_0"),
+                      helper.make_node("Add", ["mm0", "b0"], [out], name="add_0")]
+        else:
+            trans = i % 2
+            inits += [_const(f"W{i}", W if trans else W.T), _const(f"b{i}", b)]
+            nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"b{i}"], [out], name=f"gemm_{i}", transB=trans))
+        if out != "y":
+            nodes.append(helper.make_node("Relu", [out], [f"h{i}"], name=f"relu_{i}"))
+            cur = f"h{i}"
+    graph = helper.make_graph(nodes, "mlp", [_value_info("x", ["batch", sizes[0]])],
+                              [_value_info("y", ["batch", sizes[-1]])], inits)
+    return _save(path, graph)
+
+
+def residual_onnx(path: str | os.PathLike, seed: int) -> str:
+    """Write a small residual conv net as ONNX; input ``"x"`` ``(batch, *RESIDUAL_INPUT_SHAPE)``, output ``"y"``
+    ``(batch, RESIDUAL_OUTPUTS)``.
+
+    ``n = (x - mean) / std`` (per channel) -> Conv(3x3, pad 1) -> BatchNormalization -> Relu (``h``) ->
+    Conv(3x3, pad 1) -> Add(``h``) -> Relu -> Flatten -> Gemm.  Returns the path.
+    """
+    gen = _gen(seed)
+    c, hgt, wid = RESIDUAL_INPUT_SHAPE
+    k = 4  # channels of both convolutions
+    mean = torch.rand(1, c, 1, 1, generator=gen) * 0.5
+    std = 0.5 + torch.rand(1, c, 1, 1, generator=gen)
+    W1, b1 = _he(gen, k, c, 3, 3), _small(gen, k)
+    gamma = 0.5 + torch.rand(k, generator=gen)
+    beta = _small(gen, k)
+    run_mean = _small(gen, k)
+    run_var = 0.5 + torch.rand(k, generator=gen)
+    W2, b2 = _he(gen, k, k, 3, 3) * 0.5, _small(gen, k)
+    n_flat = k * hgt * wid
+    W3, b3 = _he(gen, RESIDUAL_OUTPUTS, n_flat), _small(gen, RESIDUAL_OUTPUTS)
+    inits = [_const("mean", mean), _const("std", std), _const("W1", W1), _const("b1", b1),
+             _const("gamma", gamma), _const("beta", beta), _const("run_mean", run_mean),
+             _const("run_var", run_var), _const("W2", W2), _const("b2", b2), _const("W3", W3), _const("b3", b3)]
+    nodes = [
+        helper.make_node("Sub", ["x", "mean"], ["centred"], name="sub_mean"),
+        helper.make_node("Div", ["centred", "std"], ["normed"], name="div_std"),
+        helper.make_node("Conv", ["normed", "W1", "b1"], ["c1"], name="conv_1", kernel_shape=[3, 3],
+                         pads=[1, 1, 1, 1], strides=[1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "gamma", "beta", "run_mean", "run_var"], ["bn1"],
+                         name="bn_1", epsilon=1e-5),
+        helper.make_node("Relu", ["bn1"], ["h1"], name="relu_1"),
+        helper.make_node("Conv", ["h1", "W2", "b2"], ["c2"], name="conv_2", kernel_shape=[3, 3],
+                         pads=[1, 1, 1, 1], strides=[1, 1]),
+        helper.make_node("Add", ["c2", "h1"], ["res"], name="add_residual"),
+        helper.make_node("Relu", ["res"], ["h2"], name="relu_2"),
+        helper.make_node("Flatten", ["h2"], ["flat"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["flat", "W3", "b3"], ["y"], name="gemm_out", transB=1),
+    ]
+    graph = helper.make_graph(nodes, "residual", [_value_info("x", ["batch", c, hgt, wid])],
+                              [_value_info("y", ["batch", RESIDUAL_OUTPUTS])], inits)
+    return _save(path, graph)
+
+
+def write_vnnlib(path: str | os.PathLike, lower, upper, label: int, n_outputs: int) -> str:
+    """Write a robustness property over the box ``[lower, upper]`` (flattened): a counterexample is an input
+    in the box whose output has ``Y_j >= Y_label`` for some ``j != label``.  Returns the path."""
+    lo = np.asarray(lower, dtype=np.float64).reshape(-1)
+    hi = np.asarray(upper, dtype=np.float64).reshape(-1)
+    if lo.shape != hi.shape:
+        raise ValueError(f"lower {lo.shape} and upper {hi.shape} differ in size")
+    if not 0 <= label < n_outputs:
+        raise ValueError(f"label {label} is not an output index (n_outputs={n_outputs})")
+    lines = [f"; robustness of label {label} on a box of {lo.size} inputs"]
+    lines += [f"(declare-const X_{i} Real)" for i in range(lo.size)]
+    lines += [f"(declare-const Y_{j} Real)" for j in range(n_outputs)]
+    for i, (a, b) in enumerate(zip(lo, hi)):
+        lines += [f"(assert (>= X_{i} {float(a)!r}))", f"(assert (<= X_{i} {float(b)!r}))"]
+    clauses = " ".join(f"(and (>= Y_{j} Y_{label}))" for j in range(n_outputs) if j != label)
+    lines.append(f"(assert (or {clauses}))")
+    path = os.fspath(path)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path

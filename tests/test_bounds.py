@@ -1,0 +1,294 @@
+"""Tests for complete_verifier_ext.bounds: IBP, CROWN and α-CROWN.
+
+* hand-computed bounds on 2-2-1 and 2-2-1-1 networks (the arithmetic is in the comments);
+* sampling soundness on random MLPs, CNNs and a residual ONNX net: sampled ``C @ y`` never falls below
+  the bound, and every intermediate bound contains the sampled value of its node;
+* α-CROWN never ends below the CROWN bound it starts from;
+* a convolution's backward equals its dense matrix (stride 2 with odd and even input sizes).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from complete_verifier_ext import testing
+from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
+from complete_verifier_ext.bounds.crown import crown, ibp
+from complete_verifier_ext.bounds.ops import Conv
+from complete_verifier_ext.model.graph import Graph
+from complete_verifier_ext.model.onnx_loader import load_model
+from complete_verifier_ext.model.torch_loader import from_sequential
+
+TOL = 1e-5
+ALPHA_FAST = AlphaOptions(iteration=10, lr_alpha=0.1, lr_decay=0.98, early_stop=False)
+
+# ---------------------------------------------------------------------------------------------------------
+# Hand-computed cases
+# ---------------------------------------------------------------------------------------------------------
+#
+# Net A (2-2-1), x in [-1, 1]^2:
+#   z1 = x1 + x2 + 0.5   in [-1.5, 2.5]   (adaptive lower slope 1: u = 2.5 > -l = 1.5)
+#   z2 = x1 - x2 - 0.5   in [-2.5, 1.5]   (adaptive lower slope 0: u = 1.5 < -l = 2.5)
+#   y  = relu(z1) + relu(z2) - 1
+# Upper lines u/(u-l) (z - l):  relu(z1) <= 0.625 z1 + 0.9375,  relu(z2) <= 0.375 z2 + 0.9375.
+# The true range of y is [-1, 1.5]: -1 at x = (-1, 0) (both ReLUs off), 1.5 at x = (1, 1).
+
+
+def net_a() -> nn.Sequential:
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[1.0, 1.0], [1.0, -1.0]]))
+        net[0].bias.copy_(torch.tensor([0.5, -0.5]))
+        net[2].weight.copy_(torch.tensor([[1.0, 1.0]]))
+        net[2].bias.copy_(torch.tensor([-1.0]))
+    return net
+
+
+# Net B (2-2-1-1) = net A followed by out = relu(y) (weight 1, bias 0); y is now a pre-activation whose
+# bounds CROWN refines:
+#   IBP:   y in [-1, 3]
+#   CROWN: y >= z1 - 1 (slopes 1, 0) = x1 + x2 - 0.5 >= -2.5;
+#          -y >= -(0.625 z1 + 0.9375) - (0.375 z2 + 0.9375) + 1 = -x1 - 0.25 x2 - 1 >= -2.25, so y <= 2.25.
+#   intersect=True:  y in [-1, 2.25]  -> adaptive slope 1 (2.25 > 1)   -> out >= y >= -2.5
+#   intersect=False: y in [-2.5, 2.25] -> adaptive slope 0 (2.25 < 2.5) -> out >= 0
+#   upper bound: the upper line through (u, u) evaluated at CROWN's max of y gives u = 2.25 in both cases.
+# The true range of out is [0, 1.5]; α-CROWN reaches 0 (lower slope 0 on relu(y)).
+
+
+def net_b() -> nn.Sequential:
+    net = net_a()
+    last = nn.Linear(1, 1)
+    with torch.no_grad():
+        last.weight.fill_(1.0)
+        last.bias.fill_(0.0)
+    return nn.Sequential(*net, nn.ReLU(), last)
+
+
+UNIT_BOX = (torch.full((1, 2), -1.0), torch.full((1, 2), 1.0))
+C_PM = torch.tensor([[1.0], [-1.0]])  # rows: y and -y
+
+
+def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), rtol=0.0, atol=atol)
+
+
+def test_hand_ibp_net_a() -> None:
+    g = from_sequential(net_a(), (2,))
+    lb, bounds = ibp(g, UNIT_BOX, C_PM)
+    close(bounds[1][0], [[-1.5, -2.5]])
+    close(bounds[1][1], [[2.5, 1.5]])
+    close(bounds[2][0], [[0.0, 0.0]])
+    close(bounds[2][1], [[2.5, 1.5]])
+    # y in [0 + 0 - 1, 2.5 + 1.5 - 1] = [-1, 3]
+    close(bounds[3][0], [[-1.0]])
+    close(bounds[3][1], [[3.0]])
+    close(lb, [[-1.0, -3.0]])
+
+
+@pytest.mark.parametrize("intersect", [True, False])
+def test_hand_crown_net_a(intersect: bool) -> None:
+    g = from_sequential(net_a(), (2,))
+    lb, state = crown(g, UNIT_BOX, C_PM, intersect=intersect)
+    # y  >= z1 + 0 - 1 = x1 + x2 - 0.5                                   -> min -2.5 (worse than IBP's -1)
+    # -y >= -(0.625 z1 + 0.9375) - (0.375 z2 + 0.9375) + 1 = -x1 - 0.25 x2 - 1 -> min -2.25 (IBP: -3)
+    close(lb, [[-2.5, -2.25]])
+    assert state.rows == {}  # the only pre-activation is one affine layer of the input: IBP is exact
+    close(state.bounds[1][0], [[-1.5, -2.5]])
+
+
+def test_hand_alpha_net_a() -> None:
+    g = from_sequential(net_a(), (2,))
+    _, state = crown(g, UNIT_BOX, C_PM)
+    lb, _ = alpha_crown(g, UNIT_BOX, C_PM, state, AlphaOptions(iteration=30, early_stop=False))
+    # Row y with slopes a1, a2 in [0, 1]:  min_x a1 z1 + a2 z2 - 1 = 0.5 a1 - 0.5 a2 - |a1 + a2| - |a1 - a2| - 1,
+    # maximal at a = (0, 0): -1 (the true minimum).  Row -y uses only upper lines: stays -2.25.
+    close(lb[:, 0], [-1.0], atol=1e-3)
+    close(lb[:, 1], [-2.25])
+
+
+def test_hand_crown_net_b() -> None:
+    g = from_sequential(net_b(), (2,))
+    y_node = 3
+    lb_t, st_t = crown(g, UNIT_BOX, C_PM, intersect=True)
+    lb_f, st_f = crown(g, UNIT_BOX, C_PM, intersect=False)
+    close(st_t.bounds[y_node][0], [[-1.0]])
+    close(st_t.bounds[y_node][1], [[2.25]])
+    close(st_f.bounds[y_node][0], [[-2.5]])
+    close(st_f.bounds[y_node][1], [[2.25]])
+    assert set(st_t.rows) == {y_node} and st_t.rows[y_node].tolist() == [0]
+    # intersect=True: slope 1 -> out >= y >= -2.5; intersect=False: slope 0 -> out >= 0.  Tighter intermediate
+    # bounds do not give a tighter final bound with the adaptive slope.
+    close(lb_t, [[-2.5, -2.25]])
+    close(lb_f, [[0.0, -2.25]])
+
+
+@pytest.mark.parametrize("intersect", [True, False])
+def test_hand_alpha_net_b(intersect: bool) -> None:
+    g = from_sequential(net_b(), (2,))
+    _, state = crown(g, UNIT_BOX, C_PM, intersect=intersect)
+    lb, _ = alpha_crown(g, UNIT_BOX, C_PM, state, AlphaOptions(iteration=30, early_stop=False))
+    # the optimum of the lower row is slope 0 on relu(y): out >= 0, the true minimum
+    close(lb[:, 0], [0.0], atol=1e-3)
+    close(lb[:, 1], [-2.25], atol=1e-5)
+
+
+def test_alpha_zero_iterations_is_crown() -> None:
+    g = from_sequential(net_b(), (2,))
+    lb_c, state = crown(g, UNIT_BOX, C_PM)
+    lb_a, _ = alpha_crown(g, UNIT_BOX, C_PM, state, AlphaOptions(iteration=0))
+    close(lb_a, lb_c, atol=0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling soundness
+# ---------------------------------------------------------------------------------------------------------
+
+
+def random_box(shape: tuple[int, ...], batch: int, seed: int, lo: float = -1.0, hi: float = 1.0,
+               rad: tuple[float, float] = (0.05, 0.5)) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` boxes of per-sample ``shape`` with centres in [lo, hi] and radii in ``rad``."""
+    gen = torch.Generator().manual_seed(seed)
+    centre = lo + (hi - lo) * torch.rand(batch, *shape, generator=gen)
+    radius = rad[0] + (rad[1] - rad[0]) * torch.rand(batch, *shape, generator=gen)
+    return centre - radius, centre + radius
+
+
+def sample_points(box, b: int, n: int, seed: int) -> torch.Tensor:
+    """``n`` uniform points of box ``b`` plus all its corners when the input has at most 10 entries."""
+    lo, hi = box[0][b], box[1][b]
+    gen = torch.Generator().manual_seed(seed)
+    x = lo + (hi - lo) * torch.rand(n, *lo.shape, generator=gen)
+    if lo.numel() <= 10:
+        bits = torch.tensor(list(itertools.product((0.0, 1.0), repeat=lo.numel()))).view(-1, *lo.shape)
+        x = torch.cat([x, lo + (hi - lo) * bits])
+    return x
+
+
+def assert_sound(graph: Graph, box, C: torch.Tensor, lb: torch.Tensor, bounds: dict, what: str,
+                 n: int = 2000) -> None:
+    """Every sampled ``C @ y`` is >= lb - TOL and every node value lies in its bounds (± TOL)."""
+    B = box[0].shape[0]
+    assert lb.shape == (B, C.shape[0]), what
+    with torch.no_grad():
+        for b in range(B):
+            x = sample_points(box, b, n, seed=1000 + b)
+            y = graph(x)  # (N, n_out)
+            gap = (y @ C.T - lb[b]).min().item()
+            assert gap >= -TOL, f"{what}: sampled C@y below the bound by {-gap:.3g} (box {b})"
+            for k, (lo, hi) in bounds.items():
+                v = graph.forward(x, upto=k)
+                below = (lo[b] - v).max().item()
+                above = (v - hi[b]).max().item()
+                assert below <= TOL and above <= TOL, (
+                    f"{what}: node {k} ({graph.nodes[k].name}) leaves its bounds by {max(below, above):.3g} (box {b})")
+
+
+def run_all_methods(graph: Graph, box, C: torch.Tensor, what: str) -> None:
+    lb, bounds = ibp(graph, box, C)
+    assert_sound(graph, box, C, lb, bounds, f"{what} IBP")
+    for intersect in (True, False):
+        lb, state = crown(graph, box, C, intersect=intersect)
+        assert_sound(graph, box, C, lb, state.bounds, f"{what} CROWN(intersect={intersect})")
+    lb_c, state = crown(graph, box, C)
+    lb_a, state_a = alpha_crown(graph, box, C, state, ALPHA_FAST)
+    assert_sound(graph, box, C, lb_a, state_a.bounds, f"{what} alpha-CROWN")
+    assert (lb_a >= lb_c - 1e-6).all(), f"{what}: alpha-CROWN below its CROWN start"
+
+
+def random_spec(n_out: int, seed: int, rows: int = 4) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, n_out, generator=gen)
+
+
+@pytest.mark.parametrize("sizes,seed", [([3, 8, 8, 3], 0), ([4, 12, 12, 12, 2], 1), ([6, 20, 16, 20, 4], 2)])
+def test_sampling_soundness_mlp(sizes: list[int], seed: int) -> None:
+    g = from_sequential(testing.mlp(sizes, seed), (sizes[0],))
+    box = random_box((sizes[0],), batch=2, seed=seed)
+    run_all_methods(g, box, random_spec(sizes[-1], seed), f"mlp{sizes}")
+
+
+@pytest.mark.parametrize("input_shape", [(2, 8, 8), (1, 7, 7)])
+def test_sampling_soundness_cnn(input_shape: tuple[int, ...]) -> None:
+    g = from_sequential(testing.cnn(3, input_shape), input_shape)
+    box = random_box(input_shape, batch=2, seed=4, rad=(0.02, 0.2))
+    run_all_methods(g, box, random_spec(3, 5), f"cnn{input_shape}")
+
+
+def test_sampling_soundness_residual_onnx(tmp_path: Path) -> None:
+    g = load_model(testing.residual_onnx(tmp_path / "residual.onnx", seed=7))
+    assert any(len(n.inputs) == 2 for n in g.nodes), "the residual Add should be a two-input node"
+    box = random_box(testing.RESIDUAL_INPUT_SHAPE, batch=2, seed=8, lo=0.0, hi=1.0, rad=(0.01, 0.1))
+    run_all_methods(g, box, random_spec(testing.RESIDUAL_OUTPUTS, 9), "residual")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# α-CROWN never ends below its CROWN start
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("intersect", [True, False])
+@pytest.mark.parametrize("seed", [10, 11, 12])
+def test_alpha_not_below_its_crown_start(intersect: bool, seed: int) -> None:
+    sizes = [5, 16, 16, 16, 3]
+    g = from_sequential(testing.mlp(sizes, seed), (sizes[0],))
+    box = random_box((sizes[0],), batch=3, seed=seed, rad=(0.1, 0.6))
+    C = random_spec(sizes[-1], seed, rows=5)
+    lb_c, state = crown(g, box, C, intersect=intersect)
+    lb_a, _ = alpha_crown(g, box, C, state, ALPHA_FAST)
+    assert (lb_a >= lb_c - 1e-6).all(), (lb_a - lb_c).min().item()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Conv backward = the dense matrix of the convolution
+# ---------------------------------------------------------------------------------------------------------
+
+
+def dense_matrix(op: Conv, in_shape: tuple[int, ...]) -> torch.Tensor:
+    """(n_out, n_in): column i is the bias-free convolution of the i-th basis vector."""
+    n_in = torch.Size(in_shape).numel()
+    basis = torch.eye(n_in).view(n_in, *in_shape)
+    bias, op.bias = op.bias, None
+    try:
+        cols = op.forward(basis).flatten(1)  # (n_in, n_out)
+    finally:
+        op.bias = bias
+    return cols.T
+
+
+@pytest.mark.parametrize(
+    "hw,kernel,stride,padding,dilation",
+    [
+        ((5, 5), (3, 3), (2, 2), (1, 1), (1, 1)),  # odd: the strided conv reaches the last row
+        ((6, 6), (3, 3), (2, 2), (1, 1), (1, 1)),  # even: one row/column never reached (output_padding 1)
+        ((7, 6), (3, 3), (2, 2), (0, 0), (1, 1)),
+        ((6, 7), (2, 2), (2, 2), (0, 0), (1, 1)),
+        ((8, 5), (3, 2), (3, 2), (1, 0), (1, 1)),  # output_padding 2 on rows
+        ((9, 8), (3, 3), (2, 2), (1, 1), (2, 2)),  # dilated
+        ((6, 5), (3, 3), (1, 1), (1, 1), (1, 1)),
+    ],
+)
+def test_conv_backward_equals_dense(hw, kernel, stride, padding, dilation) -> None:
+    gen = torch.Generator().manual_seed(sum(hw) + kernel[0])
+    c_in, c_out = 2, 3
+    op = Conv(torch.randn(c_out, c_in, *kernel, generator=gen), torch.randn(c_out, generator=gen),
+              stride, padding, dilation)
+    in_shape = (c_in, *hw)
+    out_shape = tuple(op.forward(torch.zeros(1, *in_shape)).shape[1:])
+    M = dense_matrix(op, in_shape)  # (n_out, n_in)
+    S, B = 4, 2
+    A = torch.randn(S, B, *out_shape, generator=gen)
+    (A_in,), bias = op.backward(A, in_shape)
+    assert A_in.shape == (S, B, *in_shape)
+    torch.testing.assert_close(A_in.flatten(2), A.flatten(2) @ M, rtol=1e-5, atol=1e-5)
+    expect_bias = (A * op.bias.view(-1, 1, 1)).flatten(2).sum(-1)
+    torch.testing.assert_close(bias, expect_bias, rtol=1e-5, atol=1e-5)
+    # and the linear function it represents agrees on a point: sum(A*conv(x)) = sum(A_in*x) + bias
+    x = torch.randn(B, *in_shape, generator=gen)
+    lhs = (A * op.forward(x)).flatten(2).sum(-1)
+    rhs = (A_in * x).flatten(2).sum(-1) + bias
+    torch.testing.assert_close(lhs, rhs, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,173 @@
+"""comm helpers on real gloo ranks (P = 2, 3) and as no-ops at world size 1.
+
+One spawned run per world size does every check and returns plain results; the tests assert on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from complete_verifier_ext.parallel import comm, run
+
+
+def _blocks(p: int) -> list[torch.Tensor]:
+    """Rank q's block: q rows (rank 0's is empty) of 3 columns, values that identify rank and row."""
+    return [torch.arange(q * 3, dtype=torch.float32).reshape(q, 3) + 100 * q for q in range(p)]
+
+
+def _gather_checks(r: int, p: int) -> dict[str, Any]:
+    blocks = _blocks(p)
+    full = torch.cat(blocks, 0)  # (sum q, 3)
+    sizes = [b.shape[0] for b in blocks]
+    out: dict[str, Any] = {}
+    comm.reset_stats()
+    out["dim0_known_sizes"] = torch.equal(comm.all_gather_cat(blocks[r], 0, sizes=sizes), full)
+    out["stats_known_sizes"] = comm.stats()
+    comm.reset_stats()
+    out["dim0_exchanged_sizes"] = torch.equal(comm.all_gather_cat(blocks[r]), full)
+    out["stats_exchanged_sizes"] = comm.stats()
+    out["dim1"] = torch.equal(comm.all_gather_cat(blocks[r].T, 1), full.T)
+    out["dim_neg1"] = torch.equal(comm.all_gather_cat(blocks[r].T.unsqueeze(0), -1), full.T.unsqueeze(0))
+    even = torch.full((2, 2), float(r))
+    out["even"] = torch.equal(
+        comm.all_gather_cat(even), torch.cat([torch.full((2, 2), float(q)) for q in range(p)])
+    )
+    comm.reset_stats()
+    empty = comm.all_gather_cat(torch.empty(0, 4), 0, sizes=[0] * p)
+    out["all_empty_shape"] = tuple(empty.shape)
+    out["stats_all_empty"] = comm.stats()
+    return out
+
+
+def _losses_weights(p: int, n: int) -> torch.Tensor:
+    """Each rank's loss weights over the gathered tensor: (P, n, 2)."""
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(p, n, 2, generator=g)
+
+
+def _gather_grad_checks(r: int, p: int) -> dict[str, Any]:
+    """Rank r's loss = sum(w_r * gathered); grad of its block must be the total loss's grad."""
+    sizes = [q + 1 for q in range(p)]
+    n = sum(sizes)
+    g = torch.Generator().manual_seed(3)
+    full_ref = torch.randn(n, 2, generator=g).requires_grad_(True)
+    w = _losses_weights(p, n)
+    (w * full_ref).sum().backward()  # reference: the sum over ranks of every rank's loss
+    start = sum(sizes[:r])
+    block = full_ref.detach()[start : start + sizes[r]].clone().requires_grad_(True)
+    comm.reset_stats()
+    gathered = comm.all_gather_cat_grad(block, 0, sizes=sizes)
+    (w[r] * gathered).sum().backward()
+    return {
+        "forward": torch.equal(gathered.detach(), full_ref.detach()),
+        "grad_err": (block.grad - full_ref.grad[start : start + sizes[r]]).abs().max().item(),
+        "stats": comm.stats(),
+    }
+
+
+def _misc_checks(r: int, p: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"rank": r, "world": p, "range": comm.shard_range(10)}
+    t = torch.tensor([float(r), -float(r)])
+    out["sum"] = comm.all_reduce(t).tolist()
+    out["max"] = comm.all_reduce(t, "max").tolist()
+    out["min"] = comm.all_reduce(t, "min").tolist()
+    out["input_untouched"] = t.tolist() == [float(r), -float(r)]
+    out["or"] = comm.all_reduce_flag(r == p - 1, "or")
+    out["and"] = comm.all_reduce_flag(r == p - 1, "and")
+    out["and_all"] = comm.all_reduce_flag(True, "and")
+    out["bcast"] = comm.broadcast(torch.full((2,), float(r + 5)), src=1).tolist()
+    out["bcast_obj"] = comm.broadcast_object({"from": r} if r == 0 else None)
+    mine = torch.arange(r + 1, dtype=torch.float32)  # sizes differ per rank
+    prev = (r - 1) % p
+    out["ring_shape_exchanged"] = comm.ring_pass(mine).tolist()
+    out["ring_shape_known"] = comm.ring_pass(mine, recv_shape=(prev + 1,)).tolist()
+    out["ring_expected"] = list(range(prev + 1))
+    comm.reset_stats()
+    comm.ring_pass(mine, recv_shape=(prev + 1,))
+    comm.barrier()
+    out["stats_ring_barrier"] = comm.stats()
+    return out
+
+
+def _all_checks() -> dict[str, Any]:
+    torch.set_num_threads(1)
+    r, p = comm.rank(), comm.world_size()
+    return {"gather": _gather_checks(r, p), "grad": _gather_grad_checks(r, p), "misc": _misc_checks(r, p)}
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
+def results(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Rank 0's results of one spawned run at P = 2 or 3."""
+    return {"P": request.param, **run(_all_checks, request.param, timeout_s=30)}
+
+
+def test_all_gather_cat_uneven_and_empty_blocks(results: dict[str, Any]) -> None:
+    g = results["gather"]
+    for key in ("dim0_known_sizes", "dim0_exchanged_sizes", "dim1", "dim_neg1", "even"):
+        assert g[key], key
+    assert g["all_empty_shape"] == (0, 4)
+
+
+def test_all_gather_cat_collective_counts(results: dict[str, Any]) -> None:
+    g = results["gather"]
+    assert g["stats_known_sizes"].keys() == {"all_gather"}
+    assert g["stats_known_sizes"]["all_gather"]["calls"] == 1
+    largest = (results["P"] - 1) * 3 * 4  # the largest block, in bytes (every block is padded to it)
+    assert g["stats_known_sizes"]["all_gather"]["bytes"] == largest
+    assert {k: v["calls"] for k, v in g["stats_exchanged_sizes"].items()} == {
+        "all_gather_sizes": 1,
+        "all_gather": 1,
+    }
+    assert g["stats_all_empty"] == {}
+
+
+def test_all_gather_cat_grad_matches_single_process(results: dict[str, Any]) -> None:
+    g = results["grad"]
+    assert g["forward"]
+    assert g["grad_err"] <= 1e-6
+    assert {k: v["calls"] for k, v in g["stats"].items()} == {"all_gather": 1, "all_reduce": 1}
+
+
+def test_reductions_broadcast_ring(results: dict[str, Any]) -> None:
+    m, p = results["misc"], results["P"]
+    assert (m["rank"], m["world"]) == (0, p)
+    assert m["range"] == (0, 10 // p)
+    total = sum(range(p))
+    assert m["sum"] == [total, -total]
+    assert m["max"] == [p - 1, 0]
+    assert m["min"] == [0, -(p - 1)]
+    assert m["input_untouched"]
+    assert (m["or"], m["and"], m["and_all"]) == (True, False, True)
+    assert m["bcast"] == [6.0, 6.0]
+    assert m["bcast_obj"] == {"from": 0}
+    assert m["ring_shape_exchanged"] == m["ring_expected"] == m["ring_shape_known"]
+    counts = {k: v["calls"] for k, v in m["stats_ring_barrier"].items()}
+    assert counts == {"ring_pass": 1, "barrier": 1}
+
+
+def test_world_size_one_is_identity() -> None:
+    comm.reset_stats()
+    t = torch.randn(3, 2)
+    assert (comm.rank(), comm.world_size()) == (0, 1)
+    assert comm.shard_range(7) == (0, 7)
+    assert comm.all_gather_cat(t, 1) is t
+    assert comm.all_gather_cat_grad(t) is t
+    assert comm.all_reduce(t, "max") is t
+    assert comm.all_reduce_flag(True, "and") is True
+    assert comm.broadcast(t) is t
+    assert comm.broadcast_object([1]) == [1]
+    assert comm.ring_pass(t) is t
+    comm.barrier()
+    assert comm.stats() == {}
+
+
+def test_shard_range_covers_rows_in_order() -> None:
+    for n in (0, 1, 5, 7, 12):
+        for p in (1, 2, 3, 5):
+            ranges = [comm.shard_range(n, q, p) for q in range(p)]
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            assert comm.shard_sizes(n, p) == [e - s for s, e in ranges]
