@@ -18,6 +18,7 @@ from complete_verifier_ext.parallel import ShardedWeight, comm, run
 
 LINEAR_SHAPES = [(7, 5), (2, 6)]  # out uneven over P = 2, 3; out < P = 3 gives an empty shard
 CONV_SHAPE = (5, 3, 3, 3)
+CONV_SHAPES = [CONV_SHAPE, (2, 3, 3, 3)]  # the second has an empty shard at P = 3
 CONV_GEOMETRIES = [
     {"stride": 1, "padding": 0, "dilation": 1, "output_padding": 0},
     {"stride": 2, "padding": 1, "dilation": 1, "output_padding": 1},
@@ -112,14 +113,15 @@ def _weight_checks(mode: str) -> dict[str, Any]:
             "forward": _forward_checks(sw, W, _randn(3, shape[1], seed=3), "linear"),
             "transposed": _transposed_checks(sw, W, A, "linear_t"),
         }
-    W = _randn(*CONV_SHAPE, seed=4)
-    sw = ShardedWeight(W, mode)
-    conv: dict[str, Any] = {"gathered": torch.equal(sw.gathered(), W)}
-    conv["forward"] = _forward_checks(sw, W, _randn(2, CONV_SHAPE[1], 6, 6, seed=5), "conv2d")
-    for i, geometry in enumerate(CONV_GEOMETRIES):
-        A = _randn(SPEC_ROWS, CONV_SHAPE[0], 4, 4, seed=6 + i)  # (spec*batch, out, H', W')
-        conv[f"transposed{i}"] = _transposed_checks(sw, W, A, "conv_transpose2d", **geometry)
-    out["conv"] = conv
+    for shape in CONV_SHAPES:
+        W = _randn(*shape, seed=4)
+        sw = ShardedWeight(W, mode)
+        conv: dict[str, Any] = {"gathered": torch.equal(sw.gathered(), W)}
+        conv["forward"] = _forward_checks(sw, W, _randn(2, shape[1], 6, 6, seed=5), "conv2d")
+        for i, geometry in enumerate(CONV_GEOMETRIES):
+            A = _randn(SPEC_ROWS, shape[0], 4, 4, seed=6 + i)  # (spec*batch, out, H', W')
+            conv[f"transposed{i}"] = _transposed_checks(sw, W, A, "conv_transpose2d", **geometry)
+        out[f"conv{shape}"] = conv
     return out
 
 

@@ -146,6 +146,8 @@ def sweep(graph: Graph, box: Box, *, reference: Bounds | None = None, rows: dict
             continue
         idx = rows[k] if rows is not None else unstable_index(*bounds[k])
         used_rows[k] = idx
+        if len(idx) == 0:  # every rank knows: nothing to refine
+            continue
         lo_rows, hi_rows, g = neuron_rows(graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad)
         gathered.append(g)
         bounds[k] = tighten(bounds[k], idx, lo_rows, hi_rows, intersect)

@@ -68,10 +68,14 @@ _REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 # ----------------------------------------------------------------------------------------------------------
 
 
-def resolve_backend(backend: str) -> str:
-    """``"auto"`` -> ``"nccl"`` when CUDA is available, else ``"gloo"``; other names pass through."""
+def resolve_backend(backend: str, ranks_per_host: int = 1) -> str:
+    """``"auto"`` -> ``"nccl"`` when CUDA has a GPU for each of this host's ranks, else ``"gloo"``.
+
+    Other names pass through unchanged.
+    """
     if backend == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return "nccl" if gpus >= max(1, ranks_per_host) else "gloo"
     return backend
 
 
@@ -84,14 +88,16 @@ def init(
     timeout_s: float = 30.0,
     *,
     local_rank: int | None = None,
+    local_world_size: int | None = None,
 ) -> None:
     """Join (create) the default process group over TCP at ``master_addr:master_port``.
 
     At ``world_size == 1`` no group is created: every helper is then a no-op.
     With NCCL the rank's GPU (``local_rank``, default ``rank`` modulo the GPU count) becomes the
-    current device. ``timeout_s`` bounds every collective: a backstop against a dead peer.
+    current device. ``auto`` resolves with ``local_world_size`` ranks on this host (default all).
+    ``timeout_s`` bounds every collective: a backstop against a dead peer.
     """
-    backend = resolve_backend(backend)
+    backend = resolve_backend(backend, local_world_size or world_size)
     if world_size <= 1:
         return
     if backend == "nccl":
@@ -107,9 +113,11 @@ def init(
 
 
 def init_from_env(backend: str = "auto", timeout_s: float = 30.0) -> None:
-    """Join the group described by torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK."""
+    """Join the group described by torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,
+    LOCAL_WORLD_SIZE."""
     env = os.environ
     local = env.get("LOCAL_RANK")
+    local_world = env.get("LOCAL_WORLD_SIZE")
     init(
         backend,
         int(env["RANK"]),
@@ -118,6 +126,7 @@ def init_from_env(backend: str = "auto", timeout_s: float = 30.0) -> None:
         int(env.get("MASTER_PORT", "29500")),
         timeout_s,
         local_rank=int(local) if local is not None else None,
+        local_world_size=int(local_world) if local_world is not None else None,
     )
 
 

@@ -9,8 +9,8 @@ Three ways in:
   joins the group (``comm.init``) and calls ``fn(*args)``; rank 0's return value comes back.
 
 ``fn`` and ``args`` must be picklable (module-level functions); the result must be picklable with plain
-``pickle`` (return CPU tensors). Backend ``auto``: NCCL with one GPU per rank when CUDA is available,
-else gloo. The port is ``MASTER_PORT`` if set, else a free one; the address ``MASTER_ADDR`` or
+``pickle`` (return CPU tensors). Backend ``auto``: NCCL with one GPU per rank when CUDA has enough
+GPUs, else gloo. The port is ``MASTER_PORT`` if set, else a free one; the address ``MASTER_ADDR`` or
 127.0.0.1. ``MALLOC_MMAP_THRESHOLD_=65536`` is put in the children's environment unless already set
 (see ``memory``).
 
@@ -86,7 +86,7 @@ def run(
         return _run_joined(fn, world_size, args, backend, timeout_s)
     if world_size == 1:
         return fn(*args)
-    return _run_spawned(fn, world_size, args, comm.resolve_backend(backend), timeout_s)
+    return _run_spawned(fn, world_size, args, comm.resolve_backend(backend, world_size), timeout_s)
 
 
 def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float) -> T:

@@ -218,9 +218,14 @@ class ShardedWeight:
 
     # ---- forward: column-parallel ----------------------------------------------------------------------
 
+    @property
+    def sizes(self) -> list[int]:
+        """Rows of every rank (what ``comm.all_gather_cat(..., sizes=)`` needs for output slices)."""
+        return list(self._sizes)
+
     def linear(self, x: Tensor) -> Tensor:
         """``x @ W.T``: (..., in) -> (..., out). Sharded: own output columns, then one all-gather."""
-        y = F.linear(x, self.local)  # (..., n_local)
+        y = self.local_linear(x)  # (..., n_local)
         if not self.sharded:
             return y
         return comm.all_gather_cat_grad(y, -1, sizes=self._sizes)
@@ -229,14 +234,24 @@ class ShardedWeight:
         self, x: Tensor, stride: IntOrPair = 1, padding: IntOrPair = 0, dilation: IntOrPair = 1
     ) -> Tensor:
         """``conv2d(x, W)``: (N, in, H, W) -> (N, out, H', W'). Sharded: own output channels, then gather."""
-        conv = partial(F.conv2d, bias=None, stride=stride, padding=padding, dilation=dilation)
-        if self.n_local > 0:
-            y = conv(x, self.local)  # (N, n_local, H', W')
-        else:  # conv2d rejects an empty weight: one zero channel, then drop it
-            y = conv(x, self._padded.new_zeros((1, *self.shape[1:])))[:, :0]
+        y = self.local_conv2d(x, stride, padding, dilation)  # (N, n_local, H', W')
         if not self.sharded:
             return y
         return comm.all_gather_cat_grad(y, 1, sizes=self._sizes)
+
+    def local_linear(self, x: Tensor) -> Tensor:
+        """This rank's output columns only: (..., in) -> (..., n_local). No communication."""
+        return F.linear(x, self.local)
+
+    def local_conv2d(
+        self, x: Tensor, stride: IntOrPair = 1, padding: IntOrPair = 0, dilation: IntOrPair = 1
+    ) -> Tensor:
+        """This rank's output channels only: (N, in, H, W) -> (N, n_local, H', W'), also when n_local = 0
+        (``F.conv2d`` rejects an empty weight). No communication."""
+        conv = partial(F.conv2d, bias=None, stride=stride, padding=padding, dilation=dilation)
+        if self.n_local > 0:
+            return conv(x, self.local)
+        return conv(x, self._padded.new_zeros((1, *self.shape[1:])))[:, :0]  # one zero channel, dropped
 
     # ---- CROWN backward: transposed products -----------------------------------------------------------
 

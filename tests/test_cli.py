@@ -1,0 +1,131 @@
+"""End-to-end runs of ``abcrown``: verdicts, result files, summaries, user errors, a killed rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from complete_verifier_ext import testing
+from complete_verifier_ext.cli import main
+from complete_verifier_ext.model.onnx_loader import load_onnx
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "configs" / "example.yaml"
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, dict | None, str]:
+    out = tmp_path / "out.txt"
+    summary = tmp_path / "summary.json"
+    code = main(["--config", str(EXAMPLE), "--general.results_file", str(out), "--summary", str(summary),
+                 "--quiet", *args])
+    data = json.loads(summary.read_text()) if summary.exists() else None
+    return code, data, out.read_text() if out.exists() else ""
+
+
+def test_example_needs_alpha_crown(tmp_path):
+    code, data, result = _run(tmp_path)
+    assert code == 0 and result == "unsat\n"
+    assert data["verdict"] == "unsat"
+    assert min(data["bounds"]["crown"]) < 0 < min(data["bounds"]["alpha_crown"])
+    assert len(data["bounds"]["ibp"]) == 4 and len(data["peak_mb"]) == 1
+
+
+def test_crown_only_is_unknown(tmp_path):
+    code, data, result = _run(tmp_path, "--solver.bound_prop_method", "crown")
+    assert code == 0 and result == "unknown\n" and "alpha_crown" not in data["bounds"]
+
+
+def test_sat_has_checked_counterexample(tmp_path):
+    onnx_path = testing.mlp_onnx(tmp_path / "net.onnx", [4, 16, 3], seed=1)
+    graph = load_onnx(onnx_path)
+    x0 = torch.full((1, 4), 0.5)
+    wrong = int(graph(x0).argmin())  # claim the least likely class is robust: false
+    testing.write_vnnlib(tmp_path / "p.vnnlib", np.zeros(4), np.ones(4), wrong, 3)
+    code, data, result = _run(tmp_path, "--model.onnx_path", onnx_path,
+                              "--specification.vnnlib_path", str(tmp_path / "p.vnnlib"))
+    assert code == 0 and result.startswith("sat\n")
+    xs = [float(v) for v in re.findall(r"\(X_\d+ ([^)]+)\)", result)]
+    ys = [float(v) for v in re.findall(r"\(Y_\d+ ([^)]+)\)", result)]
+    assert len(xs) == 4 and len(ys) == 3
+    y = graph(torch.tensor([xs], dtype=torch.float32))[0]
+    assert int(y.argmax()) != wrong or any(y[j] >= y[wrong] for j in range(3) if j != wrong)
+    torch.testing.assert_close(y, torch.tensor(ys, dtype=torch.float32))
+
+
+def test_instance_list_from_csv(tmp_path):
+    ex = REPO / "complete_verifier_ext" / "examples"
+    (tmp_path / "instances.csv").write_text(f"{ex / 'example.onnx'},{ex / 'example.vnnlib'},30\n"
+                                            f"{ex / 'example.onnx'},missing.vnnlib,30\n")
+    code, data, result = _run(tmp_path, "--model.onnx_path", "null", "--specification.vnnlib_path", "null",
+                              "--general.root_path", str(tmp_path), "--general.csv_name", "instances.csv")
+    assert code == 0
+    verdicts = [i["verdict"] for i in data["instances"]]
+    assert verdicts == ["unsat", "error"]
+    assert "missing.vnnlib" in data["instances"][1]["message"]
+    assert result.splitlines()[0].split(",")[2] == "unsat"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--solver.alpha-crown.lr_alfa", "0.1"], "lr_alpha"),
+    (["--model.onnx_path", "/nonexistent/net.onnx"], "/nonexistent/net.onnx"),
+])
+def test_user_errors_are_one_line(tmp_path, capsys, args, needle):
+    code, _, result = _run(tmp_path, *args)
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_bad_vnnlib_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.vnnlib"
+    bad.write_text("(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (<= X_0 oops))\n")
+    code, _, result = _run(tmp_path, "--specification.vnnlib_path", str(bad))
+    err = capsys.readouterr().err
+    assert code == 1 and f"{bad}:3" in err and result == "error\n"
+
+
+def test_two_ranks_same_verdict_and_bounds(tmp_path):
+    _, single, _ = _run(tmp_path)
+    code, sharded, result = _run(tmp_path, "--parallel.mode", "fsdp", "--parallel.world_size", "2")
+    assert code == 0 and result == "unsat\n" and len(sharded["peak_mb"]) == 2
+    np.testing.assert_allclose(sharded["bounds"]["crown"], single["bounds"]["crown"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(sharded["bounds"]["alpha_crown"], single["bounds"]["alpha_crown"], atol=1e-4)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_killed_rank_ends_run_with_error(tmp_path):
+    out = tmp_path / "out.txt"
+    cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", str(EXAMPLE), "--quiet",
+           "--general.results_file", str(out), "--parallel.mode", "fsdp", "--parallel.world_size", "2",
+           "--attack.pgd_order", "skip", "--solver.alpha-crown.iteration", "100000", "--bab.timeout", "300"]
+    env = {**os.environ, "CVE_NO_REEXEC": "1"}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    ranks: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(ranks) < 2 and time.monotonic() < deadline:  # spawn also starts a resource tracker
+        ranks = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        time.sleep(0.5)
+    assert len(ranks) == 2, "ranks did not start"
+    time.sleep(4)  # let them get into alpha-CROWN
+    os.kill(ranks[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - killed_at < 30
+    assert proc.returncode == 1
+    assert "rank" in err and out.read_text() == "error\n"
+    for p in ranks:
+        assert not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text()
