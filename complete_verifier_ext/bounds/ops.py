@@ -71,7 +71,12 @@ class Linear(Op):
         return y if self.bias is None else y + self.bias
 
     def ibp(self, box: Box) -> Box:
-        """Centre/radius form, column-parallel: this rank's output rows, then an all-gather."""
+        """Centre/radius form, column-parallel: this rank's output rows, then an all-gather.
+
+        The gather carries no gradient: inside α-CROWN, IBP values only reach a ReLU relaxation on
+        neurons that are stable (exact, slope independent of the bounds) or in a layer whose bounds
+        are exact and independent of α, so no gradient is lost.
+        """
         lo, hi = box
         mid, rad = (hi + lo) / 2, (hi - lo) / 2
         W = self.weight.local  # (out_r, in)
@@ -105,12 +110,12 @@ class Conv(Op):
     def ibp(self, box: Box) -> Box:
         lo, hi = box
         mid, rad = (hi + lo) / 2, (hi - lo) / 2
-        W = self.weight.local
         r0, r1 = self.weight.rows
-        out_mid = F.conv2d(mid, W, None, self.stride, self.padding, self.dilation)
+        out_mid = self.weight.local_conv2d(mid, self.stride, self.padding, self.dilation)
         if self.bias is not None:
             out_mid = out_mid + self.bias[r0:r1].view(-1, 1, 1)
-        out_rad = F.conv2d(rad, W.abs(), None, self.stride, self.padding, self.dilation)
+        abs_w = self.weight.apply_elementwise(torch.abs)  # this rank's shard only
+        out_rad = abs_w.local_conv2d(rad, self.stride, self.padding, self.dilation)
         both = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=1, sizes=comm.shard_sizes(self.weight.shape[0]))
         out_mid, out_rad = both.chunk(2, 0)
         return out_mid - out_rad, out_mid + out_rad

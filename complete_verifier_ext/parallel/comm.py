@@ -276,6 +276,9 @@ def all_gather_cat(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = Non
     ``sizes`` (every rank's size along ``dim``, identical on all ranks) to skip the size exchange; without
     it one small extra all-gather (``all_gather_sizes``) learns them. Cost: one ``all_gather`` of the
     largest block, none when every block is empty. The result is bitwise the blocks' values.
+
+    Not autograd-aware: at P > 1 the result is detached, while at P = 1 ``t`` itself comes back with
+    its graph. Where gradients must flow, use ``all_gather_cat_grad`` so that P = 1 and P > 1 agree.
     """
     if not _parallel():
         return t
