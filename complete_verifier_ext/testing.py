@@ -127,7 +127,8 @@ def mlp_onnx(path: str | os.PathLike, sizes: Sequence[int], seed: int) -> str:
         else:
             trans = i % 2
             inits += [_const(f"W{i}", W if trans else W.T), _const(f"b{i}", b)]
-            nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"b{i}"], [out], name=f"gemm_{i}", transB=trans))
+            nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"b{i}"], [out], name=f"gemm_{i}",
+                                          transB=trans))
         if out != "y":
             nodes.append(helper.make_node("Relu", [out], [f"h{i}"], name=f"relu_{i}"))
             cur = f"h{i}"
@@ -137,8 +138,8 @@ def mlp_onnx(path: str | os.PathLike, sizes: Sequence[int], seed: int) -> str:
 
 
 def residual_onnx(path: str | os.PathLike, seed: int) -> str:
-    """Write a small residual conv net as ONNX; input ``"x"`` ``(batch, *RESIDUAL_INPUT_SHAPE)``, output ``"y"``
-    ``(batch, RESIDUAL_OUTPUTS)``.
+    """Write a small residual conv net as ONNX: input ``"x"`` ``(batch, *RESIDUAL_INPUT_SHAPE)``, output
+    ``"y"`` ``(batch, RESIDUAL_OUTPUTS)``.
 
     ``n = (x - mean) / std`` (per channel) -> Conv(3x3, pad 1) -> BatchNormalization -> Relu (``h``) ->
     Conv(3x3, pad 1) -> Add(``h``) -> Relu -> Flatten -> Gemm.  Returns the path.
@@ -158,7 +159,8 @@ def residual_onnx(path: str | os.PathLike, seed: int) -> str:
     W3, b3 = _he(gen, RESIDUAL_OUTPUTS, n_flat), _small(gen, RESIDUAL_OUTPUTS)
     inits = [_const("mean", mean), _const("std", std), _const("W1", W1), _const("b1", b1),
              _const("gamma", gamma), _const("beta", beta), _const("run_mean", run_mean),
-             _const("run_var", run_var), _const("W2", W2), _const("b2", b2), _const("W3", W3), _const("b3", b3)]
+             _const("run_var", run_var), _const("W2", W2), _const("b2", b2), _const("W3", W3),
+             _const("b3", b3)]
     nodes = [
         helper.make_node("Sub", ["x", "mean"], ["centred"], name="sub_mean"),
         helper.make_node("Div", ["centred", "std"], ["normed"], name="div_std"),
@@ -199,3 +201,100 @@ def write_vnnlib(path: str | os.PathLike, lower, upper, label: int, n_outputs: i
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Exact answers for tiny ReLU networks (ground truth for the branch-and-bound tests)
+# ----------------------------------------------------------------------------------------------------------
+
+__all__ += ["exact_min_linear"]
+
+_EXACT_MAX_RELUS = 12
+
+
+def _affine_range(M: np.ndarray, v: np.ndarray, lo: np.ndarray,
+                  hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Range of ``M x + v`` over the box ``[lo, hi]`` (exact for an affine map), rows of M."""
+    mid, rad = (hi + lo) / 2, (hi - lo) / 2
+    centre = M @ mid + v
+    spread = np.abs(M) @ rad
+    return centre - spread, centre + spread
+
+
+def exact_min_linear(net: nn.Sequential, lower, upper, c) -> tuple[float, np.ndarray]:
+    """The exact minimum of ``c · net(x)`` over the box ``lower <= x <= upper``, and a minimiser.
+
+    ``net`` alternates ``nn.Linear`` and ``nn.ReLU`` (e.g. :func:`mlp`), with at most
+    ``_EXACT_MAX_RELUS`` ReLUs.  Every activation pattern fixes the network to an affine map on the
+    polyhedron {x in box, every pre-activation has the pattern's sign}; one LP (scipy/HiGHS, float64)
+    per pattern minimises ``c · y`` there, and the smallest LP value over the feasible patterns is the
+    global minimum (the polyhedra cover the box).  Layer by layer, neurons whose sign is fixed over the
+    box by the affine map of the pattern so far are not enumerated, and a partial pattern whose
+    polyhedron is empty is dropped.  Returns ``(value, argmin)`` (float64).
+    """
+    import itertools
+
+    from scipy.optimize import linprog
+
+    mods = [m for m in net if not isinstance(m, (nn.Identity, nn.Dropout))]
+    linears = [m for m in mods if isinstance(m, nn.Linear)]
+    expected = [nn.Linear if i % 2 == 0 else nn.ReLU for i in range(2 * len(linears) - 1)]
+    if [type(m) for m in mods] != expected:
+        raise ValueError("exact_min_linear needs Linear, ReLU, Linear, ..., Linear")
+    if sum(m.out_features for m in linears[:-1]) > _EXACT_MAX_RELUS:
+        raise ValueError(f"more than {_EXACT_MAX_RELUS} ReLUs: too many activation patterns")
+    Ws = [m.weight.detach().double().numpy() for m in linears]
+    bs = [m.bias.detach().double().numpy() for m in linears]
+    lo = np.asarray(lower, dtype=np.float64).reshape(-1)
+    hi = np.asarray(upper, dtype=np.float64).reshape(-1)
+    c = np.asarray(c, dtype=np.float64).reshape(-1)
+    box = list(zip(lo.tolist(), hi.tolist()))
+
+    def value(x: np.ndarray) -> np.ndarray:  # c · net(x) in float64, x: (N, n)
+        for i, (W, b) in enumerate(zip(Ws, bs)):
+            x = x @ W.T + b
+            x = np.maximum(x, 0) if i < len(Ws) - 1 else x
+        return x @ c
+
+    def ibp_min(layer: int, zlo: np.ndarray, zhi: np.ndarray) -> float:
+        # interval lower bound of c · y from bounds of the pre-activation of layer `layer`
+        for W, b in zip(Ws[layer + 1:], bs[layer + 1:]):
+            hlo, hhi = np.maximum(zlo, 0), np.maximum(zhi, 0)
+            zlo, zhi = _affine_range(W, b, hlo, hhi)
+        return float(_affine_range(c[None], np.zeros(1), zlo, zhi)[0][0])
+
+    # incumbent from real points (the centre and seeded random points): prunes patterns whose affine
+    # map cannot go below it anywhere in the box; an LP only replaces it when strictly lower
+    rand = np.random.default_rng(0).random((512, len(lo)))
+    pts = np.concatenate([(lo + hi)[None] / 2, lo + (hi - lo) * rand])
+    vals = value(pts)
+    best: list = [float(vals.min()), pts[int(vals.argmin())]]
+
+    def solve(obj: np.ndarray, A: np.ndarray, b: np.ndarray):
+        res = linprog(obj, A_ub=A if len(A) else None, b_ub=b if len(b) else None, bounds=box, method="highs")
+        return res if res.status == 0 else None
+
+    def visit(layer: int, M: np.ndarray, v: np.ndarray, A: np.ndarray, b: np.ndarray) -> None:
+        # M x + v: the pre-activation of hidden layer `layer` (or the output) on this pattern's polyhedron
+        zlo, zhi = _affine_range(M, v, lo, hi)
+        if ibp_min(layer, zlo, zhi) > best[0]:
+            return  # c · y stays above the incumbent on the whole box under this partial pattern
+        if layer == len(Ws) - 1:
+            res = solve(c @ M, A, b)
+            if res is not None and res.fun + c @ v < best[0]:
+                best[0], best[1] = float(res.fun + c @ v), res.x
+            return
+        free = np.nonzero((zlo < 0) & (zhi > 0))[0]
+        for signs in itertools.product((1.0, -1.0), repeat=len(free)):
+            on = (zlo >= 0).astype(np.float64)
+            on[free] = np.asarray(signs) > 0
+            s = np.where(on > 0, -1.0, 1.0)[free]  # active: -z <= 0; inactive: z <= 0
+            A2 = np.concatenate([A, s[:, None] * M[free]]) if len(free) else A
+            b2 = np.concatenate([b, -s * v[free]]) if len(free) else b
+            if len(free) and layer + 1 < len(Ws) - 1 and solve(np.zeros(len(lo)), A2, b2) is None:
+                continue  # empty polyhedron: no need to enumerate the next layer under it
+            W, bias = Ws[layer + 1], bs[layer + 1]
+            visit(layer + 1, W @ (on[:, None] * M), W @ (on * v) + bias, A2, b2)
+
+    visit(0, Ws[0], bs[0], np.zeros((0, len(lo))), np.zeros(0))
+    return best[0], np.clip(best[1], lo, hi)

@@ -6,6 +6,7 @@ is taken from replicated values or through a collective.  World size 1 is the sa
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,9 @@ from torch import Tensor
 
 from .attack import check_counterexample, float32_box, format_counterexample, pgd_attack
 from .bounds.alpha import AlphaOptions, alpha_crown
-from .bounds.crown import crown, ibp
+from .bab.common import BabOptions, BabResult, Problem
+from .bab.relu_split import relu_split_bab
+from .bounds.crown import CrownState, crown, ibp
 from .config import Config
 from .model.graph import Graph
 from .model.onnx_loader import load_model
@@ -87,8 +90,10 @@ def attack(graph: Graph, region: Region, cfg: Config, clock: Clock, onnx_path: s
 
 
 def bound_region(graph: Graph, region: Region, cfg: Config, clock: Clock, bounds: dict[str, list[float]],
-                 on_step: Callable | None = None) -> bool:
-    """Run IBP, then CROWN, then α-CROWN (up to ``solver.bound_prop_method``); True when verified."""
+                 on_step: Callable | None = None) -> tuple[bool, CrownState | None]:
+    """Run IBP, then CROWN, then α-CROWN (up to ``solver.bound_prop_method``).
+
+    Returns (verified, the state of the last CROWN-type sweep, which BaB starts from)."""
     C, d, owner = spec_rows(region)
     n = len(region.clauses)
     box = input_box(region, graph)
@@ -98,18 +103,47 @@ def bound_region(graph: Graph, region: Region, cfg: Config, clock: Clock, bounds
     cb = clause_bounds(lb, d, owner, n)
     bounds.setdefault("ibp", []).extend(cb.tolist())
     if (cb > 0).all() or method == "ibp":
-        return bool((cb > 0).all())
+        return bool((cb > 0).all()), None
     lb, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
     cb = clause_bounds(lb, d, owner, n)
     bounds.setdefault("crown", []).extend(cb.tolist())
     if (cb > 0).all() or method == "crown":
-        return bool((cb > 0).all())
+        return bool((cb > 0).all()), state
     a = cfg.solver.alpha_crown
     opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
-    lb, _ = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=on_step)
+    lb, state = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=on_step)
     cb = np.maximum(clause_bounds(lb, d, owner, n), cb)
     bounds.setdefault("alpha_crown", []).extend(cb.tolist())
-    return bool((cb > 0).all())
+    return bool((cb > 0).all()), state
+
+
+def bab_options(cfg: Config) -> BabOptions:
+    b, beta = cfg.bab.branching, cfg.solver.beta_crown
+    return BabOptions(batch_size=cfg.solver.batch_size, max_domains=cfg.bab.max_domains, branching=b.method,
+                      candidates=b.candidates, reduceop=b.reduceop, iteration=beta.iteration,
+                      lr_alpha=beta.lr_alpha, lr_beta=beta.lr_beta, lr_decay=beta.lr_decay,
+                      input_split=b.input_split.enable)
+
+
+def complete(graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None) -> BabResult:
+    """Branch and bound on one region (ReLU splits, or input splits when enabled)."""
+    C, d, owner = spec_rows(region)
+    problem = Problem(C, torch.tensor(d), torch.tensor(owner), len(region.clauses))
+    box = input_box(region, graph)
+    opts = bab_options(cfg)
+    if opts.input_split:
+        from .bab.input_split import input_split_bab
+
+        method = "alpha-crown" if cfg.solver.bound_prop_method == "alpha-crown" else "crown"
+        return input_split_bab(graph, box, problem, opts, clock.expired, method)
+    if state is None:
+        with torch.no_grad():
+            _, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
+    def report(rounds: int, left: int, worst: float) -> None:
+        if cfg.general.verbose and comm.rank() == 0:
+            print(f"  bab round {rounds}: {left} domains, worst margin {worst:+.5f}", file=sys.stderr)
+
+    return relu_split_bab(graph, box, problem, state, opts, clock.expired, region.lower, region.upper, report)
 
 
 def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph, Spec]:
@@ -143,7 +177,16 @@ def verify_instance(cfg: Config, onnx_path: str, vnnlib_path: str, timeout: floa
             if cex is not None:
                 verdict = "sat"
                 break
-        verified = bound_region(graph, region, cfg, clock, bounds, on_step)
+        verified, state = bound_region(graph, region, cfg, clock, bounds, on_step)
+        if not verified and cfg.general.complete_verifier == "bab" and not clock.expired():
+            res = complete(graph, region, cfg, clock, state)
+            if res.verdict == "unsat":
+                verified = True
+            elif res.verdict == "sat" and res.counterexample is not None:
+                ok, y = check_counterexample(graph, graph.input_shape, res.counterexample, region, onnx_path)
+                if comm.all_reduce_flag(ok, "and"):
+                    cex, verdict = format_counterexample(res.counterexample, y), "sat"
+                    break
         if not verified and order == "after":
             cex = attack(graph, region, cfg, clock, onnx_path)
             if cex is not None:

@@ -105,7 +105,8 @@ def test_hand_alpha_net_a() -> None:
     g = from_sequential(net_a(), (2,))
     _, state = crown(g, UNIT_BOX, C_PM)
     lb, _ = alpha_crown(g, UNIT_BOX, C_PM, state, AlphaOptions(iteration=30, early_stop=False))
-    # Row y with slopes a1, a2 in [0, 1]:  min_x a1 z1 + a2 z2 - 1 = 0.5 a1 - 0.5 a2 - |a1 + a2| - |a1 - a2| - 1,
+    # Row y with slopes a1, a2 in [0, 1]:
+    #   min_x a1 z1 + a2 z2 - 1 = 0.5 a1 - 0.5 a2 - |a1 + a2| - |a1 - a2| - 1,
     # maximal at a = (0, 0): -1 (the true minimum).  Row -y uses only upper lines: stays -2.25.
     close(lb[:, 0], [-1.0], atol=1e-3)
     close(lb[:, 1], [-2.25])
@@ -184,8 +185,9 @@ def assert_sound(graph: Graph, box, C: torch.Tensor, lb: torch.Tensor, bounds: d
                 v = graph.forward(x, upto=k)
                 below = (lo[b] - v).max().item()
                 above = (v - hi[b]).max().item()
+                name = graph.nodes[k].name
                 assert below <= TOL and above <= TOL, (
-                    f"{what}: node {k} ({graph.nodes[k].name}) leaves its bounds by {max(below, above):.3g} (box {b})")
+                    f"{what}: node {k} ({name}) leaves its bounds by {max(below, above):.3g} (box {b})")
 
 
 def run_all_methods(graph: Graph, box, C: torch.Tensor, what: str) -> None:

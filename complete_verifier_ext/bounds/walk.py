@@ -25,12 +25,17 @@ def concretize(A: Tensor, box: Box) -> Tensor:
 
 
 def back_substitute(graph: Graph, start: int, A: Tensor, bounds: Bounds, box: Box,
-                    alphas: Alphas | None = None) -> Tensor:
+                    alphas: Alphas | None = None, betas: dict[int, Tensor] | None = None,
+                    record: dict[int, Tensor] | None = None) -> Tensor:
     """Lower bounds (S, B) of ``sum(A * value(start))`` over the input box.
 
     ``bounds`` must hold the pre-activation bounds of every ReLU between the input and ``start``;
     ``alphas`` optionally gives α-CROWN lower slopes for those ReLUs (rows matching A's rows).
-    Each A-matrix is dropped as soon as it has been pushed through its node.
+    ``betas[k]`` (S, B, *shape_k), β-CROWN: a Lagrangian term ``sum(betas[k] * value(k))`` added
+    when the walk reaches node k; it must be <= 0 on the domain (``-β z`` for a split ``z >= 0``,
+    ``+β z`` for ``z <= 0``, β >= 0), so the result stays a lower bound there.
+    ``record``, if given, receives the A-matrix arriving at every ReLU output and, under key 0, the
+    one at the input.  Each A-matrix is dropped as soon as it has been pushed through its node.
     """
     pending: dict[int, Tensor] = {start: A}
     bias: Tensor | float = 0.0
@@ -38,7 +43,11 @@ def back_substitute(graph: Graph, start: int, A: Tensor, bounds: Bounds, box: Bo
         A_k = pending.pop(k, None)
         if A_k is None:
             continue
+        if betas is not None and k in betas:
+            A_k = A_k + betas[k]
         node = graph.nodes[k]
+        if record is not None and node.op.is_relu:
+            record[k] = A_k
         if node.op.is_relu:
             lo, hi = bounds[node.inputs[0]]
             alpha = None if alphas is None else alphas.get(k)
@@ -53,4 +62,6 @@ def back_substitute(graph: Graph, start: int, A: Tensor, bounds: Bounds, box: Bo
     A0 = pending.pop(0, None)
     if A0 is None:  # the start node does not depend on the input
         return bias + A.new_zeros(A.shape[:2])
+    if record is not None:
+        record[0] = A0
     return concretize(A0, box) + bias

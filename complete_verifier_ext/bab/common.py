@@ -1,0 +1,74 @@
+"""Shared pieces of branch and bound: options, results, clause margins, lockstep round decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..parallel import comm
+
+
+@dataclass(frozen=True)
+class BabOptions:
+    batch_size: int = 64  # domains bounded together per rank per round
+    max_domains: int = 200_000  # per rank; beyond this the search gives up with "unknown"
+    branching: str = "kfsb"  # babsr | fsb | kfsb
+    candidates: int = 3
+    reduceop: str = "min"  # how FSB scores a split from its two children: min | max
+    iteration: int = 20  # β-CROWN optimisation steps per round
+    lr_alpha: float = 0.01
+    lr_beta: float = 0.05
+    lr_decay: float = 0.98
+    input_split: bool = False
+
+
+@dataclass
+class BabResult:
+    verdict: str  # unsat | sat | unknown | timeout
+    counterexample: np.ndarray | None = None  # flat float32 input point, checked on the model
+    domains: int = 0  # domains bounded, all ranks together
+    rounds: int = 0
+    max_queue: list[int] | None = None  # largest queue seen, per rank
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One region of a spec, as BaB sees it: counterexample iff some clause has all rows C y <= d."""
+
+    C: Tensor  # (S, n_out) float32
+    d: Tensor  # (S,) float64
+    owner: Tensor  # (S,) clause index of each row
+    n_clauses: int
+
+    def margins(self, lb: Tensor) -> Tensor:
+        """Lower bounds (B, S) of C y -> per-clause margins (B, n_clauses): max over rows of lb - d."""
+        m = lb.double() - self.d
+        out = torch.full((lb.shape[0], self.n_clauses), -torch.inf, dtype=torch.float64)
+        return out.scatter_reduce(1, self.owner.expand(lb.shape[0], -1), m, "amax")
+
+    def violated(self, y: Tensor) -> Tensor:
+        """Outputs (B, n_out) -> (B,) True where some clause holds (a counterexample)."""
+        return (self.margins(y @ self.C.T.to(y.dtype)) <= 0).any(1)
+
+
+def agree_round(found: bool, n_local: int, worst: float,
+                expired: Callable[[], bool]) -> tuple[bool, int, float, bool]:
+    """The per-round collective decision: (anyone found a counterexample, domains left on all ranks,
+    global worst bound, out of time).  Every rank calls it once per round, whatever its data."""
+    t = torch.tensor([float(found), float(n_local), -worst], dtype=torch.float64)
+    s = comm.all_reduce(t[:2].clone(), "sum")
+    w = comm.all_reduce(t[2:].clone(), "max")
+    return bool(s[0] > 0), int(s[1]), float(-w[0]), expired()
+
+
+def share_counterexample(x: np.ndarray | None) -> np.ndarray | None:
+    """The counterexample of the lowest rank that has one, on every rank."""
+    has = comm.all_gather_cat(torch.tensor([float(x is not None)]), 0)
+    owners = has.nonzero().flatten().tolist()
+    if not owners:
+        return None
+    return comm.broadcast_object(x, src=owners[0])

@@ -1,0 +1,350 @@
+"""Input-split branch and bound: complete verification of low-dimensional inputs by bisecting the box.
+
+A *domain* is a sub-box of the input box together with its per-clause margins (lower bounds of the
+amount by which each clause fails, see :meth:`Problem.margins`) and the input coefficients ``a`` of the
+linear lower bound ``a·x + c`` of its worst spec row. Each round:
+
+1. every rank pops up to ``opts.batch_size`` of its own domains with the lowest margin and bisects each
+   along one input dimension (the *branching heuristic*, below);
+2. the children of all ranks are bounded in ONE batched call (``crown``, then ``alpha_crown`` when
+   ``method == "alpha-crown"``); children whose every clause margin is > 0 are verified and dropped;
+3. counterexample candidates are evaluated on the model: the centre of every unverified child and the
+   vertex that minimises its worst row's linear bound, both clamped into the original box;
+4. ``agree_round`` (found / domains left / worst margin / expired), then ``share_counterexample``, then
+   (unless the search ended) one all-gather of the queue sizes and, when the largest and smallest queue
+   differ by more than one batch, one rebalancing all-gather.
+
+Verdicts: a counterexample -> ``sat`` (a flat float32 numpy input inside the original box, which the
+caller re-checks); no domain left on any rank -> ``unsat``; ``expired()`` -> ``timeout``; some rank's
+queue above ``opts.max_domains`` -> ``unknown``. The checks come in that order, all from collectively
+agreed numbers, so every rank returns the same result.
+
+Branching heuristic: bisect dimension ``argmax_j width_j · (|a_j| + 0.01·max_k |a_k|)``, where ``a`` is
+the input coefficient vector of the domain's worst row's CROWN linear lower bound (computed once per
+child, right after it is bounded; one extra one-row back-substitution per round). ``width · |a|`` is how
+much dimension j costs the bound through the concretisation ``a·mid − |a|·rad``; the small floor keeps a
+dimension with a vanishing coefficient from never being split (its width still shrinks the
+relaxations). A domain with ``a = 0`` falls back to its widest dimension.
+
+Domain parallelism and lockstep. Domains (the queue) are owned by ranks: the root starts on rank 0,
+the other ranks start empty, and rebalancing moves domains from long to short queues by a plan that
+every rank derives from the same gathered sizes. The *bounding*, however, is done on the concatenation
+of every rank's children (one small all-gather of the boxes): the engine shards the A-matrix rows over
+the ranks on the assumption that the box is replicated, and with a different box per rank it silently
+mixes the rows of different boxes (unsound bounds), while its column-parallel forward/IBP needs the same
+batch size on every rank. Bounding the gathered batch keeps the big tensors sharded (rows over ranks,
+``(rows/P, B_total, n)`` per rank, i.e. the same memory as ``(rows, B_total/P, n)``), every intermediate
+bound exactly as in one process, and every collective of the engine identical on all ranks, whatever
+each rank holds (an empty own batch included). The gathered batch is empty only when every rank's is;
+then the bounding is skipped on every rank alike. Each rank then keeps its own slice of the results.
+
+Collectives per round at P > 1: 2 all-gathers for the children (sizes, boxes), the engine's (crown /
+alpha-crown, the coefficient pass and one forward of the candidates; none when no rank has a child),
+``agree_round`` (2 all-reduces + whatever ``expired`` does), ``share_counterexample`` (1 all-gather,
+1 broadcast_object when found), and, when the search goes on, 1 all-gather of the queue sizes plus 1
+all-gather when rebalancing. World size 1 runs the same code with every collective a no-op.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..bounds.alpha import AlphaOptions, alpha_crown
+from ..bounds.crown import CrownState, crown
+from ..bounds.walk import back_substitute
+from ..model.graph import Graph
+from ..parallel import comm
+from .common import BabOptions, BabResult, Problem, agree_round, share_counterexample
+
+__all__ = ["METHODS", "input_split_bab"]
+
+METHODS = ("crown", "alpha-crown")
+SENSITIVITY_FLOOR = 0.01  # share of the largest |a_j| added to every |a_j| in the branching score
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A set of domains (one rank's queue, a batch, a message)
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Domains:
+    """Sub-boxes with their clause margins and worst-row input coefficients (all on the CPU)."""
+
+    lo: Tensor  # (N, n) float32
+    hi: Tensor  # (N, n) float32
+    margins: Tensor  # (N, n_clauses) float64: lower bounds of (C y - d), max over each clause's rows
+    coef: Tensor  # (N, n) float32: input coefficients of the worst row's linear lower bound
+
+    @staticmethod
+    def empty(n: int, n_clauses: int) -> Domains:
+        return Domains(torch.zeros(0, n), torch.zeros(0, n), torch.zeros(0, n_clauses, dtype=torch.float64),
+                       torch.zeros(0, n))
+
+    def __len__(self) -> int:
+        return self.lo.shape[0]
+
+    def key(self) -> Tensor:
+        """Worst clause margin of every domain (N,): the priority, lowest first."""
+        return self.margins.min(1).values
+
+    def take(self, idx: Tensor) -> Domains:
+        return Domains(self.lo[idx], self.hi[idx], self.margins[idx], self.coef[idx])
+
+    def without(self, idx: Tensor) -> Domains:
+        keep = torch.ones(len(self), dtype=torch.bool)
+        keep[idx] = False
+        return self.take(keep)
+
+    @staticmethod
+    def cat(parts: list[Domains]) -> Domains:
+        return Domains(*(torch.cat([getattr(p, f) for p in parts]) for f in ("lo", "hi", "margins", "coef")))
+
+    def pack(self) -> Tensor:
+        """(N, 3n + n_clauses) float64, exact (float32 values are representable in float64)."""
+        return torch.cat([self.lo.double(), self.hi.double(), self.margins, self.coef.double()], 1)
+
+    @staticmethod
+    def unpack(t: Tensor, n: int) -> Domains:
+        return Domains(t[:, :n].float(), t[:, n : 2 * n].float(), t[:, 2 * n : t.shape[1] - n].clone(),
+                       t[:, t.shape[1] - n :].float())
+
+
+def pop_worst(queue: Domains, k: int) -> tuple[Domains, Domains]:
+    """The (up to) ``k`` domains with the lowest margin, and the rest of the queue."""
+    idx = torch.argsort(queue.key(), stable=True)[:k]
+    return queue.take(idx), queue.without(idx)
+
+
+def branch_dims(d: Domains) -> Tensor:
+    """The dimension to bisect for every domain (N,): see the module docstring."""
+    width = d.hi - d.lo
+    a = d.coef.abs()
+    top = a.amax(1, keepdim=True)
+    score = width * (a + SENSITIVITY_FLOOR * top)
+    score = torch.where(top > 0, score, width)  # no coefficient information: widest dimension
+    return score.argmax(1)
+
+
+def split(d: Domains) -> tuple[Tensor, Tensor, Tensor]:
+    """Bisect every domain: children (lo, hi) (2N, n) — all left halves, then all right halves — and the
+    parents' margins (2N, n_clauses), which stay valid lower bounds on the children."""
+    dim = branch_dims(d)
+    rows = torch.arange(len(d))
+    mid = (d.lo[rows, dim] + d.hi[rows, dim]) / 2
+    left_hi, right_lo = d.hi.clone(), d.lo.clone()
+    left_hi[rows, dim] = mid
+    right_lo[rows, dim] = mid
+    return torch.cat([d.lo, right_lo]), torch.cat([left_hi, d.hi]), d.margins.repeat(2, 1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Bounding a (replicated) batch of boxes
+# ----------------------------------------------------------------------------------------------------------
+
+
+def bound_batch(graph: Graph, lo: Tensor, hi: Tensor, problem: Problem, method: str,
+                opts: BabOptions) -> tuple[Tensor, CrownState]:
+    """Lower bounds (B, S) of ``C y`` on every box (B, n), and the sweep's state. Collective.
+
+    ``alpha-crown``: ``opts.iteration`` Adam steps with ``opts.lr_alpha`` / ``opts.lr_decay`` from the
+    CROWN slopes (early stop once every row of every box is positive); never below CROWN.
+    """
+    shape = (lo.shape[0], *graph.input_shape)
+    box = (lo.reshape(shape), hi.reshape(shape))
+    lb, state = crown(graph, box, problem.C)
+    if method == "alpha-crown":
+        a_opts = AlphaOptions(iteration=opts.iteration, lr_alpha=opts.lr_alpha, lr_decay=opts.lr_decay)
+        with torch.enable_grad():
+            lb_alpha, state = alpha_crown(graph, box, problem.C, state, a_opts)
+        lb = torch.maximum(lb, lb_alpha.detach())
+    return lb, state
+
+
+def worst_rows(problem: Problem, lb: Tensor, margins: Tensor) -> Tensor:
+    """For every domain, the spec row that gives the margin of its worst clause (B,)."""
+    clause = margins.argmin(1)  # (B,)
+    m = lb.double() - problem.d  # (B, S)
+    mine = problem.owner[None, :] == clause[:, None]
+    return torch.where(mine, m, torch.full_like(m, -torch.inf)).argmax(1)
+
+
+def input_coefficients(graph: Graph, state: CrownState, lo: Tensor, hi: Tensor, rows_C: Tensor) -> Tensor:
+    """Input coefficients (B, n) of the CROWN linear lower bound of row ``rows_C[b]`` (B, n_out) of every
+    box, from the intermediate bounds in ``state``. Collective (one back-substitution, one row).
+
+    The coefficients are the gradient, wrt a point x, of the bound concretised on the degenerate box
+    ``[x, x]`` (the intermediate bounds are constants): ``concretize(A, (x, x)) = A·x``.
+    """
+    B = lo.shape[0]
+    out = len(graph.nodes) - 1
+    A = rows_C.to(torch.float32).reshape(1, B, *graph.nodes[out].shape)
+    x = ((lo + hi) / 2).reshape(B, *graph.input_shape).clone().requires_grad_(True)
+    with torch.enable_grad():
+        lb = back_substitute(graph, out, A, state.bounds, (x, x))  # (1, B)
+        if not lb.requires_grad:  # the output does not depend on the input
+            return torch.zeros_like(lo)
+        (grad,) = torch.autograd.grad(lb.sum(), x)
+    return grad.reshape(B, -1).detach()
+
+
+@torch.no_grad()
+def evaluate(graph: Graph, x: Tensor) -> Tensor:
+    """Model outputs (N, n_out) at flat inputs (N, n); also for N = 0. Collective."""
+    return graph.forward(x.reshape(x.shape[0], *graph.input_shape)).reshape(x.shape[0], graph.output_size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rebalancing
+# ----------------------------------------------------------------------------------------------------------
+
+
+def rebalance_plan(sizes: list[int]) -> list[tuple[int, int, int]]:
+    """Moves ``(src, dst, count)`` that even out the queue sizes (to within one), in a fixed order.
+
+    A pure function of ``sizes``: every rank computes the same plan from the same gathered numbers.
+    """
+    p, total = len(sizes), sum(sizes)
+    target = [total // p + (1 if r < total % p else 0) for r in range(p)]
+    surplus = [[r, sizes[r] - target[r]] for r in range(p) if sizes[r] > target[r]]
+    deficit = [[r, target[r] - sizes[r]] for r in range(p) if sizes[r] < target[r]]
+    moves: list[tuple[int, int, int]] = []
+    i = j = 0
+    while i < len(surplus) and j < len(deficit):
+        count = min(surplus[i][1], deficit[j][1])
+        moves.append((surplus[i][0], deficit[j][0], count))
+        surplus[i][1] -= count
+        deficit[j][1] -= count
+        i += surplus[i][1] == 0
+        j += deficit[j][1] == 0
+    return moves
+
+
+def spread_pick(queue: Domains, count: int) -> Tensor:
+    """``count`` indices spread evenly over the queue sorted by margin (the sender keeps a fair share of
+    its hard domains and gives one away)."""
+    order = torch.argsort(queue.key(), stable=True)
+    n = len(queue)
+    pos = torch.tensor([math.floor((i + 0.5) * n / count) for i in range(count)], dtype=torch.long)
+    return order[pos]
+
+
+def rebalance(queue: Domains, sizes: list[int], n: int) -> Domains:
+    """Execute ``rebalance_plan(sizes)`` with one all-gather; returns this rank's new queue."""
+    me = comm.rank()
+    moves = rebalance_plan(sizes)
+    out_sizes = [sum(c for s, _, c in moves if s == r) for r in range(len(sizes))]
+    mine = [c for s, _, c in moves if s == me]
+    leaving = spread_pick(queue, sum(mine)) if mine else torch.zeros(0, dtype=torch.long)
+    sent = queue.take(leaving)  # in the order of this rank's moves
+    queue = queue.without(leaving)
+    every = comm.all_gather_cat(sent.pack(), 0, sizes=out_sizes)
+    starts = [sum(out_sizes[:r]) for r in range(len(sizes))]
+    received = []
+    for src, dst, count in moves:
+        if dst == me:
+            received.append(Domains.unpack(every[starts[src] : starts[src] + count], n))
+        starts[src] += count
+    return Domains.cat([queue, *received]) if received else queue
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The search
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _bound_children(graph: Graph, problem: Problem, method: str, opts: BabOptions, lo: Tensor, hi: Tensor,
+                    parent_margins: Tensor,
+                    box0: tuple[Tensor, Tensor]) -> tuple[Domains, np.ndarray | None, int]:
+    """Bound every rank's children together; return this rank's unverified children, the first
+    counterexample among its children (or None) and the number of children bounded on all ranks."""
+    n = lo.shape[1]
+    sizes = [int(s) for s in comm.all_gather_cat(torch.tensor([lo.shape[0]], dtype=torch.int64), 0).tolist()]
+    me = comm.rank()
+    first, k = sum(sizes[:me]), sizes[me]
+    every = comm.all_gather_cat(torch.cat([lo.double(), hi.double(), parent_margins], 1), 0, sizes=sizes)
+    total = sum(sizes)
+    if total == 0:  # every rank sees the same sizes: nothing bounded anywhere
+        return Domains.empty(n, problem.n_clauses), None, 0
+    lo_all, hi_all = every[:, :n].float(), every[:, n : 2 * n].float()
+    lb, state = bound_batch(graph, lo_all, hi_all, problem, method, opts)  # (B, S), replicated
+    margins = torch.maximum(problem.margins(lb), every[:, 2 * n :])  # parents' bounds hold on the children
+    rows = worst_rows(problem, lb, margins)
+    coef = input_coefficients(graph, state, lo_all, hi_all, problem.C[rows])
+    open_ = (margins <= 0).any(1).nonzero().flatten()  # unverified children, global indices
+    cex = None
+    if len(open_) > 0:
+        lo0, hi0 = box0
+        centre = (lo_all[open_] + hi_all[open_]) / 2
+        vertex = torch.where(coef[open_] > 0, lo_all[open_], hi_all[open_])  # minimises a·x on the box
+        cand = torch.cat([centre, vertex]).clamp(min=lo0, max=hi0)
+        bad = problem.violated(evaluate(graph, cand))  # (2U,)
+        owner = torch.cat([open_, open_])
+        hit = (bad & (owner >= first) & (owner < first + k)).nonzero().flatten()
+        if len(hit) > 0:
+            cex = cand[hit[0]].numpy().astype(np.float32).copy()
+    own = open_[(open_ >= first) & (open_ < first + k)]
+    kept = Domains(lo_all[own], hi_all[own], margins[own], coef[own])
+    return kept, cex, total
+
+
+def input_split_bab(graph: Graph, box: tuple[Tensor, Tensor], problem: Problem, opts: BabOptions,
+                    expired: Callable[[], bool], method: str = "crown") -> BabResult:
+    """Input-split BaB over ``box`` (``(lo, hi)``, one box of ``numel == prod(input_shape)``).
+
+    Every rank must call it with the same arguments (lockstep); each returns the same
+    :class:`BabResult`: ``domains`` = children bounded on all ranks (the root included), ``rounds`` =
+    bounding rounds (the root's included), ``max_queue`` = the largest queue of every rank.
+    ``expired`` is called exactly once per round on every rank (inside ``agree_round``).
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown bound method {method!r} for input split; expected one of {METHODS}")
+    n = math.prod(graph.input_shape)
+    lo0 = box[0].detach().reshape(-1).to(torch.float32).cpu()
+    hi0 = box[1].detach().reshape(-1).to(torch.float32).cpu()
+    if lo0.numel() != n or hi0.numel() != n:
+        raise ValueError(f"input split needs one box of {n} inputs, got {tuple(box[0].shape)}")
+    if not bool((lo0 <= hi0).all()):
+        raise ValueError("input box has lower > upper")
+    nc = problem.n_clauses
+    root = comm.rank() == 0
+    lo = lo0[None].clone() if root else torch.zeros(0, n)
+    hi = hi0[None].clone() if root else torch.zeros(0, n)
+    parent = torch.full((lo.shape[0], nc), -torch.inf, dtype=torch.float64)
+    queue = Domains.empty(n, nc)
+    domains = rounds = max_queue = 0
+    verdict, counterexample = None, None
+    while verdict is None:
+        kept, cex, bounded = _bound_children(graph, problem, method, opts, lo, hi, parent, (lo0, hi0))
+        domains += bounded
+        rounds += 1
+        queue = Domains.cat([queue, kept])
+        max_queue = max(max_queue, len(queue))
+        worst = float(queue.key().min()) if len(queue) else math.inf
+        found, left, _, out_of_time = agree_round(cex is not None, len(queue), worst, expired)
+        counterexample = share_counterexample(cex)
+        if found and counterexample is not None:
+            verdict = "sat"
+        elif left == 0:
+            verdict = "unsat"
+        elif out_of_time:
+            verdict = "timeout"
+        else:
+            sizes = [int(s) for s in comm.all_gather_cat(torch.tensor([len(queue)], dtype=torch.int64), 0)]
+            if max(sizes) > opts.max_domains:
+                verdict = "unknown"
+            elif max(sizes) - min(sizes) > opts.batch_size:
+                queue = rebalance(queue, sizes, n)
+                max_queue = max(max_queue, len(queue))
+        if verdict is None:
+            batch, queue = pop_worst(queue, opts.batch_size)
+            lo, hi, parent = split(batch)
+    per_rank = comm.all_gather_cat(torch.tensor([max_queue], dtype=torch.int64), 0)
+    return BabResult(verdict, counterexample if verdict == "sat" else None, domains, rounds,
+                     [int(v) for v in per_rank.tolist()])

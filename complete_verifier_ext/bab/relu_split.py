@@ -1,0 +1,380 @@
+"""ReLU-split branch and bound with β-CROWN, domain-parallel across ranks.
+
+A *domain* is a set of split decisions (``z_i >= 0`` or ``z_i <= 0`` for pre-activation neurons),
+the intermediate bounds valid under them, and its α/β.  Each round every rank takes up to
+``batch_size`` of its worst domains, splits each on the neuron the branching heuristic picked, and
+bounds all children in one batched β-CROWN call (the batch axis of the engine is the domain axis):
+
+* the split fixes the neuron's bounds (``l = max(l, 0)`` or ``u = min(u, 0)``), making it exact;
+* β adds ``-β z`` (active split) or ``+β z`` (inactive) to the objective, ``β >= 0``, which is
+  <= 0 on the domain, so every (α, β) gives a sound lower bound; Adam maximises it jointly with α;
+* intermediate bounds are inherited from the parent (valid on the smaller domain).
+
+Children whose every clause margin is positive are dropped (verified); the input point that
+minimises the worst row's linear bound is evaluated on the model (falsification).  Lockstep: each
+rank bounds its own (possibly empty) batch with the same sequence of collectives, then one
+``agree_round`` decides, for everyone, on counterexamples, domains left and the time; queues are
+rebalanced when they differ by more than a batch.  α and β of queued domains are stored in half
+precision: they are only a warm start, every bound is recomputed in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..attack import EmptyFloat32BoxError, float32_box
+from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
+from ..bounds.ops import Relu
+from ..bounds.walk import Bounds, Box, back_substitute
+from ..model.graph import Graph
+from ..parallel import comm
+from .common import BabOptions, BabResult, Problem, agree_round
+
+STORE_DTYPE = torch.float16
+
+
+@dataclass
+class Domain:
+    worst: float  # min over clauses of the margin lower bound: the priority (lowest first)
+    bounds: dict[int, tuple[Tensor, Tensor]]  # pre-activation node -> (lo, hi), each (1, *shape) float32
+    splits: dict[int, Tensor]  # pre-activation node -> (1, *shape) int8: +1 active, -1 inactive, 0 free
+    alpha: dict[int, Tensor]  # ReLU node -> (S, 1, *shape), STORE_DTYPE
+    beta: dict[int, Tensor]  # pre-activation node -> (S, 1, *shape), STORE_DTYPE
+    branch: tuple[int, int] | None  # (pre-activation node, flat neuron) to split next
+    depth: int = 0
+
+
+def _cat(ts: list[Tensor], dim: int) -> Tensor:
+    return torch.cat(ts, dim)
+
+
+class BetaCrown:
+    """Batched β-CROWN bounding of domains (rows are not split: the domain axis is)."""
+
+    def __init__(self, graph: Graph, box: Box, problem: Problem, opts: BabOptions):
+        self.graph, self.problem, self.opts = graph, problem, opts
+        self.box = box  # (1, *in)
+        self.out = len(graph.nodes) - 1
+        self.pre = pre_activation_nodes(graph)
+        self.relus = ancestors_relus(graph, self.out)
+        self.relu_in = {j: graph.nodes[j].inputs[0] for j in self.relus}
+
+    def bound(self, doms: list[Domain]) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor], dict, Tensor]:
+        """Bound a batch (possibly empty).  Returns lb (B, S), α, β (float32, batched), the A-matrices
+        at every ReLU of the best iteration (for branching), and the worst row's minimiser (B, *in)."""
+        g, B = self.graph, len(doms)
+        S = self.problem.C.shape[0]
+        bounds: Bounds = {}
+        for k in self.pre:
+            shape = g.nodes[k].shape
+            lo = _cat([d.bounds[k][0] for d in doms], 0) if B else torch.zeros(0, *shape)
+            hi = _cat([d.bounds[k][1] for d in doms], 0) if B else torch.zeros(0, *shape)
+            bounds[k] = (lo, hi)
+        split = {k: (_cat([d.splits[k] for d in doms], 0) if B else torch.zeros(0, *g.nodes[k].shape,
+                                                                                 dtype=torch.int8))
+                 for k in self.pre}
+        alpha = {j: (_cat([d.alpha[j] for d in doms], 1).float() if B
+                     else torch.zeros(S, 0, *g.nodes[j].shape)).requires_grad_(True) for j in self.relus}
+        beta = {k: (_cat([d.beta[k] for d in doms], 1).float() if B
+                    else torch.zeros(S, 0, *g.nodes[k].shape)).requires_grad_(True) for k in self.pre}
+        box = (self.box[0].expand(B, *self.box[0].shape[1:]), self.box[1].expand(B, *self.box[1].shape[1:]))
+        A = spec_matrix(self.problem.C, B, g.nodes[self.out].shape)
+        opt = torch.optim.Adam([{"params": list(alpha.values()), "lr": self.opts.lr_alpha},
+                                {"params": list(beta.values()), "lr": self.opts.lr_beta}])
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, self.opts.lr_decay)
+        best = torch.full((B, S), -torch.inf)
+        best_record: dict[int, Tensor] = {}
+        for it in range(max(1, self.opts.iteration)):
+            coef = {k: -split[k].to(torch.float32) * beta[k].clamp(min=0) for k in self.pre}
+            record: dict[int, Tensor] = {}
+            lb = back_substitute(g, self.out, A, bounds, box, alpha, coef, record)  # (S, B)
+            lbT = lb.detach().T
+            improved = lbT > best
+            if it == 0 or bool(improved.any()):
+                best = torch.maximum(best, lbT)
+                best_record = {k: v.detach() for k, v in record.items()}
+            if it == self.opts.iteration - 1 or self.opts.iteration <= 1:
+                break
+            opt.zero_grad(set_to_none=True)
+            (-lb.sum()).backward()
+            opt.step()
+            sched.step()
+            with torch.no_grad():
+                for a in alpha.values():
+                    a.clamp_(0, 1)
+                for b in beta.values():
+                    b.clamp_(min=0)
+        x = self.minimiser(best_record.get(0), best, box)
+        return best, {j: a.detach() for j, a in alpha.items()}, {k: b.detach() for k, b in beta.items()}, \
+            best_record, x
+
+    def minimiser(self, A0: Tensor | None, lb: Tensor, box: Box) -> Tensor:
+        """The box corner minimising the worst row's linear lower bound: (B, *in)."""
+        lo, hi = box
+        if A0 is None or lb.shape[0] == 0:
+            return lo.clone()
+        margins = lb.double() - self.problem.d
+        row = margins.argmin(1)  # (B,)
+        a = A0[row, torch.arange(lb.shape[0])]  # (B, *in)
+        return torch.where(a >= 0, lo, hi)
+
+
+def babsr_scores(bc: BetaCrown, record: dict[int, Tensor], bounds: Bounds, split: dict[int, Tensor],
+                 rows: Tensor) -> dict[int, Tensor]:
+    """Score of splitting each free unstable neuron: |A| × the gap of its triangle relaxation
+    (``-l u / (u - l)``), summed over the rows that are not yet verified.  (B, n_k) per node."""
+    scores = {}
+    for j in bc.relus:
+        k = bc.relu_in[j]
+        lo, hi = bounds[k]
+        A = record.get(j)
+        if A is None:
+            continue
+        free = (lo < 0) & (hi > 0) & (split[k] == 0)  # (B, *shape)
+        gap = torch.where(free, -lo * hi / (hi - lo).clamp(min=1e-12), torch.zeros_like(lo))
+        w = (A.abs() * rows.T.reshape(A.shape[0], A.shape[1], *[1] * (A.dim() - 2))).sum(0)  # (B, *shape)
+        s = (w * gap).flatten(1)
+        scores[k] = torch.where(free.flatten(1), s, torch.full_like(s, -1.0))
+    return scores
+
+
+class ReluSplitBab:
+    def __init__(self, graph: Graph, box: Box, problem: Problem, opts: BabOptions, lower: np.ndarray,
+                 upper: np.ndarray):
+        self.graph, self.problem, self.opts = graph, problem, opts
+        self.bc = BetaCrown(graph, box, problem, opts)
+        self.queue: list[Domain] = []
+        self.max_queue = 0
+        self.stuck = False
+        try:
+            inner = float32_box(lower, upper, inward=True)
+            self.inner = tuple(torch.tensor(t).view(box[0].shape) for t in inner)
+        except EmptyFloat32BoxError:
+            self.inner = None
+
+    # ---- domains ---------------------------------------------------------------------------------------
+    def root(self, state: CrownState) -> Domain:
+        g, S = self.graph, self.problem.C.shape[0]
+        bounds = {k: (state.bounds[k][0].detach().clone(), state.bounds[k][1].detach().clone())
+                  for k in self.bc.pre}
+        alpha = {}
+        for j in self.bc.relus:
+            lo, hi = bounds[self.bc.relu_in[j]]
+            alpha[j] = Relu.relaxation(lo, hi)[2].unsqueeze(0).expand(S, *lo.shape).to(STORE_DTYPE).clone()
+        beta = {k: torch.zeros(S, 1, *g.nodes[k].shape, dtype=STORE_DTYPE) for k in self.bc.pre}
+        splits = {k: torch.zeros(1, *g.nodes[k].shape, dtype=torch.int8) for k in self.bc.pre}
+        return Domain(-np.inf, bounds, splits, alpha, beta, None)
+
+    def children(self, d: Domain) -> list[Domain]:
+        k, i = d.branch
+        kids = []
+        for sign in (1, -1):
+            lo, hi = (t.clone() for t in d.bounds[k])
+            if sign > 0:
+                lo.view(-1)[i] = 0.0
+            else:
+                hi.view(-1)[i] = 0.0
+            sp = d.splits[k].clone()
+            sp.view(-1)[i] = sign
+            bounds = dict(d.bounds)
+            bounds[k] = (lo, hi)
+            splits = dict(d.splits)
+            splits[k] = sp
+            beta = dict(d.beta)
+            beta[k] = d.beta[k].clone()
+            beta[k].view(beta[k].shape[0], -1)[:, i] = 0
+            kids.append(Domain(d.worst, bounds, splits, dict(d.alpha), beta, None, d.depth + 1))
+        return kids
+
+    def evaluate(self, doms: list[Domain]) -> tuple[list[Domain], np.ndarray | None, int]:
+        """Bound a batch; return the unverified domains (with their next branch), a counterexample
+        candidate that really violates the spec, and how many were bounded."""
+        lb, alpha, beta, record, x = self.bc.bound(doms)
+        B = len(doms)
+        margins = self.problem.margins(lb)  # (B, n_clauses)
+        worst = margins.min(1).values
+        if self.inner is not None:  # candidates must lie in the real box, not the outward-rounded one
+            x = torch.minimum(torch.maximum(x, self.inner[0]), self.inner[1])
+        cex = self.falsify(x)
+        open_rows = (lb.double() - self.problem.d) <= 0  # (B, S): rows not yet proven
+        bounds = {k: (torch.cat([d.bounds[k][0] for d in doms]), torch.cat([d.bounds[k][1] for d in doms]))
+                  for k in self.bc.pre} if B else {}
+        split = {k: torch.cat([d.splits[k] for d in doms]) for k in self.bc.pre} if B else {}
+        scores = babsr_scores(self.bc, record, bounds, split, open_rows.float()) if B else {}
+        if self.opts.branching in ("fsb", "kfsb"):
+            choice = self.fsb_choice(bounds, split, alpha, beta, scores, B)
+        else:
+            choice = self.babsr_choice(scores, B)
+        keep = []
+        for b, d in enumerate(doms):
+            if float(worst[b]) > 0:
+                continue
+            if choice[b] is None:
+                self.stuck = True  # nothing left to split: never drop an unproven domain
+                continue
+            d.worst = float(worst[b])
+            d.alpha = {j: a[:, b:b + 1].to(STORE_DTYPE) for j, a in alpha.items()}
+            d.beta = {k: t[:, b:b + 1].to(STORE_DTYPE) for k, t in beta.items()}
+            d.branch = choice[b]
+            keep.append(d)
+        return keep, cex, B
+
+    def falsify(self, x: Tensor) -> np.ndarray | None:
+        """Run the model on every rank's candidate points (B_r, *in) and return the first that
+        violates the spec, identical on every rank.  The sharded forward needs the same batch on
+        every rank, so the candidates are all-gathered first and the forward is replicated."""
+        xs = comm.all_gather_cat(x, 0)  # (sum_r B_r, *in)
+        y = self.graph.forward(xs).reshape(xs.shape[0], -1)
+        bad = self.problem.violated(y).nonzero().flatten()
+        return xs[int(bad[0])].reshape(-1).numpy().astype(np.float32) if len(bad) else None
+
+    @staticmethod
+    def _flat_scores(scores: dict[int, Tensor], B: int) -> tuple[Tensor, list[tuple[int, int]]]:
+        """All nodes' scores side by side (B, N), and (node, offset) of each node's block."""
+        blocks, offs, o = [], [], 0
+        for k, sc in scores.items():
+            blocks.append(sc)
+            offs.append((k, o))
+            o += sc.shape[1]
+        return (torch.cat(blocks, 1) if blocks else torch.zeros(B, 0)), offs
+
+    @staticmethod
+    def _locate(offs: list[tuple[int, int]], flat: int) -> tuple[int, int]:
+        for k, o in reversed(offs):
+            if flat >= o:
+                return k, flat - o
+        raise IndexError(flat)
+
+    def babsr_choice(self, scores: dict[int, Tensor], B: int) -> list[tuple[int, int] | None]:
+        allsc, offs = self._flat_scores(scores, B)
+        out: list[tuple[int, int] | None] = []
+        for b in range(B):
+            if allsc.shape[1] == 0 or float(allsc[b].max()) < 0:
+                out.append(None)
+            else:
+                out.append(self._locate(offs, int(allsc[b].argmax())))
+        return out
+
+    @torch.no_grad()
+    def fsb_choice(self, bounds: Bounds, split: dict[int, Tensor], alpha: dict[int, Tensor],  # noqa: E501
+                   beta: dict[int, Tensor], scores: dict[int, Tensor], B: int) -> list[tuple[int, int] | None]:
+        """Filtered smart branching: the top ``candidates`` neurons by BaBSR score are each tried
+        with one cheap bound of both children (current α and β, no optimisation), all in ONE batched
+        back-substitution (also run with an empty batch, for lockstep); the candidate whose children
+        score best under ``reduceop`` wins."""
+        g, bc = self.graph, self.bc
+        S = self.problem.C.shape[0]
+        allsc, offs = self._flat_scores(scores, B)
+        kk = max(1, min(self.opts.candidates, allsc.shape[1])) if B else 1
+        n = B * kk * 2
+        if B:
+            top_v, top_i = allsc.topk(kk, dim=1)  # (B, kk)
+            starts = torch.tensor([o for _, o in offs])
+            block = torch.searchsorted(starts, top_i, right=True) - 1  # (B, kk): which node
+            neuron = top_i - starts[block]
+        cb, coef = {}, {}
+        for k in bc.pre:
+            shape = g.nodes[k].shape
+            if B:
+                lo = bounds[k][0].repeat_interleave(2 * kk, 0).flatten(1).clone()
+                hi = bounds[k][1].repeat_interleave(2 * kk, 0).flatten(1).clone()
+                here = [i for i, (node, _) in enumerate(offs) if node == k]
+                for c in range(kk):
+                    sel = (block[:, c] == here[0]) if here else torch.zeros(B, dtype=torch.bool)
+                    b_idx, nr = sel.nonzero().flatten(), neuron[sel, c]
+                    act, ina = b_idx * 2 * kk + c * 2, b_idx * 2 * kk + c * 2 + 1
+                    lo[act, nr] = lo[act, nr].clamp(min=0.0)
+                    hi[ina, nr] = hi[ina, nr].clamp(max=0.0)
+                cb[k] = (lo.view(n, *shape), hi.view(n, *shape))
+                coef[k] = (-split[k].float() * beta[k].clamp(min=0)).repeat_interleave(2 * kk, 1)
+            else:
+                cb[k] = (torch.zeros(0, *shape), torch.zeros(0, *shape))
+                coef[k] = torch.zeros(S, 0, *shape)
+        al = {j: a.repeat_interleave(2 * kk, 1) for j, a in alpha.items()}
+        box = (bc.box[0].expand(n, *bc.box[0].shape[1:]), bc.box[1].expand(n, *bc.box[1].shape[1:]))
+        A = spec_matrix(self.problem.C, n, g.nodes[bc.out].shape)
+        lb = back_substitute(g, bc.out, A, cb, box, al, coef).T  # (n, S)
+        if not B:
+            return []
+        worst = self.problem.margins(lb).min(1).values.view(B, kk, 2)
+        red = worst.min(2).values if self.opts.reduceop == "min" else worst.max(2).values
+        red = torch.where(top_v >= 0, red, torch.full_like(red, -torch.inf))
+        out: list[tuple[int, int] | None] = []
+        for b in range(B):
+            if float(top_v[b, 0]) < 0:
+                out.append(None)
+                continue
+            out.append(self._locate(offs, int(top_i[b, int(red[b].argmax())])))
+        return out
+
+    # ---- rounds ----------------------------------------------------------------------------------------
+    def pop_batch(self) -> list[Domain]:
+        self.queue.sort(key=lambda d: d.worst)
+        n = self.opts.batch_size // 2 or 1
+        batch, self.queue = self.queue[:n], self.queue[n:]
+        return batch
+
+    def rebalance(self) -> None:
+        """Every rank sees all queue sizes; surplus domains go from the fullest rank to the emptiest
+        in a fixed order, so that every rank takes the same decisions."""
+        P = comm.world_size()
+        if P == 1:
+            return
+        sizes = comm.all_gather_cat(torch.tensor([len(self.queue)], dtype=torch.int64), 0).tolist()
+        if max(sizes) - min(sizes) <= self.opts.batch_size:
+            return
+        src, dst = int(np.argmax(sizes)), int(np.argmin(sizes))
+        n = (sizes[src] - sizes[dst]) // 2
+        moving = None
+        if comm.rank() == src:
+            self.queue.sort(key=lambda d: d.worst)
+            moving, self.queue = self.queue[1::2][:n], self.queue[0::2] + self.queue[1::2][n:]
+        moving = comm.broadcast_object(moving, src=src)
+        if comm.rank() == dst:
+            self.queue.extend(moving)
+
+    def run(self, state: CrownState, expired: Callable[[], bool], on_round: Callable | None = None) -> BabResult:
+        rounds = 0
+        first = [self.root(state)] if comm.rank() == 0 else []
+        kept, cex, n = self.evaluate(first)
+        self.queue.extend(kept)
+        total = int(comm.all_reduce(torch.tensor([float(n)]), "sum")[0])
+        while True:
+            worst = min((d.worst for d in self.queue), default=np.inf)
+            found, left, gworst, out_of_time = agree_round(cex is not None, len(self.queue), worst, expired)
+            if found:  # the candidates were gathered: every rank holds the same counterexample
+                return BabResult("sat", cex, total, rounds, self._max_queues())
+            if comm.all_reduce_flag(self.stuck or len(self.queue) > self.opts.max_domains, "or"):
+                return BabResult("unknown", None, total, rounds, self._max_queues())
+            if left == 0:
+                return BabResult("unsat", None, total, rounds, self._max_queues())
+            if out_of_time:
+                return BabResult("timeout", None, total, rounds, self._max_queues())
+            self.rebalance()
+            batch = self.pop_batch()
+            kids = [c for d in batch for c in self.children(d)]
+            kept, cex, n = self.evaluate(kids)
+            total += int(comm.all_reduce(torch.tensor([float(n)]), "sum")[0])
+            self.queue.extend(kept)
+            self.max_queue = max(self.max_queue, len(self.queue))
+            rounds += 1
+            if on_round is not None:
+                on_round(rounds, left, gworst)
+
+    def _max_queues(self) -> list[int]:
+        return [int(v) for v in comm.all_gather_cat(torch.tensor([self.max_queue]), 0).tolist()]
+
+
+def relu_split_bab(graph: Graph, box: Box, problem: Problem, state: CrownState, opts: BabOptions,
+                   expired: Callable[[], bool], lower: np.ndarray, upper: np.ndarray,
+                   on_round: Callable | None = None) -> BabResult:
+    """Complete verification of one region by ReLU splitting, from the incomplete run's ``state``.
+
+    ``box`` is the outward-rounded float32 box used for bounds; ``lower``/``upper`` the real box
+    (counterexample candidates are moved into its inward-rounded float32 version)."""
+    return ReluSplitBab(graph, box, problem, opts, lower, upper).run(state, expired, on_round)
