@@ -85,9 +85,12 @@ def _rank_job(model: str, method: str, mode: str, iters: int) -> dict:
     elapsed = time.perf_counter() - t0
     peak = pm.peak_mb()
     sent = sum(v["bytes"] for v in comm.stats().values())
-    return {"peak_mb": comm.all_gather_cat(torch.tensor([peak], dtype=torch.float64)).tolist(),
-            "bytes": int(comm.all_reduce(torch.tensor([float(sent)], dtype=torch.float64))[0]),
-            "time_s": elapsed, "lb": lb[0].tolist()}
+    return {
+        "peak_mb": comm.all_gather_cat(torch.tensor([peak], dtype=torch.float64)).tolist(),
+        "bytes": int(comm.all_reduce(torch.tensor([float(sent)], dtype=torch.float64))[0]),
+        "time_s": elapsed,
+        "lb": lb[0].tolist(),
+    }
 
 
 def run_one(model: str, method: str, P: int, mode: str, iters: int) -> dict:
@@ -125,9 +128,11 @@ def plan(quick: bool) -> list[tuple[str, str, int]]:
 
 def table(rows: list[dict]) -> str:
     base = {(r["model"], r["method"]): r for r in rows if r["P"] == 1}
-    lines = ["| model | method | α iters | P | mode | peak MB per rank (max) | × P=1 | ideal | time s | × P=1 |"
-             " MB sent | max rel. bound diff vs P=1 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | method | α iters | P | mode | peak MB per rank (max) | × P=1 | ideal | time s | × P=1 |"
+        " MB sent | max rel. bound diff vs P=1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         b = base.get((r["model"], r["method"]))
         peak = max(r["peak_mb"])
@@ -138,9 +143,11 @@ def table(rows: list[dict]) -> str:
             diff = max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(r["lb"], b["lb"]))
             diff = f"{diff:.1e}"
         per_rank = "/".join(f"{p:.0f}" for p in r["peak_mb"])
-        lines.append(f"| {r['model']} | {r['method']} | {r['iters'] or '-'} | {r['P']} | {r['mode']} | "
-                     f"{per_rank} | {ratio} | {1 / r['P']:.2f} | {r['time_s']:.2f} | {tratio} | "
-                     f"{r['bytes'] / 2**20:.1f} | {diff} |")
+        lines.append(
+            f"| {r['model']} | {r['method']} | {r['iters'] or '-'} | {r['P']} | {r['mode']} | "
+            f"{per_rank} | {ratio} | {1 / r['P']:.2f} | {r['time_s']:.2f} | {tratio} | "
+            f"{r['bytes'] / 2**20:.1f} | {diff} |"
+        )
     return "\n".join(lines)
 
 
@@ -159,8 +166,12 @@ def plot(rows: list[dict], path: Path) -> None:
         rs = sorted(rs, key=lambda r: r["P"])
         if (model, method) not in base or len(rs) < 2:
             continue
-        ax.plot([r["P"] for r in rs], [max(r["peak_mb"]) / base[(model, method)] for r in rs], marker="o",
-                label=f"{model} {method} {mode}")
+        ax.plot(
+            [r["P"] for r in rs],
+            [max(r["peak_mb"]) / base[(model, method)] for r in rs],
+            marker="o",
+            label=f"{model} {method} {mode}",
+        )
     ps = sorted({r["P"] for r in rows})
     ax.plot(ps, [1 / p for p in ps], "k--", label="ideal 1/P")
     ax.set_xlabel("ranks P")
@@ -174,7 +185,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--one", nargs=5, metavar=("MODEL", "METHOD", "P", "MODE", "ITERS"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--one", nargs=5, metavar=("MODEL", "METHOD", "P", "MODE", "ITERS"), help=argparse.SUPPRESS
+    )
     ap.add_argument("--quick", action="store_true", help="one small configuration (smoke test)")
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--modes", default="fsdp,tp")
@@ -191,7 +204,7 @@ def main() -> None:
     ranks = [int(p) for p in args.ranks.split(",")]
     for model, method, iters in plan(args.quick):
         for P in ranks:
-            for mode in (["none"] if P == 1 else args.modes.split(",")):
+            for mode in ["none"] if P == 1 else args.modes.split(","):
                 t0 = time.time()
                 r = spawn(model, method, P, mode, iters, args.timeout)
                 status = "skipped (failed or over the time limit)" if r is None else f"peak {r['peak_mb']}"

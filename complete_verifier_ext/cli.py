@@ -62,7 +62,9 @@ def list_instances(cfg: Config) -> list[Instance]:
     if cfg.model.onnx_path and cfg.specification.vnnlib_path:
         return [Instance(cfg.model.onnx_path, cfg.specification.vnnlib_path, cfg.bab.timeout)]
     if not g.csv_name:
-        raise ConfigError("no instance: set model.onnx_path and specification.vnnlib_path, or general.csv_name")
+        raise ConfigError(
+            "no instance: set model.onnx_path and specification.vnnlib_path, or general.csv_name"
+        )
     path = Path(g.root_path) / g.csv_name
     if not path.is_file():
         raise ConfigError(f"general.csv_name: {path} does not exist")
@@ -84,9 +86,12 @@ def list_instances(cfg: Config) -> list[Instance]:
     return out
 
 
-def run_instances(cfg: Config, instances: list[Instance], show_progress: bool) -> list[InstanceResult]:
+def run_instances(
+    cfg: Config, instances: list[Instance], show_progress: bool, partial: str | None = None
+) -> list[InstanceResult]:
     """Runs on every rank, in lockstep.  A user error in one instance of a list is that instance's
-    ``error`` verdict; a single instance re-raises it so that the CLI exits non-zero."""
+    ``error`` verdict; a single instance re-raises it so that the CLI exits non-zero.  With
+    ``partial``, rank 0 appends one JSON line per finished instance there (long runs survive a kill)."""
     results = []
     for inst in instances:
         bar = Progress(show_progress and comm.rank() == 0, cfg.solver.alpha_crown.iteration)
@@ -98,6 +103,9 @@ def run_instances(cfg: Config, instances: list[Instance], show_progress: bool) -
             results.append(InstanceResult("error", 0.0, message=str(e)))
         finally:
             bar.close()
+        if partial and comm.rank() == 0:
+            with open(partial, "a") as f:
+                f.write(json.dumps(dict(results[-1].to_json(), onnx=inst.onnx, vnnlib=inst.vnnlib)) + "\n")
     return results
 
 
@@ -108,8 +116,9 @@ def result_text(res: InstanceResult) -> str:
     return res.verdict + "\n"
 
 
-def write_outputs(cfg: Config, instances: list[Instance], results: list[InstanceResult],
-                  summary: str | None, quiet: bool) -> None:
+def write_outputs(
+    cfg: Config, instances: list[Instance], results: list[InstanceResult], summary: str | None, quiet: bool
+) -> None:
     results_file = cfg.general.results_file
     if len(instances) == 1:
         Path(results_file).write_text(result_text(results[0]))
@@ -132,20 +141,26 @@ def write_outputs(cfg: Config, instances: list[Instance], results: list[Instance
             if res.message:
                 print("    " + res.message)
     if len(instances) > 1:
-        counts = {v: sum(r.verdict == v for r in results) for v in ("sat", "unsat", "unknown", "timeout", "error")}
+        counts = {
+            v: sum(r.verdict == v for r in results) for v in ("sat", "unsat", "unknown", "timeout", "error")
+        }
         print("total: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
-def _rank_main(cfg: Config, instances: list[Instance], show_progress: bool) -> list[InstanceResult]:
+def _rank_main(
+    cfg: Config, instances: list[Instance], show_progress: bool, partial: str | None = None
+) -> list[InstanceResult]:
     if comm.world_size() > 1:  # share the cores instead of oversubscribing them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.world_size()))
-    return run_instances(cfg, instances, show_progress)
+    return run_instances(cfg, instances, show_progress, partial)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="abcrown", description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("--config", help="α,β-CROWN-style YAML file")
-    p.add_argument("--summary", help="write a JSON summary (verdict, time, bounds per method, peak MB per rank)")
+    p.add_argument(
+        "--summary", help="write a JSON summary (verdict, time, bounds per method, peak MB per rank)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars, only the verdict line")
     return p.parse_known_args(argv)
 
@@ -174,9 +189,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {w}", file=sys.stderr)
         instances = list_instances(cfg)
         show = not args.quiet and sys.stderr.isatty()
+        partial = None
+        if args.summary and len(instances) > 1:
+            partial = args.summary + ".partial.jsonl"
+            Path(partial).unlink(missing_ok=True)
         t0 = time.monotonic()
-        results = launch.run(_rank_main, cfg.parallel.world_size, (cfg, instances, show),
-                             backend=cfg.parallel.backend)
+        results = launch.run(
+            _rank_main, cfg.parallel.world_size, (cfg, instances, show, partial), backend=cfg.parallel.backend
+        )
         if comm.rank() != 0:  # torchrun: every rank got the result, rank 0 alone reports
             return 0
         write_outputs(cfg, instances, results, args.summary, args.quiet)

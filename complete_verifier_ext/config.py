@@ -89,8 +89,14 @@ def _opt(
         check: extra predicate on the coerced value; ``expected`` describes it for error messages.
         minimum: smallest allowed number.
     """
-    meta = {"key": key, "choices": tuple(choices), "legacy": dict(legacy or {}), "check": check,
-            "expected": expected, "minimum": minimum}
+    meta = {
+        "key": key,
+        "choices": tuple(choices),
+        "legacy": dict(legacy or {}),
+        "check": check,
+        "expected": expected,
+        "minimum": minimum,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -138,8 +144,9 @@ class GeneralConfig:
     csv_name: str | None = _opt(None)
     results_file: str = _opt("out.txt")
     enable_incomplete_verification: bool = _opt(True)
-    complete_verifier: str = _opt("bab", choices=("bab", "skip"),
-                                  legacy={"bab-refine": "bab", "mip": "bab", "auto": "bab"})
+    complete_verifier: str = _opt(
+        "bab", choices=("bab", "skip"), legacy={"bab-refine": "bab", "mip": "bab", "auto": "bab"}
+    )
     deterministic: bool = _opt(False)
     double_fp: bool = _opt(False)
     verbose: bool = _opt(False)
@@ -239,8 +246,9 @@ class SolverConfig:
     """
 
     batch_size: int = _opt(64, minimum=1)
-    bound_prop_method: str = _opt("alpha-crown", choices=("ibp", "crown", "alpha-crown"),
-                                  legacy=_BOUND_PROP_LEGACY)
+    bound_prop_method: str = _opt(
+        "alpha-crown", choices=("ibp", "crown", "alpha-crown"), legacy=_BOUND_PROP_LEGACY
+    )
     intersect_ibp: bool = _opt(True)
     alpha_crown: AlphaCrownConfig = _section(AlphaCrownConfig, key="alpha-crown")
     beta_crown: BetaCrownConfig = _section(BetaCrownConfig, key="beta-crown")
@@ -268,9 +276,17 @@ class BranchingConfig:
         input_split: ``bab.branching.input_split`` settings.
     """
 
-    method: str = _opt("kfsb", choices=("babsr", "fsb", "kfsb", "sb", "naive"),
-                       legacy={"kfsb-intercept-only": "kfsb", "intercept": "babsr", "random": "naive",
-                               "brute-force": "fsb", "nonlinear": "kfsb"})
+    method: str = _opt(
+        "kfsb",
+        choices=("babsr", "fsb", "kfsb", "sb", "naive"),
+        legacy={
+            "kfsb-intercept-only": "kfsb",
+            "intercept": "babsr",
+            "random": "naive",
+            "brute-force": "fsb",
+            "nonlinear": "kfsb",
+        },
+    )
     candidates: int = _opt(3, minimum=1)
     reduceop: str = _opt("min", choices=("min", "max"), legacy={"mean": "min", "auto": "min"})
     input_split: InputSplitConfig = _section(InputSplitConfig)
@@ -304,8 +320,9 @@ class AttackConfig:
         pgd_lr_decay: per-step step-size decay.
     """
 
-    pgd_order: str = _opt("before", choices=("before", "after", "skip"),
-                          legacy={"middle": "before", "input_bab": "before"})
+    pgd_order: str = _opt(
+        "before", choices=("before", "after", "skip"), legacy={"middle": "before", "input_bab": "before"}
+    )
     pgd_steps: int = _opt(100, minimum=0)
     pgd_restarts: int = _opt(30, minimum=0)
     pgd_alpha: str | float = _opt("auto", check=_is_pgd_alpha, expected="'auto' or a positive number")
@@ -345,14 +362,27 @@ class Config:
 # alpha-beta-CROWN keys that we accept without implementing them
 # ----------------------------------------------------------------------------------------------------
 
-_IGNORED_SECTIONS = frozenset({
-    "data", "debug", "find_feasible_solution",
-    "solver.crown", "solver.forward", "solver.intermediate_refinement", "solver.invprop", "solver.mip",
-    "solver.multi_class",
-    "bab.attack", "bab.cut", "bab.clip_n_verify", "bab.branching.nonlinear_split",
-    "bab.branching.new_input_split",
-    "attack.input_split", "attack.input_split_enhanced", "attack.input_split_check_adv",
-})
+_IGNORED_SECTIONS = frozenset(
+    {
+        "data",
+        "debug",
+        "find_feasible_solution",
+        "solver.crown",
+        "solver.forward",
+        "solver.intermediate_refinement",
+        "solver.invprop",
+        "solver.mip",
+        "solver.multi_class",
+        "bab.attack",
+        "bab.cut",
+        "bab.clip_n_verify",
+        "bab.branching.nonlinear_split",
+        "bab.branching.new_input_split",
+        "attack.input_split",
+        "attack.input_split_enhanced",
+        "attack.input_split_check_adv",
+    }
+)
 """Whole alpha-beta-CROWN sections we ignore: any key below them is accepted (and reported)."""
 
 _IGNORED_KEYS_BY_SECTION = {
@@ -630,8 +660,9 @@ def _coerce(value: Any, tp: Any) -> Any:
     members = _union_members(tp)
     if type(None) in members and (value is None or (isinstance(value, str) and value.lower() in _NULL_WORDS)):
         return None
-    order = sorted((m for m in members if m is not type(None)),
-                   key=lambda m: _UNION_ORDER.index(get_origin(m) or m))
+    order = sorted(
+        (m for m in members if m is not type(None)), key=lambda m: _UNION_ORDER.index(get_origin(m) or m)
+    )
     for member in order:
         try:
             return _coerce_one(value, member)

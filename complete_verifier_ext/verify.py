@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from .attack import check_counterexample, float32_box, format_counterexample, pgd_attack
-from .bounds.alpha import AlphaOptions, alpha_crown
 from .bab.common import BabOptions, BabResult, Problem
 from .bab.relu_split import relu_split_bab
+from .bounds.alpha import AlphaOptions, alpha_crown
 from .bounds.crown import CrownState, crown, ibp
 from .config import Config
 from .model.graph import Graph
@@ -40,8 +40,13 @@ class InstanceResult:
     message: str = ""
 
     def to_json(self) -> dict:
-        return {"verdict": self.verdict, "time_s": round(self.time_s, 4), "bounds": self.bounds,
-                "peak_mb": [round(p, 2) for p in self.peak_mb], "message": self.message}
+        return {
+            "verdict": self.verdict,
+            "time_s": round(self.time_s, 4),
+            "bounds": self.bounds,
+            "peak_mb": [round(p, 2) for p in self.peak_mb],
+            "message": self.message,
+        }
 
 
 @dataclass
@@ -80,8 +85,9 @@ def input_box(region: Region, graph: Graph) -> tuple[Tensor, Tensor]:
 def attack(graph: Graph, region: Region, cfg: Config, clock: Clock, onnx_path: str) -> str | None:
     """PGD; returns the formatted counterexample, re-checked on the model and onnxruntime."""
     with torch.enable_grad():
-        x = pgd_attack(graph, graph.input_shape, region, cfg.attack, seed=cfg.general.seed,
-                       should_stop=clock.expired)
+        x = pgd_attack(
+            graph, graph.input_shape, region, cfg.attack, seed=cfg.general.seed, should_stop=clock.expired
+        )
     if x is None:
         return None
     ok, y = check_counterexample(graph, graph.input_shape, x, region, onnx_path=onnx_path)
@@ -89,8 +95,14 @@ def attack(graph: Graph, region: Region, cfg: Config, clock: Clock, onnx_path: s
     return format_counterexample(x, y) if ok else None
 
 
-def bound_region(graph: Graph, region: Region, cfg: Config, clock: Clock, bounds: dict[str, list[float]],
-                 on_step: Callable | None = None) -> tuple[bool, CrownState | None]:
+def bound_region(
+    graph: Graph,
+    region: Region,
+    cfg: Config,
+    clock: Clock,
+    bounds: dict[str, list[float]],
+    on_step: Callable | None = None,
+) -> tuple[bool, CrownState | None]:
     """Run IBP, then CROWN, then α-CROWN (up to ``solver.bound_prop_method``).
 
     Returns (verified, the state of the last CROWN-type sweep, which BaB starts from)."""
@@ -119,10 +131,18 @@ def bound_region(graph: Graph, region: Region, cfg: Config, clock: Clock, bounds
 
 def bab_options(cfg: Config) -> BabOptions:
     b, beta = cfg.bab.branching, cfg.solver.beta_crown
-    return BabOptions(batch_size=cfg.solver.batch_size, max_domains=cfg.bab.max_domains, branching=b.method,
-                      candidates=b.candidates, reduceop=b.reduceop, iteration=beta.iteration,
-                      lr_alpha=beta.lr_alpha, lr_beta=beta.lr_beta, lr_decay=beta.lr_decay,
-                      input_split=b.input_split.enable)
+    return BabOptions(
+        batch_size=cfg.solver.batch_size,
+        max_domains=cfg.bab.max_domains,
+        branching=b.method,
+        candidates=b.candidates,
+        reduceop=b.reduceop,
+        iteration=beta.iteration,
+        lr_alpha=beta.lr_alpha,
+        lr_beta=beta.lr_beta,
+        lr_decay=beta.lr_decay,
+        input_split=b.input_split.enable,
+    )
 
 
 def complete(graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None) -> BabResult:
@@ -139,6 +159,7 @@ def complete(graph: Graph, region: Region, cfg: Config, clock: Clock, state: Cro
     if state is None:
         with torch.no_grad():
             _, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
+
     def report(rounds: int, left: int, worst: float) -> None:
         if cfg.general.verbose and comm.rank() == 0:
             print(f"  bab round {rounds}: {left} domains, worst margin {worst:+.5f}", file=sys.stderr)
@@ -153,14 +174,17 @@ def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph,
     if spec.n_inputs != n_in:
         raise ValueError(f"{vnnlib_path}: declares {spec.n_inputs} inputs, but {onnx_path} takes {n_in}")
     if spec.n_outputs != graph.output_size:
-        raise ValueError(f"{vnnlib_path}: declares {spec.n_outputs} outputs, but {onnx_path} has {graph.output_size}")
+        raise ValueError(
+            f"{vnnlib_path}: declares {spec.n_outputs} outputs, but {onnx_path} has {graph.output_size}"
+        )
     if cfg.parallel.world_size > 1:
         graph.shard(cfg.parallel.mode)
     return graph, spec
 
 
-def verify_instance(cfg: Config, onnx_path: str, vnnlib_path: str, timeout: float,
-                    on_step: Callable | None = None) -> InstanceResult:
+def verify_instance(
+    cfg: Config, onnx_path: str, vnnlib_path: str, timeout: float, on_step: Callable | None = None
+) -> InstanceResult:
     """Verify one (model, spec) pair on this rank; every rank must call it with the same arguments."""
     t0 = time.monotonic()
     torch.manual_seed(cfg.general.seed)

@@ -40,9 +40,14 @@ def test_example_needs_alpha_crown(tmp_path):
     assert len(data["bounds"]["ibp"]) == 4 and len(data["peak_mb"]) == 1
 
 
-def test_crown_only_is_unknown(tmp_path):
-    code, data, result = _run(tmp_path, "--solver.bound_prop_method", "crown")
+def test_crown_only_is_unknown_without_bab(tmp_path):
+    code, data, result = _run(tmp_path, "--solver.bound_prop_method", "crown", "--general.complete_verifier", "skip")
     assert code == 0 and result == "unknown\n" and "alpha_crown" not in data["bounds"]
+
+
+def test_bab_completes_what_crown_cannot(tmp_path):
+    code, data, result = _run(tmp_path, "--solver.bound_prop_method", "crown")
+    assert code == 0 and result == "unsat\n" and min(data["bounds"]["crown"]) < 0
 
 
 def test_sat_has_checked_counterexample(tmp_path):

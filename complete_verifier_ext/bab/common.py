@@ -55,8 +55,9 @@ class Problem:
         return (self.margins(y @ self.C.T.to(y.dtype)) <= 0).any(1)
 
 
-def agree_round(found: bool, n_local: int, worst: float,
-                expired: Callable[[], bool]) -> tuple[bool, int, float, bool]:
+def agree_round(
+    found: bool, n_local: int, worst: float, expired: Callable[[], bool]
+) -> tuple[bool, int, float, bool]:
     """The per-round collective decision: (anyone found a counterexample, domains left on all ranks,
     global worst bound, out of time).  Every rank calls it once per round, whatever its data."""
     t = torch.tensor([float(found), float(n_local), -worst], dtype=torch.float64)

@@ -84,8 +84,12 @@ class Domains:
 
     @staticmethod
     def empty(n: int, n_clauses: int) -> Domains:
-        return Domains(torch.zeros(0, n), torch.zeros(0, n), torch.zeros(0, n_clauses, dtype=torch.float64),
-                       torch.zeros(0, n))
+        return Domains(
+            torch.zeros(0, n),
+            torch.zeros(0, n),
+            torch.zeros(0, n_clauses, dtype=torch.float64),
+            torch.zeros(0, n),
+        )
 
     def __len__(self) -> int:
         return self.lo.shape[0]
@@ -112,8 +116,12 @@ class Domains:
 
     @staticmethod
     def unpack(t: Tensor, n: int) -> Domains:
-        return Domains(t[:, :n].float(), t[:, n : 2 * n].float(), t[:, 2 * n : t.shape[1] - n].clone(),
-                       t[:, t.shape[1] - n :].float())
+        return Domains(
+            t[:, :n].float(),
+            t[:, n : 2 * n].float(),
+            t[:, 2 * n : t.shape[1] - n].clone(),
+            t[:, t.shape[1] - n :].float(),
+        )
 
 
 def pop_worst(queue: Domains, k: int) -> tuple[Domains, Domains]:
@@ -149,8 +157,9 @@ def split(d: Domains) -> tuple[Tensor, Tensor, Tensor]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def bound_batch(graph: Graph, lo: Tensor, hi: Tensor, problem: Problem, method: str,
-                opts: BabOptions) -> tuple[Tensor, CrownState]:
+def bound_batch(
+    graph: Graph, lo: Tensor, hi: Tensor, problem: Problem, method: str, opts: BabOptions
+) -> tuple[Tensor, CrownState]:
     """Lower bounds (B, S) of ``C y`` on every box (B, n), and the sweep's state. Collective.
 
     ``alpha-crown``: ``opts.iteration`` Adam steps with ``opts.lr_alpha`` / ``opts.lr_decay`` from the
@@ -259,9 +268,16 @@ def rebalance(queue: Domains, sizes: list[int], n: int) -> Domains:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _bound_children(graph: Graph, problem: Problem, method: str, opts: BabOptions, lo: Tensor, hi: Tensor,
-                    parent_margins: Tensor,
-                    box0: tuple[Tensor, Tensor]) -> tuple[Domains, np.ndarray | None, int]:
+def _bound_children(
+    graph: Graph,
+    problem: Problem,
+    method: str,
+    opts: BabOptions,
+    lo: Tensor,
+    hi: Tensor,
+    parent_margins: Tensor,
+    box0: tuple[Tensor, Tensor],
+) -> tuple[Domains, np.ndarray | None, int]:
     """Bound every rank's children together; return this rank's unverified children, the first
     counterexample among its children (or None) and the number of children bounded on all ranks."""
     n = lo.shape[1]
@@ -294,8 +310,14 @@ def _bound_children(graph: Graph, problem: Problem, method: str, opts: BabOption
     return kept, cex, total
 
 
-def input_split_bab(graph: Graph, box: tuple[Tensor, Tensor], problem: Problem, opts: BabOptions,
-                    expired: Callable[[], bool], method: str = "crown") -> BabResult:
+def input_split_bab(
+    graph: Graph,
+    box: tuple[Tensor, Tensor],
+    problem: Problem,
+    opts: BabOptions,
+    expired: Callable[[], bool],
+    method: str = "crown",
+) -> BabResult:
     """Input-split BaB over ``box`` (``(lo, hi)``, one box of ``numel == prod(input_shape)``).
 
     Every rank must call it with the same arguments (lockstep); each returns the same
@@ -346,5 +368,10 @@ def input_split_bab(graph: Graph, box: tuple[Tensor, Tensor], problem: Problem, 
             batch, queue = pop_worst(queue, opts.batch_size)
             lo, hi, parent = split(batch)
     per_rank = comm.all_gather_cat(torch.tensor([max_queue], dtype=torch.int64), 0)
-    return BabResult(verdict, counterexample if verdict == "sat" else None, domains, rounds,
-                     [int(v) for v in per_rank.tolist()])
+    return BabResult(
+        verdict,
+        counterexample if verdict == "sat" else None,
+        domains,
+        rounds,
+        [int(v) for v in per_rank.tolist()],
+    )

@@ -36,6 +36,7 @@ from ..parallel import comm
 from .common import BabOptions, BabResult, Problem, agree_round
 
 STORE_DTYPE = torch.float16
+Branch = tuple[int, int]  # (pre-activation node, flat neuron index)
 
 
 @dataclass
@@ -75,17 +76,34 @@ class BetaCrown:
             lo = _cat([d.bounds[k][0] for d in doms], 0) if B else torch.zeros(0, *shape)
             hi = _cat([d.bounds[k][1] for d in doms], 0) if B else torch.zeros(0, *shape)
             bounds[k] = (lo, hi)
-        split = {k: (_cat([d.splits[k] for d in doms], 0) if B else torch.zeros(0, *g.nodes[k].shape,
-                                                                                 dtype=torch.int8))
-                 for k in self.pre}
-        alpha = {j: (_cat([d.alpha[j] for d in doms], 1).float() if B
-                     else torch.zeros(S, 0, *g.nodes[j].shape)).requires_grad_(True) for j in self.relus}
-        beta = {k: (_cat([d.beta[k] for d in doms], 1).float() if B
-                    else torch.zeros(S, 0, *g.nodes[k].shape)).requires_grad_(True) for k in self.pre}
+        split = {
+            k: (
+                _cat([d.splits[k] for d in doms], 0)
+                if B
+                else torch.zeros(0, *g.nodes[k].shape, dtype=torch.int8)
+            )
+            for k in self.pre
+        }
+        alpha = {
+            j: (
+                _cat([d.alpha[j] for d in doms], 1).float() if B else torch.zeros(S, 0, *g.nodes[j].shape)
+            ).requires_grad_(True)
+            for j in self.relus
+        }
+        beta = {
+            k: (
+                _cat([d.beta[k] for d in doms], 1).float() if B else torch.zeros(S, 0, *g.nodes[k].shape)
+            ).requires_grad_(True)
+            for k in self.pre
+        }
         box = (self.box[0].expand(B, *self.box[0].shape[1:]), self.box[1].expand(B, *self.box[1].shape[1:]))
         A = spec_matrix(self.problem.C, B, g.nodes[self.out].shape)
-        opt = torch.optim.Adam([{"params": list(alpha.values()), "lr": self.opts.lr_alpha},
-                                {"params": list(beta.values()), "lr": self.opts.lr_beta}])
+        opt = torch.optim.Adam(
+            [
+                {"params": list(alpha.values()), "lr": self.opts.lr_alpha},
+                {"params": list(beta.values()), "lr": self.opts.lr_beta},
+            ]
+        )
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, self.opts.lr_decay)
         best = torch.full((B, S), -torch.inf)
         best_record: dict[int, Tensor] = {}
@@ -110,8 +128,13 @@ class BetaCrown:
                 for b in beta.values():
                     b.clamp_(min=0)
         x = self.minimiser(best_record.get(0), best, box)
-        return best, {j: a.detach() for j, a in alpha.items()}, {k: b.detach() for k, b in beta.items()}, \
-            best_record, x
+        return (
+            best,
+            {j: a.detach() for j, a in alpha.items()},
+            {k: b.detach() for k, b in beta.items()},
+            best_record,
+            x,
+        )
 
     def minimiser(self, A0: Tensor | None, lb: Tensor, box: Box) -> Tensor:
         """The box corner minimising the worst row's linear lower bound: (B, *in)."""
@@ -124,8 +147,9 @@ class BetaCrown:
         return torch.where(a >= 0, lo, hi)
 
 
-def babsr_scores(bc: BetaCrown, record: dict[int, Tensor], bounds: Bounds, split: dict[int, Tensor],
-                 rows: Tensor) -> dict[int, Tensor]:
+def babsr_scores(
+    bc: BetaCrown, record: dict[int, Tensor], bounds: Bounds, split: dict[int, Tensor], rows: Tensor
+) -> dict[int, Tensor]:
     """Score of splitting each free unstable neuron: |A| × the gap of its triangle relaxation
     (``-l u / (u - l)``), summed over the rows that are not yet verified.  (B, n_k) per node."""
     scores = {}
@@ -144,8 +168,9 @@ def babsr_scores(bc: BetaCrown, record: dict[int, Tensor], bounds: Bounds, split
 
 
 class ReluSplitBab:
-    def __init__(self, graph: Graph, box: Box, problem: Problem, opts: BabOptions, lower: np.ndarray,
-                 upper: np.ndarray):
+    def __init__(
+        self, graph: Graph, box: Box, problem: Problem, opts: BabOptions, lower: np.ndarray, upper: np.ndarray
+    ):
         self.graph, self.problem, self.opts = graph, problem, opts
         self.bc = BetaCrown(graph, box, problem, opts)
         self.queue: list[Domain] = []
@@ -160,8 +185,9 @@ class ReluSplitBab:
     # ---- domains ---------------------------------------------------------------------------------------
     def root(self, state: CrownState) -> Domain:
         g, S = self.graph, self.problem.C.shape[0]
-        bounds = {k: (state.bounds[k][0].detach().clone(), state.bounds[k][1].detach().clone())
-                  for k in self.bc.pre}
+        bounds = {
+            k: (state.bounds[k][0].detach().clone(), state.bounds[k][1].detach().clone()) for k in self.bc.pre
+        }
         alpha = {}
         for j in self.bc.relus:
             lo, hi = bounds[self.bc.relu_in[j]]
@@ -202,8 +228,14 @@ class ReluSplitBab:
             x = torch.minimum(torch.maximum(x, self.inner[0]), self.inner[1])
         cex = self.falsify(x)
         open_rows = (lb.double() - self.problem.d) <= 0  # (B, S): rows not yet proven
-        bounds = {k: (torch.cat([d.bounds[k][0] for d in doms]), torch.cat([d.bounds[k][1] for d in doms]))
-                  for k in self.bc.pre} if B else {}
+        bounds = (
+            {
+                k: (torch.cat([d.bounds[k][0] for d in doms]), torch.cat([d.bounds[k][1] for d in doms]))
+                for k in self.bc.pre
+            }
+            if B
+            else {}
+        )
         split = {k: torch.cat([d.splits[k] for d in doms]) for k in self.bc.pre} if B else {}
         scores = babsr_scores(self.bc, record, bounds, split, open_rows.float()) if B else {}
         if self.opts.branching in ("fsb", "kfsb"):
@@ -218,8 +250,8 @@ class ReluSplitBab:
                 self.stuck = True  # nothing left to split: never drop an unproven domain
                 continue
             d.worst = float(worst[b])
-            d.alpha = {j: a[:, b:b + 1].to(STORE_DTYPE) for j, a in alpha.items()}
-            d.beta = {k: t[:, b:b + 1].to(STORE_DTYPE) for k, t in beta.items()}
+            d.alpha = {j: a[:, b : b + 1].to(STORE_DTYPE) for j, a in alpha.items()}
+            d.beta = {k: t[:, b : b + 1].to(STORE_DTYPE) for k, t in beta.items()}
             d.branch = choice[b]
             keep.append(d)
         return keep, cex, B
@@ -250,9 +282,9 @@ class ReluSplitBab:
                 return k, flat - o
         raise IndexError(flat)
 
-    def babsr_choice(self, scores: dict[int, Tensor], B: int) -> list[tuple[int, int] | None]:
+    def babsr_choice(self, scores: dict[int, Tensor], B: int) -> list[Branch | None]:
         allsc, offs = self._flat_scores(scores, B)
-        out: list[tuple[int, int] | None] = []
+        out: list[Branch | None] = []
         for b in range(B):
             if allsc.shape[1] == 0 or float(allsc[b].max()) < 0:
                 out.append(None)
@@ -261,8 +293,15 @@ class ReluSplitBab:
         return out
 
     @torch.no_grad()
-    def fsb_choice(self, bounds: Bounds, split: dict[int, Tensor], alpha: dict[int, Tensor],  # noqa: E501
-                   beta: dict[int, Tensor], scores: dict[int, Tensor], B: int) -> list[tuple[int, int] | None]:
+    def fsb_choice(
+        self,
+        bounds: Bounds,
+        split: dict[int, Tensor],
+        alpha: dict[int, Tensor],
+        beta: dict[int, Tensor],
+        scores: dict[int, Tensor],
+        B: int,
+    ) -> list[Branch | None]:
         """Filtered smart branching: the top ``candidates`` neurons by BaBSR score are each tried
         with one cheap bound of both children (current α and β, no optimisation), all in ONE batched
         back-substitution (also run with an empty batch, for lockstep); the candidate whose children
@@ -304,7 +343,7 @@ class ReluSplitBab:
         worst = self.problem.margins(lb).min(1).values.view(B, kk, 2)
         red = worst.min(2).values if self.opts.reduceop == "min" else worst.max(2).values
         red = torch.where(top_v >= 0, red, torch.full_like(red, -torch.inf))
-        out: list[tuple[int, int] | None] = []
+        out: list[Branch | None] = []
         for b in range(B):
             if float(top_v[b, 0]) < 0:
                 out.append(None)
@@ -338,7 +377,9 @@ class ReluSplitBab:
         if comm.rank() == dst:
             self.queue.extend(moving)
 
-    def run(self, state: CrownState, expired: Callable[[], bool], on_round: Callable | None = None) -> BabResult:
+    def run(
+        self, state: CrownState, expired: Callable[[], bool], on_round: Callable | None = None
+    ) -> BabResult:
         rounds = 0
         first = [self.root(state)] if comm.rank() == 0 else []
         kept, cex, n = self.evaluate(first)
@@ -370,9 +411,17 @@ class ReluSplitBab:
         return [int(v) for v in comm.all_gather_cat(torch.tensor([self.max_queue]), 0).tolist()]
 
 
-def relu_split_bab(graph: Graph, box: Box, problem: Problem, state: CrownState, opts: BabOptions,
-                   expired: Callable[[], bool], lower: np.ndarray, upper: np.ndarray,
-                   on_round: Callable | None = None) -> BabResult:
+def relu_split_bab(
+    graph: Graph,
+    box: Box,
+    problem: Problem,
+    state: CrownState,
+    opts: BabOptions,
+    expired: Callable[[], bool],
+    lower: np.ndarray,
+    upper: np.ndarray,
+    on_round: Callable | None = None,
+) -> BabResult:
     """Complete verification of one region by ReLU splitting, from the incomplete run's ``state``.
 
     ``box`` is the outward-rounded float32 box used for bounds; ``lower``/``upper`` the real box

@@ -57,9 +57,15 @@ def local_rows(state: CrownState, graph: Graph, n_spec: int) -> dict[int, int]:
     return rows
 
 
-def alpha_crown(graph: Graph, box: Box, C: Tensor, state: CrownState, opts: AlphaOptions,
-                should_stop: Callable[[], bool] = lambda: False,
-                on_step: Callable[[int, Tensor], None] | None = None) -> tuple[Tensor, CrownState]:
+def alpha_crown(
+    graph: Graph,
+    box: Box,
+    C: Tensor,
+    state: CrownState,
+    opts: AlphaOptions,
+    should_stop: Callable[[], bool] = lambda: False,
+    on_step: Callable[[int, Tensor], None] | None = None,
+) -> tuple[Tensor, CrownState]:
     """Optimised lower bounds (B, S) of ``C @ y``, never below CROWN's; and the last sweep's state."""
     out = len(graph.nodes) - 1
     alphas = init_alphas(graph, state, local_rows(state, graph, C.shape[0]))
@@ -93,5 +99,7 @@ def alpha_crown(graph: Graph, box: Box, C: Tensor, state: CrownState, opts: Alph
                 a.clamp_(0.0, 1.0)
     if best is None:  # zero iterations requested
         best, _ = final_bounds(graph, state, box, C)
-    detached = CrownState({k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}, state.rows, [])
+    detached = CrownState(
+        {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}, state.rows, []
+    )
     return best, detached

@@ -38,7 +38,11 @@ def exact_by_ibp(graph: Graph, k: int) -> bool:
     layers = 0
     while k != 0:
         node = graph.nodes[k]
-        if node.op.is_relu or len(node.inputs) != 1 or not isinstance(node.op, (Linear, Conv, Affine, Flatten)):
+        if (
+            node.op.is_relu
+            or len(node.inputs) != 1
+            or not isinstance(node.op, (Linear, Conv, Affine, Flatten))
+        ):
             return False
         layers += isinstance(node.op, (Linear, Conv))
         if layers > 1:
@@ -72,8 +76,9 @@ def ancestors_relus(graph: Graph, k: int) -> list[int]:
     return sorted(out)
 
 
-def neuron_rows(graph: Graph, k: int, idx: Tensor, bounds: Bounds, box: Box,
-                alphas: Alphas | None, grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+def neuron_rows(
+    graph: Graph, k: int, idx: Tensor, bounds: Bounds, box: Box, alphas: Alphas | None, grad: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     """CROWN lower and upper bounds of neurons ``idx`` of node k, this rank's share computed here.
 
     Rows ``[+e_i; -e_i]`` for the local share of idx go back in one pass; the gathered result is
@@ -120,8 +125,16 @@ def tighten(box: Box, idx: Tensor, lo_rows: Tensor, hi_rows: Tensor, intersect: 
     return lo.index_copy(1, idx, lo_rows).view(shape), hi.index_copy(1, idx, hi_rows).view(shape)
 
 
-def sweep(graph: Graph, box: Box, *, reference: Bounds | None = None, rows: dict[int, Tensor] | None = None,
-          alphas: dict[int, Alphas] | None = None, grad: bool = False, intersect: bool = True) -> CrownState:
+def sweep(
+    graph: Graph,
+    box: Box,
+    *,
+    reference: Bounds | None = None,
+    rows: dict[int, Tensor] | None = None,
+    alphas: dict[int, Alphas] | None = None,
+    grad: bool = False,
+    intersect: bool = True,
+) -> CrownState:
     """IBP for every node, CROWN for every pre-activation node.
 
     ``reference``: bounds to intersect with (e.g. CROWN's, inside α-CROWN); ``rows``: fixed neuron
@@ -140,15 +153,19 @@ def sweep(graph: Graph, box: Box, *, reference: Bounds | None = None, rows: dict
             continue
         if reference is not None:
             lo, hi = bounds[k]
-            bounds[k] = (_straight_through(lo, torch.maximum(lo, reference[k][0])),
-                         _straight_through(hi, torch.minimum(hi, reference[k][1])))
+            bounds[k] = (
+                _straight_through(lo, torch.maximum(lo, reference[k][0])),
+                _straight_through(hi, torch.minimum(hi, reference[k][1])),
+            )
         if exact_by_ibp(graph, k):
             continue
         idx = rows[k] if rows is not None else unstable_index(*bounds[k])
         used_rows[k] = idx
         if len(idx) == 0:  # every rank knows: nothing to refine
             continue
-        lo_rows, hi_rows, g = neuron_rows(graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad)
+        lo_rows, hi_rows, g = neuron_rows(
+            graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad
+        )
         gathered.append(g)
         bounds[k] = tighten(bounds[k], idx, lo_rows, hi_rows, intersect)
     return CrownState(bounds, used_rows, gathered)
@@ -156,11 +173,14 @@ def sweep(graph: Graph, box: Box, *, reference: Bounds | None = None, rows: dict
 
 def spec_matrix(C: Tensor, B: int, out_shape) -> Tensor:
     """(S, n_out) -> (S, B, *out_shape)."""
-    return C.to(torch.float32)[:, None, :].expand(C.shape[0], B, C.shape[1]).reshape(C.shape[0], B, *out_shape)
+    return (
+        C.to(torch.float32)[:, None, :].expand(C.shape[0], B, C.shape[1]).reshape(C.shape[0], B, *out_shape)
+    )
 
 
-def final_bounds(graph: Graph, state: CrownState, box: Box, C: Tensor, alphas: Alphas | None = None,
-                 grad: bool = False) -> tuple[Tensor, Tensor]:
+def final_bounds(
+    graph: Graph, state: CrownState, box: Box, C: Tensor, alphas: Alphas | None = None, grad: bool = False
+) -> tuple[Tensor, Tensor]:
     """Lower bounds of ``C @ y`` over the box: (B, S); the output rows are split over the ranks.
 
     Returns ``(gathered lb (B, S), local lb (S_r, B))``.
@@ -168,8 +188,9 @@ def final_bounds(graph: Graph, state: CrownState, box: Box, C: Tensor, alphas: A
     out = len(graph.nodes) - 1
     s0, s1 = comm.shard_range(C.shape[0])
     B = box[0].shape[0]
-    lb_local = back_substitute(graph, out, spec_matrix(C[s0:s1], B, graph.nodes[out].shape), state.bounds, box,
-                               alphas)  # (S_r, B)
+    lb_local = back_substitute(
+        graph, out, spec_matrix(C[s0:s1], B, graph.nodes[out].shape), state.bounds, box, alphas
+    )  # (S_r, B)
     return gather_rows(lb_local, 0, grad, C.shape[0]).T, lb_local
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..parallel import comm
@@ -85,7 +84,9 @@ class Linear(Op):
         if self.bias is not None:
             out_mid = out_mid + self.bias[r0:r1]
         out_rad = rad @ W.abs().T
-        both = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=-1, sizes=comm.shard_sizes(self.weight.shape[0]))
+        both = comm.all_gather_cat(
+            torch.cat([out_mid, out_rad], 0), dim=-1, sizes=comm.shard_sizes(self.weight.shape[0])
+        )
         out_mid, out_rad = both.chunk(2, 0)
         return out_mid - out_rad, out_mid + out_rad
 
@@ -116,7 +117,9 @@ class Conv(Op):
             out_mid = out_mid + self.bias[r0:r1].view(-1, 1, 1)
         abs_w = self.weight.apply_elementwise(torch.abs)  # this rank's shard only
         out_rad = abs_w.local_conv2d(rad, self.stride, self.padding, self.dilation)
-        both = comm.all_gather_cat(torch.cat([out_mid, out_rad], 0), dim=1, sizes=comm.shard_sizes(self.weight.shape[0]))
+        both = comm.all_gather_cat(
+            torch.cat([out_mid, out_rad], 0), dim=1, sizes=comm.shard_sizes(self.weight.shape[0])
+        )
         out_mid, out_rad = both.chunk(2, 0)
         return out_mid - out_rad, out_mid + out_rad
 
@@ -125,7 +128,9 @@ class Conv(Op):
         kh, kw = self.weight.shape[2:]
         pads = []
         for i, k in enumerate((kh, kw)):
-            full = (out_shape[i + 1] - 1) * self.stride[i] - 2 * self.padding[i] + self.dilation[i] * (k - 1) + 1
+            full = (
+                (out_shape[i + 1] - 1) * self.stride[i] - 2 * self.padding[i] + self.dilation[i] * (k - 1) + 1
+            )
             pads.append(in_shape[i + 1] - full)
         return tuple(pads)
 

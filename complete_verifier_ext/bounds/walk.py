@@ -24,9 +24,16 @@ def concretize(A: Tensor, box: Box) -> Tensor:
     return (A * mid.flatten(1)).sum(-1) - (A.abs() * rad.flatten(1)).sum(-1)
 
 
-def back_substitute(graph: Graph, start: int, A: Tensor, bounds: Bounds, box: Box,
-                    alphas: Alphas | None = None, betas: dict[int, Tensor] | None = None,
-                    record: dict[int, Tensor] | None = None) -> Tensor:
+def back_substitute(
+    graph: Graph,
+    start: int,
+    A: Tensor,
+    bounds: Bounds,
+    box: Box,
+    alphas: Alphas | None = None,
+    betas: dict[int, Tensor] | None = None,
+    record: dict[int, Tensor] | None = None,
+) -> Tensor:
     """Lower bounds (S, B) of ``sum(A * value(start))`` over the input box.
 
     ``bounds`` must hold the pre-activation bounds of every ReLU between the input and ``start``;

@@ -43,7 +43,9 @@ class _Builder:
     def __init__(self, model: onnx.ModelProto, path: str):
         self.path = path
         self.graph = Graph(source=path)
-        self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        self.consts: dict[str, np.ndarray] = {
+            i.name: numpy_helper.to_array(i) for i in model.graph.initializer
+        }
         self.node_of: dict[str, int] = {}
         self.sample: dict[int, torch.Tensor] = {}  # one example value per node, to infer shapes
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
@@ -122,8 +124,13 @@ def _conv(b: _Builder, node, x: int) -> None:
     bias = None
     if len(node.input) > 2 and node.input[2]:
         bias = torch.as_tensor(np.array(b.const(node.input[2]), dtype=np.float32))
-    op = Conv(torch.as_tensor(np.array(W, dtype=np.float32)), bias, a.get("strides", [1, 1]), pads[:2],
-              a.get("dilations", [1, 1]))
+    op = Conv(
+        torch.as_tensor(np.array(W, dtype=np.float32)),
+        bias,
+        a.get("strides", [1, 1]),
+        pads[:2],
+        a.get("dilations", [1, 1]),
+    )
     b.add(node, op, (x,))
 
 
@@ -195,7 +202,12 @@ def _binary(kind: str) -> Callable:
         else:  # pragma: no cover
             raise b.error(node, "unsupported")
         prev = b.graph.nodes[x].op
-        if kind in ("Add", "Sub") and not const_first and isinstance(prev, Linear) and _is_vector(op.shift, shape):
+        if (
+            kind in ("Add", "Sub")
+            and not const_first
+            and isinstance(prev, Linear)
+            and _is_vector(op.shift, shape)
+        ):
             _merge_bias(b, node, x, op.shift)  # MatMul + Add -> one Linear
             return
         b.add(node, op, (x,))
@@ -230,7 +242,9 @@ def _batchnorm(b: _Builder, node, x: int) -> None:
     t = bias - mean * s
     shape = b.graph.nodes[x].shape
     view = (-1,) + (1,) * (len(shape) - 1)
-    op = Affine(torch.tensor(s, dtype=torch.float32).view(view), torch.tensor(t, dtype=torch.float32).view(view))
+    op = Affine(
+        torch.tensor(s, dtype=torch.float32).view(view), torch.tensor(t, dtype=torch.float32).view(view)
+    )
     prev = b.graph.nodes[x].op
     users = [n for n in b.graph.nodes if x in n.inputs]
     if not users and fold_affine_into(prev, op):
@@ -272,7 +286,8 @@ def _fold_constant(b: _Builder, node: onnx.NodeProto) -> bool:
     from onnx.reference import ReferenceEvaluator
 
     g = onnx.helper.make_graph(
-        [node], "fold",
+        [node],
+        "fold",
         [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in node.input if n],
         [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in node.output],
     )

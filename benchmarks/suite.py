@@ -1,0 +1,112 @@
+"""Run a whole VNN-COMP benchmark folder and compare the verdicts with α,β-CROWN's.
+
+    python benchmarks/suite.py mnist_fc --ranks 1 [--extra "--solver.batch_size 512"]
+    python benchmarks/suite.py mnist_fc --report           # table from the stored results only
+
+Runs ``abcrown --config configs/<name>.yaml --parallel.world_size P --summary ...`` over the folder's
+``instances.csv`` (each instance with its csv timeout) and stores the raw summary under
+``benchmarks/results/<name>_P<P>.json``.  The report counts verified / falsified / timeout / unknown
+/ error and, most importantly, WRONG verdicts against ``verdicts.csv`` (α,β-CROWN, VNN-COMP 2022,
+GPU) and lists the instances either tool solved alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "benchmarks"
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def run(name: str, P: int, extra: str) -> Path:
+    out = RESULTS / f"{name}_P{P}.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    mode = ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)] if P > 1 else []
+    cmd = [
+        "abcrown",
+        "--config",
+        str(REPO / "configs" / f"{name}.yaml"),
+        "--summary",
+        str(out),
+        "--general.results_file",
+        str(RESULTS / f"{name}_P{P}.txt"),
+        *mode,
+        *shlex.split(extra),
+    ]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def key(onnx: str, vnnlib: str) -> tuple[str, str]:
+    return Path(onnx).name, Path(vnnlib).name
+
+
+def report(name: str) -> str:
+    expected = {key(r["onnx"], r["vnnlib"]): r for r in csv.DictReader(open(SHARED / name / "verdicts.csv"))}
+    lines = [
+        f"### {name}",
+        "",
+        "| P | verified (unsat) | falsified (sat) | timeout | unknown | error | WRONG | total time s |"
+        " α,β-CROWN 2022 (GPU) solved | we alone | they alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    theirs = sum(r["expected"] in ("sat", "unsat") for r in expected.values())
+    for P in sorted({int(p.name.split("_P")[1].split(".")[0]) for p in RESULTS.glob(f"{name}_P*.json*")}):
+        path = RESULTS / f"{name}_P{P}.json"
+        partial = Path(str(path) + ".partial.jsonl")
+        if path.exists():
+            data = json.loads(path.read_text())
+            rows = data["instances"] if "instances" in data else [data]
+        else:  # an unfinished run: the instances done so far
+            rows = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
+        count = {v: 0 for v in ("unsat", "sat", "timeout", "unknown", "error")}
+        wrong, ours_only, theirs_only, total = [], [], [], 0.0
+        for r in rows:
+            count[r["verdict"]] = count.get(r["verdict"], 0) + 1
+            total += r["time_s"]
+            exp = expected.get(key(r["onnx"], r["vnnlib"]), {}).get("expected")
+            solved = r["verdict"] in ("sat", "unsat")
+            if solved and exp in ("sat", "unsat") and r["verdict"] != exp:
+                wrong.append(key(r["onnx"], r["vnnlib"]))
+            if solved and exp not in ("sat", "unsat"):
+                ours_only.append(key(r["onnx"], r["vnnlib"]))
+            if not solved and exp in ("sat", "unsat"):
+                theirs_only.append(key(r["onnx"], r["vnnlib"]))
+        done = "" if path.exists() else f" ({len(rows)} of {len(expected)} done)"
+        lines.append(
+            f"| {P}{done} | {count['unsat']} | {count['sat']} | {count['timeout']} | {count['unknown']} | "
+            f"{count['error']} | {len(wrong)} | {total:.0f} | {theirs} of {len(expected)} | "
+            f"{len(ours_only)} | {len(theirs_only)} |"
+        )
+        if wrong:
+            lines.append(f"\nWRONG at P={P}: {wrong}\n")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("name", help="benchmark folder in ../shared/benchmarks (mnist_fc, oval21, sri_resnet_a)")
+    ap.add_argument("--ranks", default="1", help="comma-separated world sizes to run")
+    ap.add_argument("--extra", default="", help="extra abcrown arguments")
+    ap.add_argument("--report", action="store_true", help="only print the table of stored results")
+    args = ap.parse_args()
+    if not (SHARED / args.name).exists():
+        sys.exit(f"{SHARED / args.name} does not exist")
+    if not args.report:
+        for P in (int(p) for p in args.ranks.split(",")):
+            run(args.name, P, args.extra)
+    table = report(args.name)
+    (RESULTS / f"{args.name}.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
