@@ -283,8 +283,8 @@ def pgd_attack(
         return None
     with torch.no_grad():
         y_check = _forward_flat(forward, best_x.reshape(1, -1), input_shape)
-    x_out = best_x.numpy().astype(np.float32)
-    if np.min(clause_margins(y_check.double().numpy()[0], clauses)) > 0.0:
+    x_out = best_x.cpu().numpy().astype(np.float32)
+    if np.min(clause_margins(y_check.double().cpu().numpy()[0], clauses)) > 0.0:
         return None
     return x_out
 
@@ -329,7 +329,7 @@ def check_counterexample(
     x32 = np.asarray(x, dtype=np.float32).reshape(-1)
     with torch.no_grad():
         y_t = _forward_flat(forward, torch.from_numpy(x32.copy()).reshape(1, -1), input_shape)
-    y = y_t.double().numpy().reshape(-1)
+    y = y_t.double().cpu().numpy().reshape(-1)
     lo = _as_float64(region.lower, "lower")
     hi = _as_float64(region.upper, "upper")
     x64 = x32.astype(np.float64)

@@ -147,6 +147,13 @@ def write_outputs(
         print("total: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
+def _backend(cfg: Config) -> str:
+    """``auto`` means NCCL only when the config asks for CUDA; a CPU run uses gloo even on a GPU host."""
+    if cfg.parallel.backend != "auto":
+        return cfg.parallel.backend
+    return "gloo" if cfg.general.device == "cpu" else "auto"
+
+
 def _rank_main(
     cfg: Config, instances: list[Instance], show_progress: bool, partial: str | None = None
 ) -> list[InstanceResult]:
@@ -195,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(partial).unlink(missing_ok=True)
         t0 = time.monotonic()
         results = launch.run(
-            _rank_main, cfg.parallel.world_size, (cfg, instances, show, partial), backend=cfg.parallel.backend
+            _rank_main, cfg.parallel.world_size, (cfg, instances, show, partial), backend=_backend(cfg)
         )
         if comm.rank() != 0:  # torchrun: every rank got the result, rank 0 alone reports
             return 0

@@ -26,8 +26,16 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-__all__ = ["CNN_INPUT_SHAPE", "RESIDUAL_INPUT_SHAPE", "RESIDUAL_OUTPUTS", "cnn", "mlp", "mlp_onnx",
-           "residual_onnx", "write_vnnlib"]
+__all__ = [
+    "CNN_INPUT_SHAPE",
+    "RESIDUAL_INPUT_SHAPE",
+    "RESIDUAL_OUTPUTS",
+    "cnn",
+    "mlp",
+    "mlp_onnx",
+    "residual_onnx",
+    "write_vnnlib",
+]
 
 CNN_INPUT_SHAPE = (2, 8, 8)
 RESIDUAL_INPUT_SHAPE = (2, 6, 6)
@@ -70,8 +78,13 @@ def mlp(sizes: Sequence[int], seed: int) -> nn.Sequential:
     return nn.Sequential(*layers).eval()
 
 
-def cnn(seed: int, input_shape: Sequence[int] = CNN_INPUT_SHAPE, channels: int = 3, hidden: int = 8,
-        n_out: int = 3) -> nn.Sequential:
+def cnn(
+    seed: int,
+    input_shape: Sequence[int] = CNN_INPUT_SHAPE,
+    channels: int = 3,
+    hidden: int = 8,
+    n_out: int = 3,
+) -> nn.Sequential:
     """Conv(3x3, stride 2, pad 1) -> ReLU -> Conv(3x3, stride 2, pad 1) -> ReLU -> Flatten -> Linear -> ReLU
     -> Linear, for per-sample input ``input_shape = (C, H, W)``."""
     c, h, w = input_shape
@@ -82,10 +95,13 @@ def cnn(seed: int, input_shape: Sequence[int] = CNN_INPUT_SHAPE, channels: int =
 
     flat = channels * down(down(h)) * down(down(w))
     return nn.Sequential(
-        _init(nn.Conv2d(c, channels, 3, stride=2, padding=1), gen), nn.ReLU(),
-        _init(nn.Conv2d(channels, channels, 3, stride=2, padding=1), gen), nn.ReLU(),
+        _init(nn.Conv2d(c, channels, 3, stride=2, padding=1), gen),
+        nn.ReLU(),
+        _init(nn.Conv2d(channels, channels, 3, stride=2, padding=1), gen),
+        nn.ReLU(),
         nn.Flatten(),
-        _init(nn.Linear(flat, hidden), gen), nn.ReLU(),
+        _init(nn.Linear(flat, hidden), gen),
+        nn.ReLU(),
         _init(nn.Linear(hidden, n_out), gen),
     ).eval()
 
@@ -101,8 +117,9 @@ def _value_info(name: str, dims: Sequence[int | str]) -> onnx.ValueInfoProto:
 
 
 def _save(path: str | os.PathLike, graph: onnx.GraphProto) -> str:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)],
-                              producer_name="complete_verifier_ext.testing")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="complete_verifier_ext.testing"
+    )
     model.ir_version = 8  # readable by every onnxruntime this project supports
     onnx.checker.check_model(model)
     path = os.fspath(path)
@@ -122,18 +139,22 @@ def mlp_onnx(path: str | os.PathLike, sizes: Sequence[int], seed: int) -> str:
         out = "y" if i == len(linears) - 1 else f"z{i}"
         if i == 0:
             inits += [_const("W0", W.T), _const("b0", b)]
-            nodes += [helper.make_node("MatMul", [cur, "W0"], ["mm0"], name="matmul_0"),
-                      helper.make_node("Add", ["mm0", "b0"], [out], name="add_0")]
+            nodes += [
+                helper.make_node("MatMul", [cur, "W0"], ["mm0"], name="matmul_0"),
+                helper.make_node("Add", ["mm0", "b0"], [out], name="add_0"),
+            ]
         else:
             trans = i % 2
             inits += [_const(f"W{i}", W if trans else W.T), _const(f"b{i}", b)]
-            nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"b{i}"], [out], name=f"gemm_{i}",
-                                          transB=trans))
+            nodes.append(
+                helper.make_node("Gemm", [cur, f"W{i}", f"b{i}"], [out], name=f"gemm_{i}", transB=trans)
+            )
         if out != "y":
             nodes.append(helper.make_node("Relu", [out], [f"h{i}"], name=f"relu_{i}"))
             cur = f"h{i}"
-    graph = helper.make_graph(nodes, "mlp", [_value_info("x", ["batch", sizes[0]])],
-                              [_value_info("y", ["batch", sizes[-1]])], inits)
+    graph = helper.make_graph(
+        nodes, "mlp", [_value_info("x", ["batch", sizes[0]])], [_value_info("y", ["batch", sizes[-1]])], inits
+    )
     return _save(path, graph)
 
 
@@ -157,27 +178,61 @@ def residual_onnx(path: str | os.PathLike, seed: int) -> str:
     W2, b2 = _he(gen, k, k, 3, 3) * 0.5, _small(gen, k)
     n_flat = k * hgt * wid
     W3, b3 = _he(gen, RESIDUAL_OUTPUTS, n_flat), _small(gen, RESIDUAL_OUTPUTS)
-    inits = [_const("mean", mean), _const("std", std), _const("W1", W1), _const("b1", b1),
-             _const("gamma", gamma), _const("beta", beta), _const("run_mean", run_mean),
-             _const("run_var", run_var), _const("W2", W2), _const("b2", b2), _const("W3", W3),
-             _const("b3", b3)]
+    inits = [
+        _const("mean", mean),
+        _const("std", std),
+        _const("W1", W1),
+        _const("b1", b1),
+        _const("gamma", gamma),
+        _const("beta", beta),
+        _const("run_mean", run_mean),
+        _const("run_var", run_var),
+        _const("W2", W2),
+        _const("b2", b2),
+        _const("W3", W3),
+        _const("b3", b3),
+    ]
     nodes = [
         helper.make_node("Sub", ["x", "mean"], ["centred"], name="sub_mean"),
         helper.make_node("Div", ["centred", "std"], ["normed"], name="div_std"),
-        helper.make_node("Conv", ["normed", "W1", "b1"], ["c1"], name="conv_1", kernel_shape=[3, 3],
-                         pads=[1, 1, 1, 1], strides=[1, 1]),
-        helper.make_node("BatchNormalization", ["c1", "gamma", "beta", "run_mean", "run_var"], ["bn1"],
-                         name="bn_1", epsilon=1e-5),
+        helper.make_node(
+            "Conv",
+            ["normed", "W1", "b1"],
+            ["c1"],
+            name="conv_1",
+            kernel_shape=[3, 3],
+            pads=[1, 1, 1, 1],
+            strides=[1, 1],
+        ),
+        helper.make_node(
+            "BatchNormalization",
+            ["c1", "gamma", "beta", "run_mean", "run_var"],
+            ["bn1"],
+            name="bn_1",
+            epsilon=1e-5,
+        ),
         helper.make_node("Relu", ["bn1"], ["h1"], name="relu_1"),
-        helper.make_node("Conv", ["h1", "W2", "b2"], ["c2"], name="conv_2", kernel_shape=[3, 3],
-                         pads=[1, 1, 1, 1], strides=[1, 1]),
+        helper.make_node(
+            "Conv",
+            ["h1", "W2", "b2"],
+            ["c2"],
+            name="conv_2",
+            kernel_shape=[3, 3],
+            pads=[1, 1, 1, 1],
+            strides=[1, 1],
+        ),
         helper.make_node("Add", ["c2", "h1"], ["res"], name="add_residual"),
         helper.make_node("Relu", ["res"], ["h2"], name="relu_2"),
         helper.make_node("Flatten", ["h2"], ["flat"], name="flatten", axis=1),
         helper.make_node("Gemm", ["flat", "W3", "b3"], ["y"], name="gemm_out", transB=1),
     ]
-    graph = helper.make_graph(nodes, "residual", [_value_info("x", ["batch", c, hgt, wid])],
-                              [_value_info("y", ["batch", RESIDUAL_OUTPUTS])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [_value_info("x", ["batch", c, hgt, wid])],
+        [_value_info("y", ["batch", RESIDUAL_OUTPUTS])],
+        inits,
+    )
     return _save(path, graph)
 
 
@@ -212,8 +267,9 @@ __all__ += ["exact_min_linear"]
 _EXACT_MAX_RELUS = 12
 
 
-def _affine_range(M: np.ndarray, v: np.ndarray, lo: np.ndarray,
-                  hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _affine_range(
+    M: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Range of ``M x + v`` over the box ``[lo, hi]`` (exact for an affine map), rows of M."""
     mid, rad = (hi + lo) / 2, (hi - lo) / 2
     centre = M @ mid + v
@@ -258,7 +314,7 @@ def exact_min_linear(net: nn.Sequential, lower, upper, c) -> tuple[float, np.nda
 
     def ibp_min(layer: int, zlo: np.ndarray, zhi: np.ndarray) -> float:
         # interval lower bound of c · y from bounds of the pre-activation of layer `layer`
-        for W, b in zip(Ws[layer + 1:], bs[layer + 1:]):
+        for W, b in zip(Ws[layer + 1 :], bs[layer + 1 :]):
             hlo, hhi = np.maximum(zlo, 0), np.maximum(zhi, 0)
             zlo, zhi = _affine_range(W, b, hlo, hhi)
         return float(_affine_range(c[None], np.zeros(1), zlo, zhi)[0][0])

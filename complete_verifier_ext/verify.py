@@ -167,7 +167,15 @@ def complete(graph: Graph, region: Region, cfg: Config, clock: Clock, state: Cro
     return relu_split_bab(graph, box, problem, state, opts, clock.expired, region.lower, region.upper, report)
 
 
+def compute_device(cfg: Config) -> torch.device:
+    """This rank's device: its GPU under NCCL, else ``general.device`` for one process, else the CPU."""
+    if comm.world_size() > 1:
+        return comm.device()
+    return torch.device(cfg.general.device)
+
+
 def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph, Spec]:
+    """Read model and spec on the host, keep this rank's shards, move them to the compute device."""
     graph = load_model(onnx_path)
     spec = load_vnnlib(vnnlib_path)
     n_in = int(np.prod(graph.input_shape))
@@ -179,6 +187,9 @@ def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph,
         )
     if cfg.parallel.world_size > 1:
         graph.shard(cfg.parallel.mode)
+    device = compute_device(cfg)
+    if device.type != "cpu":
+        graph.to(device)
     return graph, spec
 
 
@@ -187,10 +198,17 @@ def verify_instance(
 ) -> InstanceResult:
     """Verify one (model, spec) pair on this rank; every rank must call it with the same arguments."""
     t0 = time.monotonic()
+    graph, spec = load_instance(cfg, onnx_path, vnnlib_path)  # on the host; only shards move
+    with torch.device(compute_device(cfg)):  # factory functions create tensors on the compute device
+        return _verify_instance(cfg, graph, spec, onnx_path, timeout, t0, on_step)
+
+
+def _verify_instance(
+    cfg: Config, graph: Graph, spec: Spec, onnx_path: str, timeout: float, t0: float, on_step: Callable | None
+) -> InstanceResult:
     torch.manual_seed(cfg.general.seed)
-    graph, spec = load_instance(cfg, onnx_path, vnnlib_path)
     clock = Clock(t0 + timeout)
-    memory = PeakMemory(comm.device())
+    memory = PeakMemory(compute_device(cfg))
     memory.start()
     bounds: dict[str, list[float]] = {}
     verdict, cex = "unsat", None

@@ -189,7 +189,7 @@ def test_unsat_below_the_exact_minimum(sizes, seed, box):
     assert (problem.margins(lb) <= 0).any()  # CROWN alone does not prove it: BaB has work to do
     r, _ = _solve(**spec)
     assert r.verdict == "unsat", r
-    assert r.counterexample is None and r.domains > 1 and r.rounds >= 1 and r.max_queue and r.max_queue[0] > 0
+    assert r.counterexample is None and r.domains > 1 and r.rounds >= 1  # it branched
 
 
 @pytest.mark.parametrize("sizes, seed, box", SAT)
@@ -218,13 +218,17 @@ def test_two_clauses_unsat_and_sat():
 @pytest.mark.xfail(reason="ReLU-split BaB only evaluates box corners (BetaCrown.minimiser): interior "
                           "counterexamples end in 'unknown'", strict=False)
 def test_interior_counterexample_is_found():
-    spec = _spec([4, 8, 2], 2, (-1.0, 1.0), 1, sat=(0,))  # the violating set does not touch a box corner
+    spec = _spec([4, 8, 2], 2, (-1.0, 1.0), 1, sat=(0,))
+    corners = torch.cartesian_prod(*[torch.tensor([-1.0, 1.0])] * 4)
+    with torch.no_grad():
+        at_corners = testing.mlp(spec["sizes"], spec["seed"])(corners).double() @ torch.tensor(spec["rows"][0])
+    assert float(at_corners.min()) > spec["d"][0]  # every counterexample is interior
     r, _ = _solve(**spec)
     assert r.verdict in ("sat", "unknown")  # never unsat: that would be unsound
     assert r.verdict == "sat"
 
 
-def test_bab_never_proves_what_is_false_at_fully_split_leaves():
+def test_threshold_just_above_the_minimum_is_never_unsat():
     """A threshold just above the exact minimum (0.1% of the spread): the violating set is tiny."""
     sizes, seed, box = [3, 5, 5, 2], 2, (-1.0, 1.0)
     spec = _spec(sizes, seed, box, 1)
@@ -253,7 +257,7 @@ def _fuzz_case(i: int) -> dict:
     lo, hi = tuple((centre - radius).tolist()), tuple((centre + radius).tolist())
     c = tuple(rng.standard_normal(2).tolist())
     m, scale, _ = _exact(tuple(sizes), i, lo, hi, c)
-    u = rng.uniform(0.02, 0.3) * rng.choice([-1, 1])
+    u = rng.uniform(0.005, 0.15) * rng.choice([-1, 1])
     return {"sizes": sizes, "seed": i, "lo": lo, "hi": hi, "rows": [list(c)], "d": [m + u * scale], "min": m}
 
 

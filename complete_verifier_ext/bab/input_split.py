@@ -304,7 +304,7 @@ def _bound_children(
         owner = torch.cat([open_, open_])
         hit = (bad & (owner >= first) & (owner < first + k)).nonzero().flatten()
         if len(hit) > 0:
-            cex = cand[hit[0]].numpy().astype(np.float32).copy()
+            cex = cand[hit[0]].cpu().numpy().astype(np.float32).copy()
     own = open_[(open_ >= first) & (open_ < first + k)]
     kept = Domains(lo_all[own], hi_all[own], margins[own], coef[own])
     return kept, cex, total

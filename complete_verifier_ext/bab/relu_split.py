@@ -65,9 +65,11 @@ class BetaCrown:
         self.relus = ancestors_relus(graph, self.out)
         self.relu_in = {j: graph.nodes[j].inputs[0] for j in self.relus}
 
-    def bound(self, doms: list[Domain]) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor], dict, Tensor]:
+    def bound(self, doms: list[Domain], expired: Callable[[], bool] = lambda: False):
         """Bound a batch (possibly empty).  Returns lb (B, S), α, β (float32, batched), the A-matrices
-        at every ReLU of the best iteration (for branching), and the worst row's minimiser (B, *in)."""
+        at every ReLU of the best iteration (for branching), and the worst row's minimiser (B, *in).
+        ``expired`` (collective) is asked before every optimisation step, so that a timeout is
+        honoured within one step, not one round; the bounds so far are sound."""
         g, B = self.graph, len(doms)
         S = self.problem.C.shape[0]
         bounds: Bounds = {}
@@ -108,6 +110,8 @@ class BetaCrown:
         best = torch.full((B, S), -torch.inf)
         best_record: dict[int, Tensor] = {}
         for it in range(max(1, self.opts.iteration)):
+            if it > 0 and expired():
+                break
             coef = {k: -split[k].to(torch.float32) * beta[k].clamp(min=0) for k in self.pre}
             record: dict[int, Tensor] = {}
             lb = back_substitute(g, self.out, A, bounds, box, alpha, coef, record)  # (S, B)
@@ -173,6 +177,7 @@ class ReluSplitBab:
     ):
         self.graph, self.problem, self.opts = graph, problem, opts
         self.bc = BetaCrown(graph, box, problem, opts)
+        self.expired: Callable[[], bool] = lambda: False
         self.queue: list[Domain] = []
         self.max_queue = 0
         self.stuck = False
@@ -220,7 +225,7 @@ class ReluSplitBab:
     def evaluate(self, doms: list[Domain]) -> tuple[list[Domain], np.ndarray | None, int]:
         """Bound a batch; return the unverified domains (with their next branch), a counterexample
         candidate that really violates the spec, and how many were bounded."""
-        lb, alpha, beta, record, x = self.bc.bound(doms)
+        lb, alpha, beta, record, x = self.bc.bound(doms, self.expired)
         B = len(doms)
         margins = self.problem.margins(lb)  # (B, n_clauses)
         worst = margins.min(1).values
@@ -263,7 +268,7 @@ class ReluSplitBab:
         xs = comm.all_gather_cat(x, 0)  # (sum_r B_r, *in)
         y = self.graph.forward(xs).reshape(xs.shape[0], -1)
         bad = self.problem.violated(y).nonzero().flatten()
-        return xs[int(bad[0])].reshape(-1).numpy().astype(np.float32) if len(bad) else None
+        return xs[int(bad[0])].reshape(-1).cpu().numpy().astype(np.float32) if len(bad) else None
 
     @staticmethod
     def _flat_scores(scores: dict[int, Tensor], B: int) -> tuple[Tensor, list[tuple[int, int]]]:
@@ -381,6 +386,7 @@ class ReluSplitBab:
         self, state: CrownState, expired: Callable[[], bool], on_round: Callable | None = None
     ) -> BabResult:
         rounds = 0
+        self.expired = expired
         first = [self.root(state)] if comm.rank() == 0 else []
         kept, cex, n = self.evaluate(first)
         self.queue.extend(kept)

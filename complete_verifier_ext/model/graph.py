@@ -59,6 +59,17 @@ class Graph:
                 users[j].append(i)
         return users
 
+    def to(self, device: torch.device | str) -> Graph:
+        """Move every operator's tensors (weight shards, biases, constants) to ``device``, in place.
+        Call after ``shard`` so that only this rank's shards reach the device."""
+        for node in self.nodes:
+            for name, value in vars(node.op).items():
+                if isinstance(value, torch.Tensor):
+                    setattr(node.op, name, value.to(device))
+                elif isinstance(value, ShardedWeight):
+                    value.to(device)
+        return self
+
     def shard(self, mode: str) -> Graph:
         """Re-wrap every Linear/Conv weight as this rank's shard (``mode``: none|fsdp|tp), in place."""
         for node in self.nodes:

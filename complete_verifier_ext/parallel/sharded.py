@@ -190,6 +190,12 @@ class ShardedWeight:
         """True when the weight is really split (mode fsdp/tp and world size > 1)."""
         return self._world > 1
 
+    def to(self, device: torch.device | str) -> ShardedWeight:
+        """Move this rank's shard to ``device`` (in place; the full weight is never moved)."""
+        self._padded = self._padded.to(device)
+        self.local = self._padded[: self.n_local]
+        return self
+
     def apply_elementwise(self, fn: Callable[[Tensor], Tensor]) -> ShardedWeight:
         """A new ShardedWeight of ``fn(W)`` for an element-wise ``fn`` (e.g. ``abs``, ``clamp(min=0)``),
         computed on the shard only."""
