@@ -48,6 +48,10 @@ class Domain:
     beta: dict[int, Tensor]  # pre-activation node -> (S, 1, *shape), STORE_DTYPE
     branch: tuple[int, int] | None  # (pre-activation node, flat neuron) to split next
     depth: int = 0
+    retries: int = 0  # times it came back unverified with nothing left to split
+
+
+MAX_RETRIES = 4  # a fully split domain is re-bounded (β keeps optimising) this often before giving up
 
 
 def _cat(ts: list[Tensor], dim: int) -> Tensor:
@@ -202,6 +206,8 @@ class ReluSplitBab:
         return Domain(-np.inf, bounds, splits, alpha, beta, None)
 
     def children(self, d: Domain) -> list[Domain]:
+        if d.branch is None:  # nothing to split: bound it again, warm-started, so that β converges
+            return [d]
         k, i = d.branch
         kids = []
         for sign in (1, -1):
@@ -232,6 +238,8 @@ class ReluSplitBab:
         if self.inner is not None:  # candidates must lie in the real box, not the outward-rounded one
             x = torch.minimum(torch.maximum(x, self.inner[0]), self.inner[1])
         cex = self.falsify(x)
+        if self.inner is None:  # no float32 point lies in the box: nothing can be a counterexample
+            cex = None
         open_rows = (lb.double() - self.problem.d) <= 0  # (B, S): rows not yet proven
         bounds = (
             {
@@ -251,9 +259,9 @@ class ReluSplitBab:
         for b, d in enumerate(doms):
             if float(worst[b]) > 0:
                 continue
-            if choice[b] is None:
-                self.stuck = True  # nothing left to split: never drop an unproven domain
-                continue
+            if choice[b] is None:  # nothing left to split: never drop an unproven domain
+                d.retries += 1
+                self.stuck = self.stuck or d.retries > MAX_RETRIES
             d.worst = float(worst[b])
             d.alpha = {j: a[:, b : b + 1].to(STORE_DTYPE) for j, a in alpha.items()}
             d.beta = {k: t[:, b : b + 1].to(STORE_DTYPE) for k, t in beta.items()}
