@@ -116,7 +116,8 @@ def test_killed_rank_ends_run_with_error(tmp_path):
     out = tmp_path / "out.txt"
     cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", str(EXAMPLE), "--quiet",
            "--general.results_file", str(out), "--parallel.mode", "fsdp", "--parallel.world_size", "2",
-           "--attack.pgd_order", "skip", "--solver.alpha-crown.iteration", "100000", "--bab.timeout", "300"]
+           "--attack.pgd_order", "skip", "--solver.alpha-crown.iteration", "100000",
+           "--solver.alpha-crown.lr_alpha", "0", "--bab.timeout", "300"]  # lr 0: never proves it
     env = {**os.environ, "CVE_NO_REEXEC": "1"}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     ranks: list[int] = []
