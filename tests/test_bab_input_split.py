@@ -94,8 +94,14 @@ def _box(dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return -torch.ones(1, dim), torch.ones(1, dim)
 
 
-def _run(name: str, method: str = "crown", batch: int = 8, expire_after: int | None = None,
-         max_domains: int = 200_000, mode: str = "none") -> BabResult:
+def _run(
+    name: str,
+    method: str = "crown",
+    batch: int = 8,
+    expire_after: int | None = None,
+    max_domains: int = 200_000,
+    mode: str = "none",
+) -> BabResult:
     """One search on this rank (every rank calls it identically)."""
     dim, problem = _case(name)
     graph = _graph(dim)
@@ -195,14 +201,19 @@ def test_rebalance_plan_evens_out_the_queues(sizes):
         new[src] -= count
         new[dst] += count
     assert sum(new) == sum(sizes) and max(new) - min(new) <= 1
-    q = Domains(torch.zeros(7, 1), torch.ones(7, 1), torch.arange(7.0, dtype=torch.float64)[:, None],
-                torch.zeros(7, 1))
+    q = Domains(
+        torch.zeros(7, 1),
+        torch.ones(7, 1),
+        torch.arange(7.0, dtype=torch.float64)[:, None],
+        torch.zeros(7, 1),
+    )
     assert sorted(spread_pick(q, 3).tolist()) == [1, 3, 5]
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Domain-parallel: P = 2 and 3 give the verdicts of P = 1, every rank the same result
 # ----------------------------------------------------------------------------------------------------------
+
 
 @functools.cache
 def _single(name: str) -> tuple:
@@ -238,10 +249,13 @@ def test_domain_parallel_two_ranks_fsdp():
 
 
 def test_domain_parallel_three_ranks_with_empty_batches():
-    jobs = [{"name": "unsat2", "mode": "fsdp"}, {"name": "sat2", "mode": "tp"},
-            {"name": "unsat3", "mode": "tp"},  # two clauses
-            # one batch holds the whole search: no rebalancing, ranks 1 and 2 bound empty batches throughout
-            {"name": "unsat2", "mode": "fsdp", "batch": 64}]
+    jobs = [
+        {"name": "unsat2", "mode": "fsdp"},
+        {"name": "sat2", "mode": "tp"},
+        {"name": "unsat3", "mode": "tp"},  # two clauses
+        # one batch holds the whole search: no rebalancing, ranks 1 and 2 bound empty batches throughout
+        {"name": "unsat2", "mode": "fsdp", "batch": 64},
+    ]
     results = launch.run(_worker, 3, (jobs,), backend="gloo")
     _check_parallel(jobs, results, 3)
     assert min(results[0][0][4]) > 0  # every rank got domains by rebalancing

@@ -74,8 +74,9 @@ def _spec(sizes, seed, box, n_rows, sat=()) -> dict:
 
 def _problem(rows, d) -> Problem:
     k = len(rows)
-    return Problem(torch.tensor(rows, dtype=torch.float32), torch.tensor(d, dtype=torch.float64),
-                   torch.arange(k), k)
+    return Problem(
+        torch.tensor(rows, dtype=torch.float32), torch.tensor(d, dtype=torch.float64), torch.arange(k), k
+    )
 
 
 def _setup(sizes, seed, lo, hi, rows, d):
@@ -89,9 +90,18 @@ def _setup(sizes, seed, lo, hi, rows, d):
     return graph, box, problem, lb, state
 
 
-def _solve(sizes, seed, lo, hi, rows, d, mode: str = "none", expire_after: int | None = None,
-           kill_rank_at_round: tuple[int, int] | None = None,
-           opts: dict | None = None) -> tuple[BabResult, int]:
+def _solve(
+    sizes,
+    seed,
+    lo,
+    hi,
+    rows,
+    d,
+    mode: str = "none",
+    expire_after: int | None = None,
+    kill_rank_at_round: tuple[int, int] | None = None,
+    opts: dict | None = None,
+) -> tuple[BabResult, int]:
     """One search on this rank (every rank calls it identically): (result, calls of ``expired``)."""
     n = sizes[0]
     graph = from_sequential(testing.mlp(sizes, seed), (n,))
@@ -111,8 +121,17 @@ def _solve(sizes, seed, lo, hi, rows, d, mode: str = "none", expire_after: int |
         if kill_rank_at_round is not None and (comm.rank(), rounds) == kill_rank_at_round:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    result = relu_split_bab(graph, box, problem, state, BabOptions(**(opts or OPTS)), expired,
-                            np.array(lo), np.array(hi), on_round)
+    result = relu_split_bab(
+        graph,
+        box,
+        problem,
+        state,
+        BabOptions(**(opts or OPTS)),
+        expired,
+        np.array(lo),
+        np.array(hi),
+        on_round,
+    )
     return result, calls[0]
 
 
@@ -136,9 +155,15 @@ def _assert_counterexample(spec: dict, x, clause: int | None = None) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sizes, seed, box", [([3, 8, 2], 0, (-1.0, 1.0)), ([4, 5, 5, 2], 1, (-0.5, 1.5)),
-                                              ([2, 3, 3, 3, 2], 4, (-2.0, 1.0)),
-                                              ([5, 10, 2], 2, (-1.0, 1.0))])
+@pytest.mark.parametrize(
+    "sizes, seed, box",
+    [
+        ([3, 8, 2], 0, (-1.0, 1.0)),
+        ([4, 5, 5, 2], 1, (-0.5, 1.5)),
+        ([2, 3, 3, 3, 2], 4, (-2.0, 1.0)),
+        ([5, 10, 2], 2, (-1.0, 1.0)),
+    ],
+)
 def test_exact_min_against_dense_sampling(sizes, seed, box):
     net = testing.mlp(sizes, seed).double()
     n = sizes[0]
@@ -175,10 +200,22 @@ def test_exact_min_finds_an_interior_kink():
 # ----------------------------------------------------------------------------------------------------------
 
 # (sizes, seed, box): 1 and 2 hidden layers, input dims 3-5; CROWN alone fails on every unsat case
-SINGLE = [([3, 8, 2], 0, (-1.0, 1.0)), ([4, 8, 2], 2, (-0.5, 1.5)), ([5, 6, 2], 1, (-1.0, 1.0)),
-          ([3, 5, 5, 2], 0, (-1.0, 1.0)), ([4, 5, 4, 2], 1, (-1.0, 1.0)), ([3, 5, 5, 2], 1, (-0.5, 1.5))]
-SAT = [([3, 8, 2], 1, (-1.0, 1.0)), ([4, 8, 2], 1, (-1.0, 1.0)), ([5, 6, 2], 2, (-1.0, 1.0)),
-       ([3, 5, 5, 2], 0, (-0.5, 1.5)), ([4, 5, 4, 2], 0, (-1.0, 1.0)), ([4, 5, 4, 2], 1, (-1.0, 1.0))]
+SINGLE = [
+    ([3, 8, 2], 0, (-1.0, 1.0)),
+    ([4, 8, 2], 2, (-0.5, 1.5)),
+    ([5, 6, 2], 1, (-1.0, 1.0)),
+    ([3, 5, 5, 2], 0, (-1.0, 1.0)),
+    ([4, 5, 4, 2], 1, (-1.0, 1.0)),
+    ([3, 5, 5, 2], 1, (-0.5, 1.5)),
+]
+SAT = [
+    ([3, 8, 2], 1, (-1.0, 1.0)),
+    ([4, 8, 2], 1, (-1.0, 1.0)),
+    ([5, 6, 2], 2, (-1.0, 1.0)),
+    ([3, 5, 5, 2], 0, (-0.5, 1.5)),
+    ([4, 5, 4, 2], 0, (-1.0, 1.0)),
+    ([4, 5, 4, 2], 1, (-1.0, 1.0)),
+]
 MULTI = ([4, 8, 3], 0, (-1.0, 1.0))  # robustness-style: Y_0 - Y_1 <= d_0 or Y_0 - Y_2 <= d_1
 
 
@@ -215,8 +252,11 @@ def test_two_clauses_unsat_and_sat():
         _assert_counterexample(spec, r.counterexample, clause)
 
 
-@pytest.mark.xfail(reason="ReLU-split BaB only evaluates box corners (BetaCrown.minimiser): interior "
-                          "counterexamples end in 'unknown'", strict=False)
+@pytest.mark.xfail(
+    reason="ReLU-split BaB only evaluates box corners (BetaCrown.minimiser): interior "
+    "counterexamples end in 'unknown'",
+    strict=False,
+)
 def test_interior_counterexample_is_found():
     spec = _spec([4, 8, 2], 2, (-1.0, 1.0), 1, sat=(0,))
     corners = torch.cartesian_prod(*[torch.tensor([-1.0, 1.0])] * 4)
@@ -285,8 +325,9 @@ def test_soundness_fuzz():
         lo, hi = np.array(case["lo"]), np.array(case["hi"])
         X = torch.from_numpy(lo + (hi - lo) * np.random.default_rng(i).random((20_000, n))).float()
         with torch.no_grad():
-            sampled = (testing.mlp(case["sizes"], i)(X).double() @ torch.tensor(case["rows"][0],
-                                                                               dtype=torch.float64))
+            sampled = testing.mlp(case["sizes"], i)(X).double() @ torch.tensor(
+                case["rows"][0], dtype=torch.float64
+            )
         r, calls = _solve(**case, expire_after=60, opts=FUZZ_OPTS)
         verdicts.append(r.verdict)
         info = (i, case, m, r)
@@ -324,8 +365,9 @@ def _worker(jobs: list[dict]) -> list[list[tuple]]:
 
 @functools.cache
 def _single(which: str) -> tuple:
-    spec = _spec(*{"unsat": PAR_UNSAT, "sat": PAR_SAT, "long": LONG}[which], 1,
-                 sat=(0,) if which == "sat" else ())
+    spec = _spec(
+        *{"unsat": PAR_UNSAT, "sat": PAR_SAT, "long": LONG}[which], 1, sat=(0,) if which == "sat" else ()
+    )
     spec["opts"] = PAR_OPTS
     r, _ = _solve(**spec)
     return spec, r.verdict, r.domains, r.rounds

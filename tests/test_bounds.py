@@ -150,8 +150,14 @@ def test_alpha_zero_iterations_is_crown() -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def random_box(shape: tuple[int, ...], batch: int, seed: int, lo: float = -1.0, hi: float = 1.0,
-               rad: tuple[float, float] = (0.05, 0.5)) -> tuple[torch.Tensor, torch.Tensor]:
+def random_box(
+    shape: tuple[int, ...],
+    batch: int,
+    seed: int,
+    lo: float = -1.0,
+    hi: float = 1.0,
+    rad: tuple[float, float] = (0.05, 0.5),
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch`` boxes of per-sample ``shape`` with centres in [lo, hi] and radii in ``rad``."""
     gen = torch.Generator().manual_seed(seed)
     centre = lo + (hi - lo) * torch.rand(batch, *shape, generator=gen)
@@ -170,8 +176,9 @@ def sample_points(box, b: int, n: int, seed: int) -> torch.Tensor:
     return x
 
 
-def assert_sound(graph: Graph, box, C: torch.Tensor, lb: torch.Tensor, bounds: dict, what: str,
-                 n: int = 2000) -> None:
+def assert_sound(
+    graph: Graph, box, C: torch.Tensor, lb: torch.Tensor, bounds: dict, what: str, n: int = 2000
+) -> None:
     """Every sampled ``C @ y`` is >= lb - TOL and every node value lies in its bounds (± TOL)."""
     B = box[0].shape[0]
     assert lb.shape == (B, C.shape[0]), what
@@ -187,7 +194,8 @@ def assert_sound(graph: Graph, box, C: torch.Tensor, lb: torch.Tensor, bounds: d
                 above = (v - hi[b]).max().item()
                 name = graph.nodes[k].name
                 assert below <= TOL and above <= TOL, (
-                    f"{what}: node {k} ({name}) leaves its bounds by {max(below, above):.3g} (box {b})")
+                    f"{what}: node {k} ({name}) leaves its bounds by {max(below, above):.3g} (box {b})"
+                )
 
 
 def ulp_tol(lb: torch.Tensor) -> torch.Tensor:
@@ -312,8 +320,13 @@ def dense_matrix(op: Conv, in_shape: tuple[int, ...]) -> torch.Tensor:
 def test_conv_backward_equals_dense(hw, kernel, stride, padding, dilation) -> None:
     gen = torch.Generator().manual_seed(sum(hw) + kernel[0])
     c_in, c_out = 2, 3
-    op = Conv(torch.randn(c_out, c_in, *kernel, generator=gen), torch.randn(c_out, generator=gen),
-              stride, padding, dilation)
+    op = Conv(
+        torch.randn(c_out, c_in, *kernel, generator=gen),
+        torch.randn(c_out, generator=gen),
+        stride,
+        padding,
+        dilation,
+    )
     in_shape = (c_in, *hw)
     out_shape = tuple(op.forward(torch.zeros(1, *in_shape)).shape[1:])
     M = dense_matrix(op, in_shape)  # (n_out, n_in)

@@ -26,8 +26,18 @@ EXAMPLE = REPO / "configs" / "example.yaml"
 def _run(tmp_path: Path, *args: str) -> tuple[int, dict | None, str]:
     out = tmp_path / "out.txt"
     summary = tmp_path / "summary.json"
-    code = main(["--config", str(EXAMPLE), "--general.results_file", str(out), "--summary", str(summary),
-                 "--quiet", *args])
+    code = main(
+        [
+            "--config",
+            str(EXAMPLE),
+            "--general.results_file",
+            str(out),
+            "--summary",
+            str(summary),
+            "--quiet",
+            *args,
+        ]
+    )
     data = json.loads(summary.read_text()) if summary.exists() else None
     return code, data, out.read_text() if out.exists() else ""
 
@@ -41,7 +51,9 @@ def test_example_needs_alpha_crown(tmp_path):
 
 
 def test_crown_only_is_unknown_without_bab(tmp_path):
-    code, data, result = _run(tmp_path, "--solver.bound_prop_method", "crown", "--general.complete_verifier", "skip")
+    code, data, result = _run(
+        tmp_path, "--solver.bound_prop_method", "crown", "--general.complete_verifier", "skip"
+    )
     assert code == 0 and result == "unknown\n" and "alpha_crown" not in data["bounds"]
 
 
@@ -56,8 +68,9 @@ def test_sat_has_checked_counterexample(tmp_path):
     x0 = torch.full((1, 4), 0.5)
     wrong = int(graph(x0).argmin())  # claim the least likely class is robust: false
     testing.write_vnnlib(tmp_path / "p.vnnlib", np.zeros(4), np.ones(4), wrong, 3)
-    code, data, result = _run(tmp_path, "--model.onnx_path", onnx_path,
-                              "--specification.vnnlib_path", str(tmp_path / "p.vnnlib"))
+    code, data, result = _run(
+        tmp_path, "--model.onnx_path", onnx_path, "--specification.vnnlib_path", str(tmp_path / "p.vnnlib")
+    )
     assert code == 0 and result.startswith("sat\n")
     xs = [float(v) for v in re.findall(r"\(X_\d+ ([^)]+)\)", result)]
     ys = [float(v) for v in re.findall(r"\(Y_\d+ ([^)]+)\)", result)]
@@ -69,10 +82,20 @@ def test_sat_has_checked_counterexample(tmp_path):
 
 def test_instance_list_from_csv(tmp_path):
     ex = REPO / "complete_verifier_ext" / "examples"
-    (tmp_path / "instances.csv").write_text(f"{ex / 'example.onnx'},{ex / 'example.vnnlib'},30\n"
-                                            f"{ex / 'example.onnx'},missing.vnnlib,30\n")
-    code, data, result = _run(tmp_path, "--model.onnx_path", "null", "--specification.vnnlib_path", "null",
-                              "--general.root_path", str(tmp_path), "--general.csv_name", "instances.csv")
+    (tmp_path / "instances.csv").write_text(
+        f"{ex / 'example.onnx'},{ex / 'example.vnnlib'},30\n{ex / 'example.onnx'},missing.vnnlib,30\n"
+    )
+    code, data, result = _run(
+        tmp_path,
+        "--model.onnx_path",
+        "null",
+        "--specification.vnnlib_path",
+        "null",
+        "--general.root_path",
+        str(tmp_path),
+        "--general.csv_name",
+        "instances.csv",
+    )
     assert code == 0
     verdicts = [i["verdict"] for i in data["instances"]]
     assert verdicts == ["unsat", "error"]
@@ -80,10 +103,13 @@ def test_instance_list_from_csv(tmp_path):
     assert result.splitlines()[0].split(",")[2] == "unsat"
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--solver.alpha-crown.lr_alfa", "0.1"], "lr_alpha"),
-    (["--model.onnx_path", "/nonexistent/net.onnx"], "/nonexistent/net.onnx"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--solver.alpha-crown.lr_alfa", "0.1"], "lr_alpha"),
+        (["--model.onnx_path", "/nonexistent/net.onnx"], "/nonexistent/net.onnx"),
+    ],
+)
 def test_user_errors_are_one_line(tmp_path, capsys, args, needle):
     code, _, result = _run(tmp_path, *args)
     err = capsys.readouterr().err.strip()
@@ -114,10 +140,28 @@ def _children(pid: int) -> list[int]:
 
 def test_killed_rank_ends_run_with_error(tmp_path):
     out = tmp_path / "out.txt"
-    cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", str(EXAMPLE), "--quiet",
-           "--general.results_file", str(out), "--parallel.mode", "fsdp", "--parallel.world_size", "2",
-           "--attack.pgd_order", "skip", "--solver.alpha-crown.iteration", "100000",
-           "--solver.alpha-crown.lr_alpha", "0", "--bab.timeout", "300"]  # lr 0: never proves it
+    cmd = [
+        sys.executable,
+        "-m",
+        "complete_verifier_ext.cli",
+        "--config",
+        str(EXAMPLE),
+        "--quiet",
+        "--general.results_file",
+        str(out),
+        "--parallel.mode",
+        "fsdp",
+        "--parallel.world_size",
+        "2",
+        "--attack.pgd_order",
+        "skip",
+        "--solver.alpha-crown.iteration",
+        "100000",
+        "--solver.alpha-crown.lr_alpha",
+        "0",
+        "--bab.timeout",
+        "300",
+    ]  # lr 0: never proves it
     env = {**os.environ, "CVE_NO_REEXEC": "1"}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     ranks: list[int] = []

@@ -51,8 +51,9 @@ def test_defaults():
     assert cfg.specification.vnnlib_path is None
     assert cfg.solver.batch_size == 64
     assert cfg.solver.bound_prop_method == "alpha-crown"
-    assert cfg.solver.alpha_crown == AlphaCrownConfig(iteration=100, lr_alpha=0.1, lr_decay=0.98,
-                                                      early_stop_patience=10)
+    assert cfg.solver.alpha_crown == AlphaCrownConfig(
+        iteration=100, lr_alpha=0.1, lr_decay=0.98, early_stop_patience=10
+    )
     assert (cfg.solver.beta_crown.iteration, cfg.solver.beta_crown.lr_beta) == (50, 0.05)
     assert (cfg.bab.timeout, cfg.bab.branching.method, cfg.bab.branching.reduceop) == (360, "kfsb", "min")
     assert cfg.bab.branching.input_split.enable is False
@@ -71,7 +72,9 @@ def test_config_is_frozen():
 
 
 def test_yaml_loading(tmp_path):
-    path = write_yaml(tmp_path, """
+    path = write_yaml(
+        tmp_path,
+        """
         general:
           device: cuda:1
           seed: 7
@@ -92,7 +95,8 @@ def test_yaml_loading(tmp_path):
           pgd_order: skip
           pgd_alpha: 0.01
         parallel: {mode: tp, world_size: 4, backend: gloo}
-    """)
+    """,
+    )
     cfg, warnings = load_config(path)
     assert warnings == []
     assert (cfg.general.device, cfg.general.seed, cfg.general.results_file) == ("cuda:1", 7, "res.txt")
@@ -146,17 +150,26 @@ def test_config_to_dict_round_trip():
 
 
 def test_parse_overrides_values():
-    tree = parse_overrides([
-        "--solver.alpha-crown.iteration", "20",
-        "--parallel.mode=fsdp",
-        "--general.deterministic", "yes",
-        "--general.double_fp",  # bare flag
-        "--solver.alpha-crown.lr_alpha", "1",
-        "--general.csv_name", "null",
-        "--model.input_shape", "[-1, 784]",
-        "--general.results_file", "2024",
-        "--attack.pgd_alpha", "auto",
-    ])
+    tree = parse_overrides(
+        [
+            "--solver.alpha-crown.iteration",
+            "20",
+            "--parallel.mode=fsdp",
+            "--general.deterministic",
+            "yes",
+            "--general.double_fp",  # bare flag
+            "--solver.alpha-crown.lr_alpha",
+            "1",
+            "--general.csv_name",
+            "null",
+            "--model.input_shape",
+            "[-1, 784]",
+            "--general.results_file",
+            "2024",
+            "--attack.pgd_alpha",
+            "auto",
+        ]
+    )
     assert tree == {
         "solver": {"alpha-crown": {"iteration": 20, "lr_alpha": 1.0}},
         "parallel": {"mode": "fsdp"},
@@ -170,7 +183,8 @@ def test_parse_overrides_values():
 def test_parse_overrides_later_wins_and_sections():
     assert parse_overrides(["--bab.timeout", "1", "--bab.timeout", "2"]) == {"bab": {"timeout": 2.0}}
     assert parse_overrides(["--parallel", "{mode: tp, world_size: 2}"]) == {
-        "parallel": {"mode": "tp", "world_size": 2}}
+        "parallel": {"mode": "tp", "world_size": 2}
+    }
     assert parse_overrides(["--data.start", "3"]) == {"data": {"start": 3}}  # known, ignored
 
 
@@ -182,12 +196,16 @@ def test_parse_overrides_malformed():
 
 
 def test_overrides_win_over_file_and_csv_can_be_cleared(tmp_path):
-    path = write_yaml(tmp_path, """
+    path = write_yaml(
+        tmp_path,
+        """
         general: {csv_name: instances.csv, root_path: .}
         solver: {batch_size: 8}
-    """)
-    cfg, _ = load_config(path, ["--solver.batch_size", "16", "--general.csv_name", "null",
-                                "--bab.timeout", "300.0"])
+    """,
+    )
+    cfg, _ = load_config(
+        path, ["--solver.batch_size", "16", "--general.csv_name", "null", "--bab.timeout", "300.0"]
+    )
     assert cfg.solver.batch_size == 16
     assert cfg.general.csv_name is None
     assert cfg.bab.timeout == 300.0
@@ -214,8 +232,11 @@ def test_unknown_section_suggestion(tmp_path):
 
 
 def test_unknown_key_in_override():
-    with pytest.raises(ConfigError, match=r"command line: unknown key 'solver.batchsize' "
-                                          r"\(did you mean 'solver.batch_size'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"command line: unknown key 'solver.batchsize' "
+        r"\(did you mean 'solver.batch_size'\?\)",
+    ):
         parse_overrides(["--solver.batchsize", "3"])
     with pytest.raises(ConfigError, match=r"did you mean 'solver.alpha-crown'\?"):
         load_config(None, ["--solver.alpha_crown.iteration", "3"])
@@ -291,7 +312,9 @@ def test_parallel_consistency(tmp_path):
 
 
 def test_single_warning_lists_all_ignored_keys(tmp_path):
-    path = write_yaml(tmp_path, """
+    path = write_yaml(
+        tmp_path,
+        """
         general: {conv_mode: matrix, sparse_alpha: false}
         model: {cache_onnx_conversion: true}
         specification: {norm: .inf, epsilon: 0.1, type: lp}
@@ -304,28 +327,45 @@ def test_single_warning_lists_all_ignored_keys(tmp_path):
         attack: {attack_mode: PGD}
         data: {dataset: MNIST, start: 0}
         debug: {lp_test: null}
-    """)
+    """,
+    )
     cfg, warnings = load_config(path, ["--solver.intermediate_refinement.enabled", "true"])
     assert cfg == Config()
     assert len(warnings) == 1
     warning = warnings[0]
     assert warning.startswith(path + ": ")
-    for key in ["general.conv_mode", "general.sparse_alpha", "model.cache_onnx_conversion",
-                "specification.norm", "specification.epsilon", "specification.type",
-                "solver.alpha-crown.share_alphas", "solver.mip.parallel_solvers", "solver.mip.solver_threads",
-                "bab.cut.enabled", "bab.attack.enabled", "attack.attack_mode", "data.dataset", "data.start",
-                "debug.lp_test", "solver.intermediate_refinement.enabled"]:
+    for key in [
+        "general.conv_mode",
+        "general.sparse_alpha",
+        "model.cache_onnx_conversion",
+        "specification.norm",
+        "specification.epsilon",
+        "specification.type",
+        "solver.alpha-crown.share_alphas",
+        "solver.mip.parallel_solvers",
+        "solver.mip.solver_threads",
+        "bab.cut.enabled",
+        "bab.attack.enabled",
+        "attack.attack_mode",
+        "data.dataset",
+        "data.start",
+        "debug.lp_test",
+        "solver.intermediate_refinement.enabled",
+    ]:
         assert key in warning
     assert "16 alpha-beta-CROWN option(s)" in warning
 
 
 def test_replaced_values_are_reported_in_the_same_warning(tmp_path):
-    path = write_yaml(tmp_path, """
+    path = write_yaml(
+        tmp_path,
+        """
         general: {complete_verifier: bab-refine, conv_mode: matrix}
         solver: {bound_prop_method: forward+backward}
         bab: {branching: {method: kfsb-intercept-only}}
         attack: {pgd_order: middle}
-    """)
+    """,
+    )
     cfg, warnings = load_config(path)
     assert cfg.general.complete_verifier == "bab"
     assert cfg.solver.bound_prop_method == "crown"
@@ -428,11 +468,14 @@ def test_load_config_resolves_paths(tmp_path, monkeypatch):
     cfg_dir = tmp_path / "cfgs"
     (cfg_dir / "bench").mkdir(parents=True)
     (cfg_dir / "net.onnx").write_text("")
-    path = write_yaml(cfg_dir, """
+    path = write_yaml(
+        cfg_dir,
+        """
         general: {root_path: bench, results_file: res.txt}
         model: {onnx_path: net.onnx}
         specification: {vnnlib_path: prop.vnnlib}
-    """)
+    """,
+    )
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -452,8 +495,14 @@ def test_load_config_resolves_paths(tmp_path, monkeypatch):
 
 def test_configs_directory_is_populated():
     names = {p.name for p in CONFIGS}
-    assert {"example.yaml", "default.yaml", "mnist_fc.yaml", "mnist_fc_fsdp.yaml", "oval21.yaml",
-            "sri_resnet_a.yaml"} <= names
+    assert {
+        "example.yaml",
+        "default.yaml",
+        "mnist_fc.yaml",
+        "mnist_fc_fsdp.yaml",
+        "oval21.yaml",
+        "sri_resnet_a.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -487,8 +536,9 @@ def test_example_config_points_at_bundled_example():
 
 def run_script(name: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a vnncomp script with bash and capture its output."""
-    return subprocess.run(["bash", str(SCRIPTS / name), *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        ["bash", str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 @pytest.mark.parametrize(
@@ -533,15 +583,33 @@ def test_run_instance_command_line(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ARGS_FILE": str(args_file)}
     (tmp_path / "res.txt").write_text("stale")
 
-    result = run_script("run_instance.sh", "v1", "oval21", "net.onnx", "prop.vnnlib",
-                        str(tmp_path / "res.txt"), "720", env=env)
+    result = run_script(
+        "run_instance.sh",
+        "v1",
+        "oval21",
+        "net.onnx",
+        "prop.vnnlib",
+        str(tmp_path / "res.txt"),
+        "720",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "res.txt").exists()  # a stale result is removed first
     args = args_file.read_text().splitlines()
     assert args[:2] == ["--config", str(REPO / "configs" / "oval21.yaml")]
-    assert args[2:] == ["--model.onnx_path", "net.onnx", "--specification.vnnlib_path", "prop.vnnlib",
-                        "--general.results_file", str(tmp_path / "res.txt"), "--bab.timeout", "720",
-                        "--general.csv_name", "null", "--quiet"]
+    assert args[2:] == [
+        "--model.onnx_path",
+        "net.onnx",
+        "--specification.vnnlib_path",
+        "prop.vnnlib",
+        "--general.results_file",
+        str(tmp_path / "res.txt"),
+        "--bab.timeout",
+        "720",
+        "--general.csv_name",
+        "null",
+        "--quiet",
+    ]
     cfg, _ = load_config(args[1], [a for a in args[2:] if a != "--quiet"])
     assert cfg.general.csv_name is None and cfg.bab.timeout == 720.0
 

@@ -38,11 +38,17 @@ def _bounds(kind: str, mode: str) -> dict:
     lb_crown, state = crown(graph, box, C)
     crown_stats = comm.stats()
     lb_alpha, _ = alpha_crown(graph, box, C, state, AlphaOptions(iteration=8, early_stop=False))
-    return {"rank": comm.rank(), "ibp": lb_ibp, "crown": lb_crown, "alpha": lb_alpha,
-            "inter": {k: state.bounds[k] for k in pre_activation_nodes(graph)},
-            "ibp_stats": ibp_stats, "crown_stats": crown_stats,
-            "n_linear": sum(type(n.op).__name__ in ("Linear", "Conv") for n in graph.nodes),
-            "n_refined": len(state.rows)}
+    return {
+        "rank": comm.rank(),
+        "ibp": lb_ibp,
+        "crown": lb_crown,
+        "alpha": lb_alpha,
+        "inter": {k: state.bounds[k] for k in pre_activation_nodes(graph)},
+        "ibp_stats": ibp_stats,
+        "crown_stats": crown_stats,
+        "n_linear": sum(type(n.op).__name__ in ("Linear", "Conv") for n in graph.nodes),
+        "n_refined": len(state.rows),
+    }
 
 
 def _all_ranks(kind: str, mode: str) -> list[dict]:
@@ -51,8 +57,10 @@ def _all_ranks(kind: str, mode: str) -> list[dict]:
     return [comm.broadcast_object(res, src=r) for r in range(comm.world_size())]
 
 
-@pytest.mark.parametrize("world,mode,kind", [(2, "fsdp", "mlp"), (3, "fsdp", "mlp"), (2, "tp", "mlp"),
-                                             (3, "tp", "cnn"), (2, "fsdp", "cnn")])
+@pytest.mark.parametrize(
+    "world,mode,kind",
+    [(2, "fsdp", "mlp"), (3, "fsdp", "mlp"), (2, "tp", "mlp"), (3, "tp", "cnn"), (2, "fsdp", "cnn")],
+)
 def test_sharded_equals_single_on_every_rank(world, mode, kind):
     single = _bounds(kind, "none")
     per_rank = launch.run(_all_ranks, world, (kind, mode))

@@ -123,15 +123,21 @@ def _write_model(path: Path, nodes, inits, n_in: int = 4, n_out: int = 3) -> Pat
 
 def _gemm_inits(n_in: int = 4, n_out: int = 3) -> list:
     rng = np.random.default_rng(0)
-    return [numpy_helper.from_array(rng.normal(size=(n_out, n_in)).astype(np.float32), "W"),
-            numpy_helper.from_array(rng.normal(size=(n_out,)).astype(np.float32), "b")]
+    return [
+        numpy_helper.from_array(rng.normal(size=(n_out, n_in)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.normal(size=(n_out,)).astype(np.float32), "b"),
+    ]
 
 
 def test_unsupported_op_names_op_and_node(tmp_path: Path) -> None:
-    path = _write_model(tmp_path / "sigmoid.onnx", [
-        helper.make_node("Gemm", ["x", "W", "b"], ["z"], name="dense", transB=1),
-        helper.make_node("Sigmoid", ["z"], ["y"], name="my_squash"),
-    ], _gemm_inits())
+    path = _write_model(
+        tmp_path / "sigmoid.onnx",
+        [
+            helper.make_node("Gemm", ["x", "W", "b"], ["z"], name="dense", transB=1),
+            helper.make_node("Sigmoid", ["z"], ["y"], name="my_squash"),
+        ],
+        _gemm_inits(),
+    )
     with pytest.raises(ModelError) as err:
         load_model(path)
     msg = str(err.value)
@@ -139,10 +145,14 @@ def test_unsupported_op_names_op_and_node(tmp_path: Path) -> None:
 
 
 def test_product_of_two_tensors_names_node(tmp_path: Path) -> None:
-    path = _write_model(tmp_path / "square.onnx", [
-        helper.make_node("Gemm", ["x", "W", "b"], ["z"], name="dense", transB=1),
-        helper.make_node("Mul", ["z", "z"], ["y"], name="square_it"),
-    ], _gemm_inits())
+    path = _write_model(
+        tmp_path / "square.onnx",
+        [
+            helper.make_node("Gemm", ["x", "W", "b"], ["z"], name="dense", transB=1),
+            helper.make_node("Mul", ["z", "z"], ["y"], name="square_it"),
+        ],
+        _gemm_inits(),
+    )
     with pytest.raises(ModelError, match="square_it") as err:
         load_model(path)
     assert "Mul" in str(err.value)
@@ -181,9 +191,19 @@ def test_wrong_extension_names_path(tmp_path: Path) -> None:
 def _bn_net() -> nn.Sequential:
     gen = torch.Generator().manual_seed(6)
     net = nn.Sequential(
-        nn.Conv2d(2, 3, 3, stride=2, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Dropout(0.5),
-        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.BatchNorm2d(4), nn.Flatten(),
-        nn.Linear(4 * 4 * 4, 6), nn.BatchNorm1d(6), nn.Identity(), nn.ReLU(), nn.Linear(6, 3),
+        nn.Conv2d(2, 3, 3, stride=2, padding=1),
+        nn.BatchNorm2d(3),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.BatchNorm2d(4),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 6),
+        nn.BatchNorm1d(6),
+        nn.Identity(),
+        nn.ReLU(),
+        nn.Linear(6, 3),
     )
     with torch.no_grad():
         for m in net:

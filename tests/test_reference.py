@@ -64,8 +64,11 @@ def _params(items: list[dict], id_of) -> list:
 
 JSONL = _jsonl_lines()
 ABCROWN = _abcrown_instances()
-ABCROWN_ALPHA = [r for r in ABCROWN if r["initial_alpha_crown_lb"].strip()
-                 and ("256x2" in r["onnx"] or "256x4" in r["onnx"])][:6]
+ABCROWN_ALPHA = [
+    r
+    for r in ABCROWN
+    if r["initial_alpha_crown_lb"].strip() and ("256x2" in r["onnx"] or "256x4" in r["onnx"])
+][:6]
 
 
 def _instance_id(onnx_name: str, vnnlib_name: str) -> str:
@@ -99,8 +102,10 @@ def _nearest_box(region: Region, graph: Graph) -> tuple[torch.Tensor, torch.Tens
     by about 3e-5, more than the tolerance allows on bounds near 0, so the comparison uses auto_LiRPA's box.
     """
     shape = (1, *graph.input_shape)
-    return (torch.tensor(region.lower, dtype=torch.float32).view(shape),
-            torch.tensor(region.upper, dtype=torch.float32).view(shape))
+    return (
+        torch.tensor(region.lower, dtype=torch.float32).view(shape),
+        torch.tensor(region.upper, dtype=torch.float32).view(shape),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
