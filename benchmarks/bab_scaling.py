@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from measure import spawn_json
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
@@ -85,24 +85,6 @@ def run_one(onnx: str, vnnlib: str, P: int, batch: int, rounds: int) -> dict:
     return {"instance": f"{onnx[10:-5]} {vnnlib[:-7]}", "P": P, "batch": batch, **res}
 
 
-def spawn(args: list[str], timeout: float) -> dict | None:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    try:
-        out = subprocess.run(
-            [sys.executable, __file__, "--one", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    if out.returncode != 0:
-        print(out.stderr[-2000:], file=sys.stderr)
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def table(rows: list[dict]) -> str:
     base = {(r["instance"], r["batch"]): r for r in rows if r["P"] == 1}
     lines = [
@@ -142,7 +124,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batches.split(",")):
             for P in (int(p) for p in args.ranks.split(",")):
                 t0 = time.time()
-                r = spawn([onnx, vnnlib, str(P), str(batch), str(args.rounds)], args.timeout)
+                r = spawn_json(__file__, [onnx, vnnlib, str(P), str(batch), str(args.rounds)], args.timeout)
                 print(
                     f"{onnx} {vnnlib} batch={batch} P={P}: {r and r['peak_mb']} [{time.time() - t0:.0f}s]",
                     flush=True,

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
+from measure import spawn_json
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -99,19 +98,6 @@ def run_one(model: str, method: str, P: int, mode: str, iters: int) -> dict:
 
     res = launch.run(_rank_job, P, (model, method, mode, iters))
     return {"model": model, "method": method, "P": P, "mode": mode, "iters": iters, **res}
-
-
-def spawn(model: str, method: str, P: int, mode: str, iters: int, timeout: float) -> dict | None:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    cmd = [sys.executable, __file__, "--one", model, method, str(P), mode, str(iters)]
-    try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    if out.returncode != 0:
-        print(out.stderr[-2000:], file=sys.stderr)
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def plan(quick: bool) -> list[tuple[str, str, int]]:
@@ -206,7 +192,7 @@ def main() -> None:
         for P in ranks:
             for mode in ["none"] if P == 1 else args.modes.split(","):
                 t0 = time.time()
-                r = spawn(model, method, P, mode, iters, args.timeout)
+                r = spawn_json(__file__, [model, method, str(P), mode, str(iters)], args.timeout)
                 status = "skipped (failed or over the time limit)" if r is None else f"peak {r['peak_mb']}"
                 print(f"{model} {method} P={P} {mode}: {status} [{time.time() - t0:.0f}s]", flush=True)
                 if r is not None:
