@@ -148,14 +148,17 @@ def plot(rows: list[dict], path: Path) -> None:
     for r in rows:
         series.setdefault((r["model"], r["method"], r["mode"] if r["P"] > 1 else "fsdp"), []).append(r)
     base = {(r["model"], r["method"]): max(r["peak_mb"]) for r in rows if r["P"] == 1}
-    for (model, method, mode), rs in series.items():
+    colors = plt.get_cmap("tab20").colors
+    for n, ((model, method, mode), rs) in enumerate(series.items()):
         rs = sorted(rs, key=lambda r: r["P"])
         if (model, method) not in base or len(rs) < 2:
             continue
         ax.plot(
             [r["P"] for r in rs],
             [max(r["peak_mb"]) / base[(model, method)] for r in rs],
-            marker="o",
+            color=colors[(n // 2) % len(colors)],
+            linestyle="-" if mode == "fsdp" else ":",
+            marker="o" if method == "crown" else "s",
             label=f"{model} {method} {mode}",
         )
     ps = sorted({r["P"] for r in rows})
