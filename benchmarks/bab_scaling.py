@@ -3,7 +3,7 @@
     python benchmarks/bab_scaling.py [--rounds 12] [--batches 128,512,2048] [--ranks 1,2,4]
 
 For mnist_fc instances that α-CROWN alone cannot decide, every measurement is its own process
-(``MALLOC_MMAP_THRESHOLD_`` set): load, run α-CROWN, then start the per-rank peak and run
+(``MALLOC_MMAP_THRESHOLD_`` set): load, run α-CROWN, take the worst open clause, then start the per-rank peak and run
 ``--rounds`` BaB rounds with a *total* batch of B domains per round (B / P per rank), FSDP weights.
 Reports domains bounded per second and the per-rank peak; writes ``bab_scaling.json`` and
 ``bab_scaling.md`` into ``--out``.
@@ -32,6 +32,7 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int) -> dict:
     from complete_verifier_ext.config import load_config
     from complete_verifier_ext.parallel import comm
     from complete_verifier_ext.parallel.memory import PeakMemory
+    from complete_verifier_ext.spec import Region
     from complete_verifier_ext.verify import Clock, bound_region, input_box, load_instance, spec_rows
 
     P = comm.world_size()
@@ -51,7 +52,8 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int) -> dict:
     )
     graph, spec = load_instance(cfg, str(MNIST / "onnx" / onnx), str(MNIST / "vnnlib" / vnnlib))
     region = spec.regions[0]
-    _, state = bound_region(graph, region, cfg, Clock(time.monotonic() + 600), {})
+    _, state, cb = bound_region(graph, region, cfg, Clock(time.monotonic() + 600), {})
+    region = Region(region.lower, region.upper, (region.clauses[int(cb.argmin())],))  # as the pipeline does
     C, d, owner = spec_rows(region)
     problem = Problem(C, torch.tensor(d), torch.tensor(owner), len(region.clauses))
     opts = BabOptions(batch_size=max(2, batch // P), branching="kfsb", candidates=3, iteration=20)

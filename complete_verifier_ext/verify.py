@@ -102,10 +102,11 @@ def bound_region(
     clock: Clock,
     bounds: dict[str, list[float]],
     on_step: Callable | None = None,
-) -> tuple[bool, CrownState | None]:
+) -> tuple[bool, CrownState | None, np.ndarray]:
     """Run IBP, then CROWN, then α-CROWN (up to ``solver.bound_prop_method``).
 
-    Returns (verified, the state of the last CROWN-type sweep, which BaB starts from)."""
+    Returns (verified, the state of the last CROWN-type sweep, which BaB starts from, the clause
+    bounds of the strongest method)."""
     C, d, owner = spec_rows(region)
     n = len(region.clauses)
     box = input_box(region, graph)
@@ -115,18 +116,18 @@ def bound_region(
     cb = clause_bounds(lb, d, owner, n)
     bounds.setdefault("ibp", []).extend(cb.tolist())
     if (cb > 0).all() or method == "ibp":
-        return bool((cb > 0).all()), None
+        return bool((cb > 0).all()), None, cb
     lb, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
     cb = clause_bounds(lb, d, owner, n)
     bounds.setdefault("crown", []).extend(cb.tolist())
     if (cb > 0).all() or method == "crown":
-        return bool((cb > 0).all()), state
+        return bool((cb > 0).all()), state, cb
     a = cfg.solver.alpha_crown
     opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
     lb, state = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=on_step)
     cb = np.maximum(clause_bounds(lb, d, owner, n), cb)
     bounds.setdefault("alpha_crown", []).extend(cb.tolist())
-    return bool((cb > 0).all()), state
+    return bool((cb > 0).all()), state, cb
 
 
 def bab_options(cfg: Config) -> BabOptions:
@@ -145,7 +146,29 @@ def bab_options(cfg: Config) -> BabOptions:
     )
 
 
-def complete(graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None) -> BabResult:
+def complete(
+    graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None, cb: np.ndarray
+) -> BabResult:
+    """Branch and bound on the clauses that the incomplete bounds ``cb`` left open, one at a time,
+    worst first (as α,β-CROWN does): each search then carries only that clause's rows.  The region
+    is unsat when every open clause is; the first clause that is not decides the verdict."""
+    total = BabResult("unsat", domains=0, rounds=0)
+    for i in np.argsort(cb, kind="stable"):
+        if cb[i] > 0:
+            continue
+        one = Region(region.lower, region.upper, (region.clauses[i],))
+        res = complete_clause(graph, one, cfg, clock, state)
+        total.domains += res.domains
+        total.rounds += res.rounds
+        if res.verdict != "unsat":
+            res.domains, res.rounds = total.domains, total.rounds
+            return res
+    return total
+
+
+def complete_clause(
+    graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None
+) -> BabResult:
     """Branch and bound on one region (ReLU splits, or input splits when enabled)."""
     C, d, owner = spec_rows(region)
     problem = Problem(C, torch.tensor(d), torch.tensor(owner), len(region.clauses))
@@ -219,9 +242,9 @@ def _verify_instance(
             if cex is not None:
                 verdict = "sat"
                 break
-        verified, state = bound_region(graph, region, cfg, clock, bounds, on_step)
+        verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)
         if not verified and cfg.general.complete_verifier == "bab" and not clock.expired():
-            res = complete(graph, region, cfg, clock, state)
+            res = complete(graph, region, cfg, clock, state, cb)
             if res.verdict == "unsat":
                 verified = True
             elif res.verdict == "sat" and res.counterexample is not None:

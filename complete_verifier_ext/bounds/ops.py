@@ -178,9 +178,27 @@ class Relu(Op):
         unstable = (lower < 0) & (upper > 0)
         return torch.where(unstable, alpha.clamp(0, 1), default)
 
+    def _cached_relaxation(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``relaxation`` memoised on the identity (and version) of constant bound tensors: β-CROWN
+        back-substitutes through the same fixed bounds at every optimisation step."""
+        if lower.requires_grad or upper.requires_grad:
+            return self.relaxation(lower, upper)
+        key = (lower, upper, lower._version, upper._version)
+        cached = getattr(self, "_relax_cache", None)
+        if (
+            cached is not None
+            and cached[0][0] is lower
+            and cached[0][1] is upper
+            and cached[0][2:] == key[2:]
+        ):
+            return cached[1]
+        value = self.relaxation(lower, upper)
+        self._relax_cache = (key, value)
+        return value
+
     def backward_relu(self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Tensor | None = None):
         """A: (S, B, *shape); lower/upper: (B, *shape); alpha: (S, B, *shape) or None."""
-        up_slope, up_bias, lo_slope = self.relaxation(lower, upper)
+        up_slope, up_bias, lo_slope = self._cached_relaxation(lower, upper)
         lo_slope = self.lower_slope(lower, upper, alpha, lo_slope)
         A_pos, A_neg = A.clamp(min=0), A.clamp(max=0)
         A_in = A_pos * lo_slope + A_neg * up_slope
