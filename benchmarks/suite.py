@@ -25,8 +25,8 @@ SHARED = REPO.parent / "shared" / "benchmarks"
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def run(name: str, P: int, extra: str) -> Path:
-    out = RESULTS / f"{name}_P{P}.json"
+def run(name: str, P: int, extra: str, tag: str = "") -> Path:
+    out = RESULTS / f"{name}{tag}_P{P}.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     mode = ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)] if P > 1 else []
     cmd = [
@@ -36,7 +36,7 @@ def run(name: str, P: int, extra: str) -> Path:
         "--summary",
         str(out),
         "--general.results_file",
-        str(RESULTS / f"{name}_P{P}.txt"),
+        str(RESULTS / f"{name}{tag}_P{P}.txt"),
         *mode,
         *shlex.split(extra),
     ]
@@ -49,7 +49,7 @@ def key(onnx: str, vnnlib: str) -> tuple[str, str]:
     return Path(onnx).name, Path(vnnlib).name
 
 
-def report(name: str) -> str:
+def report(name: str, tag: str = "") -> str:
     expected = {key(r["onnx"], r["vnnlib"]): r for r in csv.DictReader(open(SHARED / name / "verdicts.csv"))}
     lines = [
         f"### {name}",
@@ -59,8 +59,12 @@ def report(name: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     theirs = sum(r["expected"] in ("sat", "unsat") for r in expected.values())
-    for P in sorted({int(p.name.split("_P")[1].split(".")[0]) for p in RESULTS.glob(f"{name}_P*.json*")}):
-        path = RESULTS / f"{name}_P{P}.json"
+    first: dict | None = None
+    notes: list[str] = []
+    for P in sorted(
+        {int(p.name.split("_P")[1].split(".")[0]) for p in RESULTS.glob(f"{name}{tag}_P*.json*")}
+    ):
+        path = RESULTS / f"{name}{tag}_P{P}.json"
         partial = Path(str(path) + ".partial.jsonl")
         if path.exists():
             data = json.loads(path.read_text())
@@ -88,7 +92,28 @@ def report(name: str) -> str:
         )
         if wrong:
             lines.append(f"\nWRONG at P={P}: {wrong}\n")
-    return "\n".join(lines)
+        by_key = {key(r["onnx"], r["vnnlib"]): r for r in rows}
+        if first is None:
+            first = by_key
+        else:
+            notes.append(consistency(P, first, by_key))
+    return "\n".join(lines + [""] + notes)
+
+
+def consistency(P: int, base: dict, other: dict) -> str:
+    """Verdicts and bounds of world size P against the smallest world size run."""
+    common = [k for k in other if k in base]
+    differ = [k for k in common if base[k]["verdict"] != other[k]["verdict"]]
+    rel = 0.0
+    for k in common:
+        for method, vals in other[k]["bounds"].items():
+            for a, b in zip(vals, base[k]["bounds"].get(method, [])):
+                rel = max(rel, abs(a - b) / max(abs(b), 1e-6))
+    return (
+        f"P = {P} against the smallest P, {len(common)} instances: {len(differ)} different verdicts"
+        f"{' ' + str(differ) if differ else ''} (time-limited ones may differ), largest relative "
+        f"bound difference {rel:.1e}."
+    )
 
 
 def main() -> None:
@@ -97,14 +122,15 @@ def main() -> None:
     ap.add_argument("--ranks", default="1", help="comma-separated world sizes to run")
     ap.add_argument("--extra", default="", help="extra abcrown arguments")
     ap.add_argument("--report", action="store_true", help="only print the table of stored results")
+    ap.add_argument("--tag", default="", help="suffix of the result files, e.g. -incomplete")
     args = ap.parse_args()
     if not (SHARED / args.name).exists():
         sys.exit(f"{SHARED / args.name} does not exist")
     if not args.report:
         for P in (int(p) for p in args.ranks.split(",")):
-            run(args.name, P, args.extra)
-    table = report(args.name)
-    (RESULTS / f"{args.name}.md").write_text(table + "\n")
+            run(args.name, P, args.extra, args.tag)
+    table = report(args.name, args.tag)
+    (RESULTS / f"{args.name}{args.tag}.md").write_text(table + "\n")
     print(table)
 
 
