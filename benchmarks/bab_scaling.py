@@ -5,8 +5,8 @@
 For mnist_fc instances that α-CROWN alone cannot decide, every measurement is its own process
 (``MALLOC_MMAP_THRESHOLD_`` set): load, run α-CROWN, take the worst open clause, then start the
 per-rank peak and run ``--rounds`` BaB rounds with a *total* batch of B domains per round (B / P
-per rank), FSDP weights.  Reports domains bounded per second and the per-rank peak; writes ``bab_scaling.json`` and
-``bab_scaling.md`` into ``--out``.
+per rank), FSDP weights.  Reports domains bounded per second and the per-rank peak; writes
+``bab_scaling.json`` and ``bab_scaling.md`` into ``--out``.
 """
 
 from __future__ import annotations
