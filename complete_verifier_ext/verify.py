@@ -86,7 +86,12 @@ def attack(graph: Graph, region: Region, cfg: Config, clock: Clock, onnx_path: s
     """PGD; returns the formatted counterexample, re-checked on the model and onnxruntime."""
     with torch.enable_grad():
         x = pgd_attack(
-            graph, graph.input_shape, region, cfg.attack, seed=cfg.general.seed, should_stop=clock.expired
+            lambda v: graph(comm.reduce_grad(v)),  # the full input gradient on every rank
+            graph.input_shape,
+            region,
+            cfg.attack,
+            seed=cfg.general.seed,
+            should_stop=clock.expired,
         )
     if x is None:
         return None

@@ -62,21 +62,36 @@ def test_bab_completes_what_crown_cannot(tmp_path):
     assert code == 0 and result == "unsat\n" and min(data["bounds"]["crown"]) < 0
 
 
-def test_sat_has_checked_counterexample(tmp_path):
-    onnx_path = testing.mlp_onnx(tmp_path / "net.onnx", [4, 16, 3], seed=1)
+@pytest.mark.parametrize("world", [1, 2])
+def test_sat_has_checked_counterexample(tmp_path, world):
+    """The label wins at the box centre (where PGD starts), so PGD must take gradient steps; sharded,
+    it needs the full input gradient on every rank to stay in lockstep."""
+    onnx_path = testing.mlp_onnx(tmp_path / "net.onnx", [4, 16, 3], seed=3)
     graph = load_onnx(onnx_path)
-    x0 = torch.full((1, 4), 0.5)
-    wrong = int(graph(x0).argmin())  # claim the least likely class is robust: false
-    testing.write_vnnlib(tmp_path / "p.vnnlib", np.zeros(4), np.ones(4), wrong, 3)
+    label = int(graph(torch.full((1, 4), 0.5)).argmax())
+    testing.write_vnnlib(tmp_path / "p.vnnlib", np.zeros(4), np.ones(4), label, 3)
     code, data, result = _run(
-        tmp_path, "--model.onnx_path", onnx_path, "--specification.vnnlib_path", str(tmp_path / "p.vnnlib")
+        tmp_path,
+        "--model.onnx_path",
+        onnx_path,
+        "--specification.vnnlib_path",
+        str(tmp_path / "p.vnnlib"),
+        "--attack.pgd_restarts",
+        "1",
+        "--parallel.mode",
+        "fsdp" if world > 1 else "none",
+        "--parallel.world_size",
+        str(world),
+        "--general.complete_verifier",
+        "skip",
     )
     assert code == 0 and result.startswith("sat\n")
     xs = [float(v) for v in re.findall(r"\(X_\d+ ([^)]+)\)", result)]
     ys = [float(v) for v in re.findall(r"\(Y_\d+ ([^)]+)\)", result)]
     assert len(xs) == 4 and len(ys) == 3
+    assert all(0.0 <= v <= 1.0 for v in xs)
     y = graph(torch.tensor([xs], dtype=torch.float32))[0]
-    assert int(y.argmax()) != wrong or any(y[j] >= y[wrong] for j in range(3) if j != wrong)
+    assert any(y[j] >= y[label] for j in range(3) if j != label)
     torch.testing.assert_close(y, torch.tensor(ys, dtype=torch.float32))
 
 

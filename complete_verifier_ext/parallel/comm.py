@@ -48,6 +48,7 @@ __all__ = [
     "all_gather_cat",
     "all_gather_into",
     "all_gather_cat_grad",
+    "reduce_grad",
     "all_reduce",
     "all_reduce_flag",
     "broadcast",
@@ -441,3 +442,26 @@ def all_gather_cat_grad(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None 
     if sizes is None:
         sizes = _exchange_sizes(t.shape[dim], t.device)
     return _GatherCatGrad.apply(t, dim, list(sizes))
+
+
+class _ReduceGrad(torch.autograd.Function):
+    """Forward: identity. Backward: all-reduce (SUM) of the gradient (Megatron's "copy to region")."""
+
+    @staticmethod
+    def forward(ctx: Any, t: Tensor) -> Tensor:
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return all_reduce(grad.contiguous(), "sum")
+
+
+def reduce_grad(t: Tensor) -> Tensor:
+    """Mark a replicated tensor whose gradient every rank needs in full.
+
+    A column-parallel layer gives each rank only its own block's part of the gradient wrt its
+    (replicated) input; wrapping that input here sums the parts in backward, so every rank sees the
+    same, complete gradient (e.g. PGD's input, which must stay identical on all ranks)."""
+    if not _parallel() or not t.requires_grad:
+        return t
+    return _ReduceGrad.apply(t)
