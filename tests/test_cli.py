@@ -194,3 +194,49 @@ def test_killed_rank_ends_run_with_error(tmp_path):
     assert "rank" in err and out.read_text() == "error\n"
     for p in ranks:
         assert not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text()
+
+
+def test_killed_launcher_takes_its_ranks_along(tmp_path):
+    """SIGKILL of the launching process (no cleanup runs there) must not leave ranks running."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "complete_verifier_ext.cli",
+        "--config",
+        str(EXAMPLE),
+        "--quiet",
+        "--general.results_file",
+        str(tmp_path / "out.txt"),
+        "--parallel.mode",
+        "fsdp",
+        "--parallel.world_size",
+        "2",
+        "--attack.pgd_order",
+        "skip",
+        "--solver.alpha-crown.iteration",
+        "100000",
+        "--solver.alpha-crown.lr_alpha",
+        "0",
+        "--bab.timeout",
+        "300",
+    ]
+    proc = subprocess.Popen(cmd, env={**os.environ, "CVE_NO_REEXEC": "1"}, stderr=subprocess.DEVNULL)
+    ranks: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(ranks) < 2 and time.monotonic() < deadline:
+        ranks = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        time.sleep(0.5)
+    assert len(ranks) == 2, "ranks did not start"
+    time.sleep(2)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    alive = ranks
+    while alive and time.monotonic() < deadline:
+        alive = [
+            p
+            for p in ranks
+            if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text()
+        ]
+        time.sleep(0.2)
+    assert not alive, f"ranks {alive} outlived their launcher"

@@ -26,8 +26,10 @@ collateral, e.g. "connection closed" in a collective); all are in ``RankFailure.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pickle
+import signal
 import socket
 import time
 import traceback
@@ -127,6 +129,18 @@ def _child_environment() -> Iterator[None]:
             os.environ.pop(k, None)
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when the launching process dies, however it dies (a killed
+    ``abcrown`` must not leave ranks running).  Elsewhere a no-op; the parent's own cleanup remains."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the call above took effect
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
 def _child(
     rank: int,
     world_size: int,
@@ -139,6 +153,7 @@ def _child(
     conn: Connection,
 ) -> None:
     """Body of a spawned rank: join, run, send ``("ok", pickled result | None)`` or ``("error", ...)``."""
+    _die_with_parent()
     try:
         comm.init(backend, rank, world_size, addr, port, timeout_s)
         result = fn(*args)
