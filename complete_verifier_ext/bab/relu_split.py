@@ -372,13 +372,16 @@ class ReluSplitBab:
         return batch
 
     def rebalance(self) -> None:
-        """Every rank sees all queue sizes; surplus domains go from the fullest rank to the emptiest
-        in a fixed order, so that every rank takes the same decisions."""
+        """Every rank sees all queue sizes; when a rank cannot fill its next batch (or the queues differ
+        by more than a batch), half the difference goes from the fullest rank to the emptiest, in a
+        fixed order, so that every rank takes the same decisions."""
         P = comm.world_size()
         if P == 1:
             return
         sizes = comm.all_gather_cat(torch.tensor([len(self.queue)], dtype=torch.int64), 0).tolist()
-        if max(sizes) - min(sizes) <= self.opts.batch_size:
+        per_round = self.opts.batch_size // 2 or 1  # domains a rank pops per round
+        starving = min(sizes) < per_round and max(sizes) - min(sizes) > 1
+        if not starving and max(sizes) - min(sizes) <= self.opts.batch_size:
             return
         src, dst = int(np.argmax(sizes)), int(np.argmin(sizes))
         n = (sizes[src] - sizes[dst]) // 2
