@@ -113,6 +113,8 @@ def main() -> None:
     ap.add_argument("--batches", default="128,512,2048")
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--only", default="", help="run only instances whose onnx or vnnlib name contains this")
+    ap.add_argument("--tag", default="", help="suffix of the result files")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = ap.parse_args()
     if args.one:
@@ -122,7 +124,7 @@ def main() -> None:
     if not MNIST.exists():
         sys.exit(f"{MNIST} not found: the benchmark needs ../shared/benchmarks/mnist_fc")
     rows = []
-    for onnx, vnnlib in INSTANCES:
+    for onnx, vnnlib in [i for i in INSTANCES if args.only in i[0] or args.only in i[1]]:
         for batch in (int(b) for b in args.batches.split(",")):
             for P in (int(p) for p in args.ranks.split(",")):
                 t0 = time.time()
@@ -135,9 +137,9 @@ def main() -> None:
                     rows.append(r)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bab_scaling.json").write_text(json.dumps(rows, indent=1))
+    (out / f"bab_scaling{args.tag}.json").write_text(json.dumps(rows, indent=1))
     md = table(rows)
-    (out / "bab_scaling.md").write_text(md + "\n")
+    (out / f"bab_scaling{args.tag}.md").write_text(md + "\n")
     print(md)
 
 
