@@ -153,38 +153,26 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def test_killed_rank_ends_run_with_error(tmp_path):
-    out = tmp_path / "out.txt"
-    cmd = [
-        sys.executable,
-        "-m",
-        "complete_verifier_ext.cli",
-        "--config",
-        str(EXAMPLE),
-        "--quiet",
-        "--general.results_file",
-        str(out),
-        "--parallel.mode",
-        "fsdp",
-        "--parallel.world_size",
-        "2",
-        "--attack.pgd_order",
-        "skip",
-        "--solver.alpha-crown.iteration",
-        "100000",
-        "--solver.alpha-crown.lr_alpha",
-        "0",
-        "--bab.timeout",
-        "300",
-    ]  # lr 0: never proves it
-    env = {**os.environ, "CVE_NO_REEXEC": "1"}
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+def _start_long_two_rank_run(out: Path, stderr) -> tuple[subprocess.Popen, list[int]]:
+    """``abcrown`` on 2 ranks that cannot finish soon (lr 0: α-CROWN never proves the example);
+    returns the launcher and its two rank processes once both run."""
+    cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", str(EXAMPLE), "--quiet",
+           "--general.results_file", str(out), "--parallel.mode", "fsdp", "--parallel.world_size", "2",
+           "--attack.pgd_order", "skip", "--solver.alpha-crown.iteration", "100000",
+           "--solver.alpha-crown.lr_alpha", "0", "--bab.timeout", "300"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "CVE_NO_REEXEC": "1"}, stderr=stderr, text=True)
     ranks: list[int] = []
     deadline = time.monotonic() + 60
     while len(ranks) < 2 and time.monotonic() < deadline:  # spawn also starts a resource tracker
         ranks = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
         time.sleep(0.5)
     assert len(ranks) == 2, "ranks did not start"
+    return proc, ranks
+
+
+def test_killed_rank_ends_run_with_error(tmp_path):
+    out = tmp_path / "out.txt"
+    proc, ranks = _start_long_two_rank_run(out, subprocess.PIPE)
     time.sleep(4)  # let them get into alpha-CROWN
     os.kill(ranks[1], signal.SIGKILL)
     killed_at = time.monotonic()
@@ -198,35 +186,7 @@ def test_killed_rank_ends_run_with_error(tmp_path):
 
 def test_killed_launcher_takes_its_ranks_along(tmp_path):
     """SIGKILL of the launching process (no cleanup runs there) must not leave ranks running."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "complete_verifier_ext.cli",
-        "--config",
-        str(EXAMPLE),
-        "--quiet",
-        "--general.results_file",
-        str(tmp_path / "out.txt"),
-        "--parallel.mode",
-        "fsdp",
-        "--parallel.world_size",
-        "2",
-        "--attack.pgd_order",
-        "skip",
-        "--solver.alpha-crown.iteration",
-        "100000",
-        "--solver.alpha-crown.lr_alpha",
-        "0",
-        "--bab.timeout",
-        "300",
-    ]
-    proc = subprocess.Popen(cmd, env={**os.environ, "CVE_NO_REEXEC": "1"}, stderr=subprocess.DEVNULL)
-    ranks: list[int] = []
-    deadline = time.monotonic() + 60
-    while len(ranks) < 2 and time.monotonic() < deadline:
-        ranks = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
-        time.sleep(0.5)
-    assert len(ranks) == 2, "ranks did not start"
+    proc, ranks = _start_long_two_rank_run(tmp_path / "out.txt", subprocess.DEVNULL)
     time.sleep(2)
     proc.kill()
     proc.wait()
