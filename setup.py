@@ -15,6 +15,6 @@ setup(
         "pyyaml",
         "tqdm",
     ],
-    extras_require={"test": ["pytest", "matplotlib", "ruff"]},
+    extras_require={"test": ["pytest", "scipy", "matplotlib", "ruff"]},
     entry_points={"console_scripts": ["abcrown=complete_verifier_ext.cli:main"]},
 )
