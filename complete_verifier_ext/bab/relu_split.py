@@ -54,10 +54,6 @@ class Domain:
 MAX_RETRIES = 4  # a fully split domain is re-bounded (β keeps optimising) this often before giving up
 
 
-def _cat(ts: list[Tensor], dim: int) -> Tensor:
-    return torch.cat(ts, dim)
-
-
 class BetaCrown:
     """Batched β-CROWN bounding of domains (rows are not split: the domain axis is)."""
 
@@ -79,12 +75,12 @@ class BetaCrown:
         bounds: Bounds = {}
         for k in self.pre:
             shape = g.nodes[k].shape
-            lo = _cat([d.bounds[k][0] for d in doms], 0) if B else torch.zeros(0, *shape)
-            hi = _cat([d.bounds[k][1] for d in doms], 0) if B else torch.zeros(0, *shape)
+            lo = torch.cat([d.bounds[k][0] for d in doms], 0) if B else torch.zeros(0, *shape)
+            hi = torch.cat([d.bounds[k][1] for d in doms], 0) if B else torch.zeros(0, *shape)
             bounds[k] = (lo, hi)
         split = {
             k: (
-                _cat([d.splits[k] for d in doms], 0)
+                torch.cat([d.splits[k] for d in doms], 0)
                 if B
                 else torch.zeros(0, *g.nodes[k].shape, dtype=torch.int8)
             )
@@ -92,13 +88,15 @@ class BetaCrown:
         }
         alpha = {
             j: (
-                _cat([d.alpha[j] for d in doms], 1).float() if B else torch.zeros(S, 0, *g.nodes[j].shape)
+                torch.cat([d.alpha[j] for d in doms], 1).float()
+                if B
+                else torch.zeros(S, 0, *g.nodes[j].shape)
             ).requires_grad_(True)
             for j in self.relus
         }
         beta = {
             k: (
-                _cat([d.beta[k] for d in doms], 1).float() if B else torch.zeros(S, 0, *g.nodes[k].shape)
+                torch.cat([d.beta[k] for d in doms], 1).float() if B else torch.zeros(S, 0, *g.nodes[k].shape)
             ).requires_grad_(True)
             for k in self.pre
         }

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..bounds.ops import Conv, Input, Linear, Op
+from ..bounds.ops import Conv, Linear, Op
 from ..parallel.sharded import ShardedWeight
 
 
@@ -77,7 +77,3 @@ class Graph:
                 full = node.op.weight.local
                 node.op.weight = ShardedWeight(full, mode)
         return self
-
-
-def input_node() -> Op:
-    return Input()
