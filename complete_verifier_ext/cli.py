@@ -183,15 +183,15 @@ def _error(cfg: Config | None, msg: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and not mmap_threshold_env_ok() and "CVE_NO_REEXEC" not in os.environ:
-        # glibc reads the threshold at start-up: re-exec so that freed tensors return to the OS and
-        # the measured peak follows live tensors (see parallel/memory.py).
-        env = {**os.environ, **MMAP_THRESHOLD_ENV, "CVE_NO_REEXEC": "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "complete_verifier_ext.cli", *sys.argv[1:]], env)
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = None
     try:
         cfg, warnings = load_config(args.config, overrides)
+        if cfg.parallel.exact_memory and argv is None and not mmap_threshold_env_ok():
+            # glibc reads the threshold at start-up: re-exec so that freed tensors return to the OS and
+            # the measured peak follows live tensors (see parallel/memory.py).
+            env = {**os.environ, **MMAP_THRESHOLD_ENV}
+            os.execve(sys.executable, [sys.executable, "-m", "complete_verifier_ext.cli", *sys.argv[1:]], env)
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
         instances = list_instances(cfg)
@@ -202,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             Path(partial).unlink(missing_ok=True)
         t0 = time.monotonic()
         results = launch.run(
-            _rank_main, cfg.parallel.world_size, (cfg, instances, show, partial), backend=_backend(cfg)
+            _rank_main,
+            cfg.parallel.world_size,
+            (cfg, instances, show, partial),
+            backend=_backend(cfg),
+            exact_memory=cfg.parallel.exact_memory,
         )
         if comm.rank() != 0:  # torchrun: every rank got the result, rank 0 alone reports
             return 0

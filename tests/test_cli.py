@@ -160,7 +160,7 @@ def _start_long_two_rank_run(out: Path, stderr) -> tuple[subprocess.Popen, list[
            "--general.results_file", str(out), "--parallel.mode", "fsdp", "--parallel.world_size", "2",
            "--attack.pgd_order", "skip", "--solver.alpha-crown.iteration", "100000",
            "--solver.alpha-crown.lr_alpha", "0", "--bab.timeout", "300"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "CVE_NO_REEXEC": "1"}, stderr=stderr, text=True)
+    proc = subprocess.Popen(cmd, stderr=stderr, text=True)
     ranks: list[int] = []
     deadline = time.monotonic() + 60
     while len(ranks) < 2 and time.monotonic() < deadline:  # spawn also starts a resource tracker

@@ -80,15 +80,18 @@ def run(
     args: tuple = (),
     backend: str = "auto",
     timeout_s: float = 30.0,
+    exact_memory: bool = True,
 ) -> T:
-    """Run ``fn(*args)`` on ``world_size`` ranks; return rank 0's result (see the module docstring)."""
+    """Run ``fn(*args)`` on ``world_size`` ranks; return rank 0's result (see the module docstring).
+    ``exact_memory``: spawned ranks start with ``MALLOC_MMAP_THRESHOLD_`` (RSS follows live tensors)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return _run_joined(fn, world_size, args, backend, timeout_s)
     if world_size == 1:
         return fn(*args)
-    return _run_spawned(fn, world_size, args, comm.resolve_backend(backend, world_size), timeout_s)
+    backend = comm.resolve_backend(backend, world_size)
+    return _run_spawned(fn, world_size, args, backend, timeout_s, exact_memory)
 
 
 def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float) -> T:
@@ -166,7 +169,9 @@ def _child(
         comm.shutdown()
 
 
-def _run_spawned(fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float) -> T:
+def _run_spawned(
+    fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float, exact_memory: bool
+) -> T:
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks, {torch.cuda.device_count()} GPUs")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -175,7 +180,7 @@ def _run_spawned(fn: Callable[..., T], world_size: int, args: tuple, backend: st
     procs: list[Any] = []
     conns: list[Connection] = []
     try:
-        with _child_environment():
+        with _child_environment() if exact_memory else contextlib.nullcontext():
             for rank in range(world_size):
                 recv, send = ctx.Pipe(duplex=False)
                 child_args = (rank, world_size, fn, args, backend, addr, port, timeout_s, send)
