@@ -48,6 +48,7 @@ _CFG_DEFAULTS: dict[str, Any] = {
     "pgd_alpha": "auto",
     "pgd_early_stop": True,
     "pgd_lr_decay": 0.99,
+    "pgd_odi_steps": 0,
 }
 
 
@@ -201,6 +202,37 @@ def _forward_flat(forward: Forward, x: torch.Tensor, input_shape: tuple[int, ...
     return y.reshape(x.shape[0], -1)
 
 
+def _diversify(
+    forward: Forward,
+    x: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    steps: int,
+    keep: int,
+    input_shape: tuple[int, ...],
+    gen: torch.Generator,
+    should_stop: Callable[[], bool],
+) -> torch.Tensor:
+    """Output-diversified initialisation (Tashiro et al., 2020): points ``x[keep:]`` take ``steps`` sign
+    steps of half the box width that increase ``w . f(x)`` for their own random ``w`` in [-1, 1]^n_out.
+    Plain uniform starts of a deep net all land on nearly the same outputs; these do not."""
+    w = None
+    for _ in range(steps):
+        if should_stop():
+            break
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            y = _forward_flat(forward, xg, input_shape)
+            if w is None:
+                w = torch.rand(y.shape, generator=gen, dtype=torch.float64).to(y.dtype) * 2 - 1
+                w[:keep] = 0
+            (grad,) = torch.autograd.grad((y * w).sum(), xg, allow_unused=True)
+        if grad is None:
+            break
+        x = torch.minimum(torch.maximum(x + (hi - lo) / 2 * torch.sign(grad), lo), hi).detach()
+    return x
+
+
 def pgd_attack(
     forward: Forward,
     input_shape: tuple[int, ...],
@@ -240,12 +272,15 @@ def pgd_attack(
     restarts = max(1, int(getattr(cfg, "pgd_restarts", _CFG_DEFAULTS["pgd_restarts"])))
     early_stop = bool(getattr(cfg, "pgd_early_stop", _CFG_DEFAULTS["pgd_early_stop"]))
     decay = float(getattr(cfg, "pgd_lr_decay", _CFG_DEFAULTS["pgd_lr_decay"]))
+    odi = int(getattr(cfg, "pgd_odi_steps", _CFG_DEFAULTS["pgd_odi_steps"]))
 
     lo, hi = torch.from_numpy(lo_np), torch.from_numpy(hi_np)
     gen = torch.Generator().manual_seed(int(seed))
     alpha = _step_sizes(cfg, lo, hi)
     x = _initial_points(lo, hi, restarts, len(clauses), gen).reshape(-1, n_in)
     n_clauses = len(clauses)
+    if odi > 0 and restarts > 1:  # restart 0 (the box centre) is kept as it is
+        x = _diversify(forward, x, lo, hi, odi, n_clauses, input_shape, gen, should_stop)
     own = torch.arange(x.shape[0]) % n_clauses  # clause attacked by each point (layout: restart-major)
 
     best_x: torch.Tensor | None = None

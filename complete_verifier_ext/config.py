@@ -318,6 +318,9 @@ class AttackConfig:
         pgd_alpha: step size, or ``auto`` (a fraction of the box width).
         pgd_early_stop: stop as soon as a counterexample is found.
         pgd_lr_decay: per-step step-size decay.
+        pgd_odi_steps: output-diversified initialisation (ours): every random start first takes this
+            many sign steps of half the box width up a random direction of the outputs, which spreads
+            the starts out in output space; 0 turns it off.
     """
 
     pgd_order: str = _opt(
@@ -328,6 +331,7 @@ class AttackConfig:
     pgd_alpha: str | float = _opt("auto", check=_is_pgd_alpha, expected="'auto' or a positive number")
     pgd_early_stop: bool = _opt(True)
     pgd_lr_decay: float = _opt(0.99, minimum=0)
+    pgd_odi_steps: int = _opt(10, minimum=0)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ class BabOptions:
     lr_beta: float = 0.05
     lr_decay: float = 0.98
     input_split: bool = False
+    pgd_steps: int = 10  # sign-gradient steps from the candidate points of each round (0: corners only)
+    pgd_points: int = 256  # how many candidates (lowest bounds first) take those steps
 
 
 @dataclass

@@ -235,7 +235,7 @@ class ReluSplitBab:
         worst = margins.min(1).values
         if self.inner is not None:  # candidates must lie in the real box, not the outward-rounded one
             x = torch.minimum(torch.maximum(x, self.inner[0]), self.inner[1])
-        cex = self.falsify(x)
+        cex = self.falsify(x, lb)
         if self.inner is None:  # no float32 point lies in the box: nothing can be a counterexample
             cex = None
         open_rows = (lb.double() - self.problem.d) <= 0  # (B, S): rows not yet proven
@@ -267,13 +267,32 @@ class ReluSplitBab:
             keep.append(d)
         return keep, cex, B
 
-    def falsify(self, x: Tensor) -> np.ndarray | None:
-        """Run the model on every rank's candidate points (B_r, *in) and return the first that
-        violates the spec, identical on every rank.  The sharded forward needs the same batch on
-        every rank, so the candidates are all-gathered first and the forward is replicated."""
+    def falsify(self, x: Tensor, lb: Tensor) -> np.ndarray | None:
+        """Look for a counterexample near every rank's candidate points (B_r, *in), identical on every
+        rank.  The sharded forward needs the same batch on every rank, so the candidates are
+        all-gathered first and the forward is replicated.  The ``pgd_points`` candidates of the
+        lowest bounds then take ``pgd_steps`` sign-gradient steps on their worst clause margin inside
+        the (inward-rounded) box: corners of the linear relaxation are seldom counterexamples
+        themselves, but a counterexample is often near the corner of a domain with a low bound."""
         xs = comm.all_gather_cat(x, 0)  # (sum_r B_r, *in)
-        y = self.graph.forward(xs).reshape(xs.shape[0], -1)
-        bad = self.problem.violated(y).nonzero().flatten()
+        worst = comm.all_gather_cat(self.problem.margins(lb).min(1).values, 0)
+        with torch.no_grad():
+            bad = self.problem.violated(self.graph.forward(xs).reshape(xs.shape[0], -1))
+        if not bool(bad.any()) and self.inner is not None and self.opts.pgd_steps > 0 and len(xs):
+            xs = xs[worst.argsort()[: self.opts.pgd_points]]
+            lo, hi = self.inner
+            step = (hi - lo) / 8
+            for _ in range(self.opts.pgd_steps):
+                with torch.enable_grad():
+                    xg = xs.detach().requires_grad_(True)
+                    y = self.graph(comm.reduce_grad(xg)).reshape(xs.shape[0], -1)
+                    m = self.problem.margins(y @ self.problem.C.T.to(y.dtype)).min(1).values
+                    (grad,) = torch.autograd.grad(m.sum(), xg)
+                xs = torch.minimum(torch.maximum(xs.detach() - step * grad.sign(), lo), hi)
+                step = step * 0.7
+            with torch.no_grad():
+                bad = self.problem.violated(self.graph.forward(xs).reshape(xs.shape[0], -1))
+        bad = bad.nonzero().flatten()
         return xs[int(bad[0])].reshape(-1).cpu().numpy().astype(np.float32) if len(bad) else None
 
     @staticmethod
