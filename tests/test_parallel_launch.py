@@ -109,7 +109,9 @@ def test_spawned_ranks_return_rank_0_result(monkeypatch: pytest.MonkeyPatch) -> 
     assert multiprocessing.active_children() == []
 
 
-def test_spawned_ranks_without_exact_memory_keep_the_default_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spawned_ranks_without_exact_memory_keep_the_default_allocator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     res = run(_report, 2, ("fast",), timeout_s=30, exact_memory=False)
