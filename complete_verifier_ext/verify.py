@@ -38,6 +38,7 @@ class InstanceResult:
     counterexample: str | None = None  # VNN-COMP "((X_0 v) ... (Y_0 v) ...)" for sat
     peak_mb: list[float] = field(default_factory=list)  # per rank
     message: str = ""
+    bab: dict[str, int | list[int]] = field(default_factory=dict)  # domains, rounds, max_queue per rank
 
     def to_json(self) -> dict:
         return {
@@ -46,6 +47,7 @@ class InstanceResult:
             "bounds": self.bounds,
             "peak_mb": [round(p, 2) for p in self.peak_mb],
             "message": self.message,
+            **({"bab": self.bab} if self.bab else {}),
         }
 
 
@@ -165,8 +167,10 @@ def complete(
         res = complete_clause(graph, one, cfg, clock, state)
         total.domains += res.domains
         total.rounds += res.rounds
+        if res.max_queue:
+            total.max_queue = [max(a, b) for a, b in zip(total.max_queue or res.max_queue, res.max_queue)]
         if res.verdict != "unsat":
-            res.domains, res.rounds = total.domains, total.rounds
+            res.domains, res.rounds, res.max_queue = total.domains, total.rounds, total.max_queue
             return res
     return total
 
@@ -240,6 +244,7 @@ def _verify_instance(
     memory.start()
     bounds: dict[str, list[float]] = {}
     verdict, cex = "unsat", None
+    bab: dict[str, int | list[int]] = {}
     order = cfg.attack.pgd_order
     for region in spec.regions:
         if order == "before":
@@ -250,6 +255,11 @@ def _verify_instance(
         verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)
         if not verified and cfg.general.complete_verifier == "bab" and not clock.expired():
             res = complete(graph, region, cfg, clock, state, cb)
+            bab["domains"] = int(bab.get("domains", 0)) + res.domains
+            bab["rounds"] = int(bab.get("rounds", 0)) + res.rounds
+            if res.max_queue:
+                old = bab.get("max_queue") or [0] * len(res.max_queue)
+                bab["max_queue"] = [max(a, b) for a, b in zip(old, res.max_queue)]
             if res.verdict == "unsat":
                 verified = True
             elif res.verdict == "sat" and res.counterexample is not None:
@@ -267,4 +277,4 @@ def _verify_instance(
     if verdict == "unknown" and clock.expired():
         verdict = "timeout"
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
-    return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist())
+    return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), bab=bab)
