@@ -48,6 +48,7 @@ def test_example_needs_alpha_crown(tmp_path):
     assert data["verdict"] == "unsat"
     assert min(data["bounds"]["crown"]) < 0 < min(data["bounds"]["alpha_crown"])
     assert len(data["bounds"]["ibp"]) == 4 and len(data["peak_mb"]) == 1
+    assert "bab" not in data  # no search was needed
 
 
 def test_crown_only_is_unknown_without_bab(tmp_path):
@@ -60,6 +61,8 @@ def test_crown_only_is_unknown_without_bab(tmp_path):
 def test_bab_completes_what_crown_cannot(tmp_path):
     code, data, result = _run(tmp_path, "--solver.bound_prop_method", "crown")
     assert code == 0 and result == "unsat\n" and min(data["bounds"]["crown"]) < 0
+    bab = data["bab"]  # what the search did, for the benchmark tables
+    assert bab["domains"] >= 2 and bab["rounds"] >= 1 and len(bab["max_queue"]) == 1
 
 
 @pytest.mark.parametrize("world", [1, 2])
