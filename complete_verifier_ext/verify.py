@@ -6,6 +6,7 @@ is taken from replicated values or through a collective.  World size 1 is the sa
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -196,7 +197,11 @@ def complete_clause(
         if cfg.general.verbose and comm.rank() == 0:
             print(f"  bab round {rounds}: {left} domains, worst margin {worst:+.5f}", file=sys.stderr)
 
-    return relu_split_bab(graph, box, problem, state, opts, clock.expired, region.lower, region.upper, report)
+    replicate = cfg.parallel.bab_weights == "replicated" and cfg.parallel.mode == "fsdp"
+    with graph.replicated() if replicate else contextlib.nullcontext():
+        return relu_split_bab(
+            graph, box, problem, state, opts, clock.expired, region.lower, region.upper, report
+        )
 
 
 def compute_device(cfg: Config) -> torch.device:

@@ -14,6 +14,7 @@ ones where a corner of some domain's bound violates the clause.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -101,6 +102,7 @@ def _solve(
     expire_after: int | None = None,
     kill_rank_at_round: tuple[int, int] | None = None,
     opts: dict | None = None,
+    replicate: bool = False,
 ) -> tuple[BabResult, int]:
     """One search on this rank (every rank calls it identically): (result, calls of ``expired``)."""
     n = sizes[0]
@@ -121,17 +123,20 @@ def _solve(
         if kill_rank_at_round is not None and (comm.rank(), rounds) == kill_rank_at_round:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    result = relu_split_bab(
-        graph,
-        box,
-        problem,
-        state,
-        BabOptions(**(opts or OPTS)),
-        expired,
-        np.array(lo),
-        np.array(hi),
-        on_round,
-    )
+    with graph.replicated() if replicate else contextlib.nullcontext():  # parallel.bab_weights
+        assert not (replicate and graph.sharded)
+        result = relu_split_bab(
+            graph,
+            box,
+            problem,
+            state,
+            BabOptions(**(opts or OPTS)),
+            expired,
+            np.array(lo),
+            np.array(hi),
+            on_round,
+        )
+    assert graph.sharded == (comm.world_size() > 1 and mode != "none")  # the shards are back
     return result, calls[0]
 
 
@@ -399,9 +404,12 @@ def _check(jobs: list[dict], results: list[list[tuple]], world: int) -> None:
 
 def test_domain_parallel_two_ranks():
     jobs = [_job("unsat", "fsdp"), _job("sat", "tp"), {**_job("long", "fsdp"), "expire_after": 3}]
+    jobs += [{**_job("unsat", "fsdp"), "replicate": True}, {**_job("sat", "fsdp"), "replicate": True}]
     results = launch.run(_worker, 2, (jobs,), backend="gloo")
     _check(jobs, results, 2)
     assert results[0][0][4][1] > 0  # rank 1 got domains by rebalancing
+    # weights gathered once are bitwise the shards gathered per use: the very same search
+    assert results[3][0][2:5] == results[0][0][2:5]
 
 
 def test_domain_parallel_three_ranks():

@@ -616,3 +616,12 @@ def test_run_instance_command_line(tmp_path):
     result = run_script("run_instance.sh", "v1", "test", "net.onnx", "prop.vnnlib", "r.txt", "5", env=env)
     assert result.returncode == 0
     assert args_file.read_text().splitlines()[1] == str(REPO / "configs" / "default.yaml")
+
+
+def test_tp_cannot_replicate_weights_in_bab(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("parallel:\n  mode: tp\n  world_size: 2\n  bab_weights: replicated\n")
+    with pytest.raises(ConfigError, match="bab_weights.*tp"):
+        load_config(str(cfg))
+    ok, _ = load_config(str(cfg), ["--parallel.mode", "fsdp"])
+    assert ok.parallel.bab_weights == "replicated"

@@ -285,7 +285,8 @@ class ReluSplitBab:
             for _ in range(self.opts.pgd_steps):
                 with torch.enable_grad():
                     xg = xs.detach().requires_grad_(True)
-                    y = self.graph(comm.reduce_grad(xg)).reshape(xs.shape[0], -1)
+                    xin = comm.reduce_grad(xg) if self.graph.sharded else xg  # full gradient everywhere
+                    y = self.graph(xin).reshape(xs.shape[0], -1)
                     m = self.problem.margins(y @ self.problem.C.T.to(y.dtype)).min(1).values
                     (grad,) = torch.autograd.grad(m.sum(), xg)
                 xs = torch.minimum(torch.maximum(xs.detach() - step * grad.sign(), lo), hi)

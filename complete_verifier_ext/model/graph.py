@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -69,6 +71,28 @@ class Graph:
                 elif isinstance(value, ShardedWeight):
                     value.to(device)
         return self
+
+    @property
+    def sharded(self) -> bool:
+        """True when some weight is really split over the ranks."""
+        return any(isinstance(n.op, (Linear, Conv)) and n.op.weight.sharded for n in self.nodes)
+
+    @contextlib.contextmanager
+    def replicated(self) -> Iterator[Graph]:
+        """Inside the block every sharded weight is held whole (gathered once, bitwise the original,
+        mode ``none``: no collective per use); the shards are back on exit.  Collective: every rank
+        enters together.  Only forward and back-substitution may run inside (IBP of a ``none`` weight
+        assumes one process)."""
+        saved = []
+        for node in self.nodes:
+            if isinstance(node.op, (Linear, Conv)) and node.op.weight.sharded:
+                saved.append((node.op, node.op.weight))
+                node.op.weight = ShardedWeight(node.op.weight.gathered().clone(), "none")
+        try:
+            yield self
+        finally:
+            for op, weight in saved:
+                op.weight = weight
 
     def shard(self, mode: str) -> Graph:
         """Re-wrap every Linear/Conv weight as this rank's shard (``mode``: none|fsdp|tp), in place."""
