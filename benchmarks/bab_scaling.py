@@ -1,17 +1,20 @@
 """Branch-and-bound throughput and per-rank memory vs ranks and batch size (domain-parallel BaB).
 
     python benchmarks/bab_scaling.py [--rounds 12] [--batches 128,512,2048] [--ranks 1,2,4]
+                                     [--weights sharded,replicated]
 
 For mnist_fc instances that α-CROWN alone cannot decide, every measurement is its own process
 (``MALLOC_MMAP_THRESHOLD_`` set): load, run α-CROWN, take the worst open clause, then start the
 per-rank peak and run ``--rounds`` BaB rounds with a *total* batch of B domains per round (B / P
-per rank), FSDP weights.  Reports domains bounded per second and the per-rank peak; writes
-``bab_scaling.json`` and ``bab_scaling.md`` into ``--out``.
+per rank), FSDP weights (``--weights``: gathered per use, or gathered once for the whole search as
+``parallel.bab_weights: replicated`` does; the replica counts in the peak).  Reports domains bounded
+per second and the per-rank peak; writes ``bab_scaling.json`` and ``bab_scaling.md`` into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -23,10 +26,14 @@ from measure import spawn_json
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
-INSTANCES = [("mnist-net_256x4.onnx", "prop_8_0.03.vnnlib"), ("mnist-net_256x6.onnx", "prop_7_0.03.vnnlib")]
+INSTANCES = [
+    ("mnist-net_256x4.onnx", "prop_8_0.03.vnnlib"),
+    ("mnist-net_256x6.onnx", "prop_7_0.03.vnnlib"),
+    ("mnist-net_256x4.onnx", "prop_0_0.05.vnnlib"),  # its queue grows by ~200 domains per second
+]
 
 
-def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int) -> dict:
+def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> dict:
     from complete_verifier_ext.bab.common import BabOptions, Problem
     from complete_verifier_ext.bab.relu_split import ReluSplitBab
     from complete_verifier_ext.config import load_config
@@ -67,7 +74,8 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int) -> dict:
     pm.start()
     t0 = time.perf_counter()
     bab = ReluSplitBab(graph, input_box(region, graph), problem, opts, region.lower, region.upper)
-    res = bab.run(state, lambda: comm.all_reduce_flag(done[0] >= rounds, "or"), on_round)
+    with graph.replicated() if weights == "replicated" else contextlib.nullcontext():
+        res = bab.run(state, lambda: comm.all_reduce_flag(done[0] >= rounds, "or"), on_round)
     elapsed = time.perf_counter() - t0
     peak = comm.all_gather_cat(torch.tensor([pm.peak_mb()], dtype=torch.float64)).tolist()
     return {
@@ -80,25 +88,27 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int) -> dict:
     }
 
 
-def run_one(onnx: str, vnnlib: str, P: int, batch: int, rounds: int) -> dict:
+def run_one(onnx: str, vnnlib: str, P: int, batch: int, rounds: int, weights: str) -> dict:
     from complete_verifier_ext.parallel import launch
 
-    res = launch.run(_rank_job, P, (onnx, vnnlib, batch, rounds))
-    return {"instance": f"{onnx[10:-5]} {vnnlib[:-7]}", "P": P, "batch": batch, **res}
+    res = launch.run(_rank_job, P, (onnx, vnnlib, batch, rounds, weights))
+    return {"instance": f"{onnx[10:-5]} {vnnlib[:-7]}", "P": P, "batch": batch, "weights": weights, **res}
 
 
 def table(rows: list[dict]) -> str:
     base = {(r["instance"], r["batch"]): r for r in rows if r["P"] == 1}
     lines = [
-        "| instance | total batch | P | verdict | rounds | domains | domains/s | peak MB per rank | × P=1 |"
-        " max queue per rank |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| instance | total batch | P | weights | verdict | rounds | domains | domains/s | peak MB per rank |"
+        " × P=1 | max queue per rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b = base.get((r["instance"], r["batch"]))
         ratio = f"{max(r['peak_mb']) / max(b['peak_mb']):.2f}" if b else "-"
+        weights = r.get("weights", "sharded") if r["P"] > 1 else "-"
         lines.append(
-            f"| {r['instance']} | {r['batch']} | {r['P']} | {r['verdict']} | {r['rounds']} | "
+            f"| {r['instance']} | {r['batch']} | {r['P']} | {weights} | "
+            f"{r['verdict']} | {r['rounds']} | "
             f"{r['domains']} | {r['domains'] / max(r['time_s'], 1e-9):.0f} | "
             f"{'/'.join(f'{p:.0f}' for p in r['peak_mb'])} | {ratio} | "
             f"{'/'.join(str(q) for q in r['max_queue'])} |"
@@ -108,18 +118,19 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--batches", default="128,512,2048")
     ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--weights", default="sharded", help="sharded and/or replicated, comma-separated")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--only", default="", help="run only instances whose onnx or vnnlib name contains this")
     ap.add_argument("--tag", default="", help="suffix of the result files")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = ap.parse_args()
     if args.one:
-        onnx, vnnlib, P, batch, rounds = args.one
-        print(json.dumps(run_one(onnx, vnnlib, int(P), int(batch), int(rounds))))
+        onnx, vnnlib, P, batch, rounds, weights = args.one
+        print(json.dumps(run_one(onnx, vnnlib, int(P), int(batch), int(rounds), weights)))
         return
     if not MNIST.exists():
         sys.exit(f"{MNIST} not found: the benchmark needs ../shared/benchmarks/mnist_fc")
@@ -127,14 +138,13 @@ def main() -> None:
     for onnx, vnnlib in [i for i in INSTANCES if args.only in i[0] or args.only in i[1]]:
         for batch in (int(b) for b in args.batches.split(",")):
             for P in (int(p) for p in args.ranks.split(",")):
-                t0 = time.time()
-                r = spawn_json(__file__, [onnx, vnnlib, str(P), str(batch), str(args.rounds)], args.timeout)
-                print(
-                    f"{onnx} {vnnlib} batch={batch} P={P}: {r and r['peak_mb']} [{time.time() - t0:.0f}s]",
-                    flush=True,
-                )
-                if r:
-                    rows.append(r)
+                for weights in args.weights.split(",") if P > 1 else ["sharded"]:
+                    t0 = time.time()
+                    job = [onnx, vnnlib, str(P), str(batch), str(args.rounds), weights]
+                    r = spawn_json(__file__, job, args.timeout)
+                    print(f"{' '.join(job)}: {r and r['peak_mb']} [{time.time() - t0:.0f}s]", flush=True)
+                    if r:
+                        rows.append(r)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"bab_scaling{args.tag}.json").write_text(json.dumps(rows, indent=1))
