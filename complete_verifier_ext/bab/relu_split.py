@@ -11,7 +11,8 @@ bounds all children in one batched β-CROWN call (the batch axis of the engine i
 * intermediate bounds are inherited from the parent (valid on the smaller domain).
 
 Children whose every clause margin is positive are dropped (verified); the input point that
-minimises the worst row's linear bound is evaluated on the model (falsification).  Lockstep: each
+minimises the worst row's linear bound is evaluated on the model, and the lowest-bound ones take a
+few sign-gradient steps (falsification, interior points included).  Lockstep: each
 rank bounds its own (possibly empty) batch with the same sequence of collectives, then one
 ``agree_round`` decides, for everyone, on counterexamples, domains left and the time; queues are
 rebalanced when they differ by more than a batch.  α and β of queued domains are stored in half
