@@ -52,6 +52,8 @@ T = TypeVar("T")
 _POLL_S = 0.5  # how often the parent looks at its children when nothing happens
 _GRACE_S = 1.0  # after a first failure, how long to wait for the root cause to show up
 _STOP_S = 3.0  # how long a child gets to stop after SIGTERM, before SIGKILL
+_FINISH_S = 15.0  # how long ranks that succeeded get for their own shutdown (freeing GBs of domains can
+# take seconds; a SIGTERM during gloo's teardown makes C++ print "terminate called ..." to stderr)
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def _run_spawned(
                 procs.append(proc)
                 conns.append(recv)
         payload = _collect(procs, conns)
-        _join(procs, _STOP_S)  # let the ranks finish their shutdown
+        _join(procs, _FINISH_S)  # let the ranks finish their shutdown
         return pickle.loads(payload)
     finally:
         _reap(procs)
