@@ -166,10 +166,7 @@ def complete(
             continue
         one = Region(region.lower, region.upper, (region.clauses[i],))
         res = complete_clause(graph, one, cfg, clock, state)
-        total.domains += res.domains
-        total.rounds += res.rounds
-        if res.max_queue:
-            total.max_queue = [max(a, b) for a, b in zip(total.max_queue or res.max_queue, res.max_queue)]
+        total.add_work(res)
         if res.verdict != "unsat":
             res.domains, res.rounds, res.max_queue = total.domains, total.rounds, total.max_queue
             return res
@@ -249,7 +246,7 @@ def _verify_instance(
     memory.start()
     bounds: dict[str, list[float]] = {}
     verdict, cex = "unsat", None
-    bab: dict[str, int | list[int]] = {}
+    work: BabResult | None = None  # what the searches did, all regions together
     order = cfg.attack.pgd_order
     for region in spec.regions:
         if order == "before":
@@ -260,11 +257,8 @@ def _verify_instance(
         verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)
         if not verified and cfg.general.complete_verifier == "bab" and not clock.expired():
             res = complete(graph, region, cfg, clock, state, cb)
-            bab["domains"] = int(bab.get("domains", 0)) + res.domains
-            bab["rounds"] = int(bab.get("rounds", 0)) + res.rounds
-            if res.max_queue:
-                old = bab.get("max_queue") or [0] * len(res.max_queue)
-                bab["max_queue"] = [max(a, b) for a, b in zip(old, res.max_queue)]
+            work = work or BabResult("unsat")
+            work.add_work(res)
             if res.verdict == "unsat":
                 verified = True
             elif res.verdict == "sat" and res.counterexample is not None:
@@ -282,4 +276,5 @@ def _verify_instance(
     if verdict == "unknown" and clock.expired():
         verdict = "timeout"
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
+    bab = {} if work is None else dict(domains=work.domains, rounds=work.rounds, max_queue=work.max_queue)
     return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), bab=bab)

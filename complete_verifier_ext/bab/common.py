@@ -36,6 +36,14 @@ class BabResult:
     rounds: int = 0
     max_queue: list[int] | None = None  # largest queue seen, per rank
 
+    def add_work(self, other: BabResult) -> None:
+        """Count another search's work in this one: domains and rounds add up, and the largest
+        queue of every rank is kept."""
+        self.domains += other.domains
+        self.rounds += other.rounds
+        if other.max_queue:
+            self.max_queue = [max(a, b) for a, b in zip(self.max_queue or other.max_queue, other.max_queue)]
+
 
 @dataclass(frozen=True)
 class Problem:
