@@ -13,8 +13,9 @@ setup(
         "onnx",
         "onnxruntime",
         "pyyaml",
+        "scipy>=1.9",
         "tqdm",
     ],
-    extras_require={"test": ["pytest", "scipy", "matplotlib", "ruff"]},
+    extras_require={"test": ["pytest", "matplotlib", "ruff"]},
     entry_points={"console_scripts": ["abcrown=complete_verifier_ext.cli:main"]},
 )

@@ -132,7 +132,9 @@ class GeneralConfig:
             verify the single instance ``model.onnx_path`` x ``specification.vnnlib_path``.
         results_file: where the VNN-COMP result (``sat``/``unsat``/``unknown``/``timeout``/``error``) goes.
         enable_incomplete_verification: run IBP/CROWN/alpha-CROWN on the whole box before BaB.
-        complete_verifier: ``bab`` (branch and bound) or ``skip`` (stop after incomplete verification).
+        complete_verifier: ``bab`` (branch and bound), ``bab-refine`` (first tighten the intermediate
+            bounds with MILP, ``solver.mip``, then branch and bound) or ``skip`` (stop after incomplete
+            verification).
         deterministic: use deterministic torch kernels.
         double_fp: compute in float64.
         verbose: print per-iteration progress (alpha-CROWN losses, BaB rounds).
@@ -145,7 +147,7 @@ class GeneralConfig:
     results_file: str = _opt("out.txt")
     enable_incomplete_verification: bool = _opt(True)
     complete_verifier: str = _opt(
-        "bab", choices=("bab", "skip"), legacy={"bab-refine": "bab", "mip": "bab", "auto": "bab"}
+        "bab", choices=("bab", "bab-refine", "skip"), legacy={"mip": "bab-refine", "auto": "bab"}
     )
     deterministic: bool = _opt(False)
     double_fp: bool = _opt(False)
@@ -219,6 +221,27 @@ class BetaCrownConfig:
     lr_decay: float = _opt(0.98, minimum=0)
 
 
+@dataclass(frozen=True)
+class MipConfig:
+    """``solver.mip``: MILP refinement of intermediate bounds for ``general.complete_verifier: bab-refine``
+    (HiGHS through scipy; chain networks of Linear and ReLU layers; other alpha-beta-CROWN keys of this
+    section, e.g. ``parallel_solvers``, are ignored: the solves are split over the ranks instead).
+
+    Attributes:
+        refine_neuron_timeout: time limit of one solve (the minimum or maximum of one neuron), seconds.
+            A solve stopped by it still yields a sound bound (its dual bound).
+        refine_neuron_time_percentage: the share (0 to 1) of the time left after alpha-CROWN that the
+            refinement may take; the rest is left to branch and bound.
+        refine_layers: refine this many layers after the first (which is exact already); 0: all.
+    """
+
+    refine_neuron_timeout: float = _opt(15.0, minimum=0)
+    refine_neuron_time_percentage: float = _opt(
+        0.8, check=lambda v: 0 <= v <= 1, expected="a fraction between 0 and 1"
+    )
+    refine_layers: int = _opt(0, minimum=0)
+
+
 _BOUND_PROP_LEGACY = {
     "init-crown": "crown",
     "crown-ibp": "crown",
@@ -241,6 +264,7 @@ class SolverConfig:
         bound_prop_method: ``ibp``, ``crown`` or ``alpha-crown`` for incomplete verification.
         alpha_crown: ``solver.alpha-crown`` settings.
         beta_crown: ``solver.beta-crown`` settings.
+        mip: ``solver.mip`` settings (``bab-refine``).
         intersect_ibp: keep a neuron's IBP bound where it is tighter than CROWN's (sound; much tighter
             on deep networks).  ``false`` reproduces auto_LiRPA's CROWN bounds exactly.
     """
@@ -252,6 +276,7 @@ class SolverConfig:
     intersect_ibp: bool = _opt(True)
     alpha_crown: AlphaCrownConfig = _section(AlphaCrownConfig, key="alpha-crown")
     beta_crown: BetaCrownConfig = _section(BetaCrownConfig, key="beta-crown")
+    mip: MipConfig = _section(MipConfig)
 
 
 @dataclass(frozen=True)
@@ -770,6 +795,13 @@ def _validate(cfg: Config, flat: Flat) -> None:
         raise ConfigError(
             f"{source}: key 'parallel.bab_weights' is 'replicated' but 'parallel.mode' is 'tp', which never "
             "holds a full layer; use parallel.mode 'fsdp' or bab_weights 'sharded'"
+        )
+    if par.mode == "tp" and cfg.general.complete_verifier == "bab-refine":
+        source = _source_of(flat, "general.complete_verifier", "parallel.mode")
+        raise ConfigError(
+            f"{source}: key 'general.complete_verifier' is 'bab-refine', whose MILP needs whole weight "
+            "matrices, but 'parallel.mode' is 'tp', which never holds a full layer; use parallel.mode "
+            "'fsdp' or complete_verifier 'bab'"
         )
     if par.backend == "nccl" and cfg.general.device == "cpu":
         source = _source_of(flat, "parallel.backend", "general.device")

@@ -20,7 +20,9 @@ from .attack import check_counterexample, float32_box, format_counterexample, pg
 from .bab.common import BabOptions, BabResult, Problem
 from .bab.relu_split import relu_split_bab
 from .bounds.alpha import AlphaOptions, alpha_crown
-from .bounds.crown import CrownState, crown, ibp
+from .bounds.crown import CrownState, crown, ibp, pre_activation_nodes, spec_matrix
+from .bounds.mip import MipOptions, UnsupportedForMip, refine_bounds
+from .bounds.walk import back_substitute
 from .config import Config
 from .model.graph import Graph
 from .model.onnx_loader import load_model
@@ -135,6 +137,55 @@ def bound_region(
     lb, state = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=on_step)
     cb = np.maximum(clause_bounds(lb, d, owner, n), cb)
     bounds.setdefault("alpha_crown", []).extend(cb.tolist())
+    return bool((cb > 0).all()), state, cb
+
+
+def refine_region(
+    graph: Graph,
+    region: Region,
+    cfg: Config,
+    clock: Clock,
+    state: CrownState,
+    cb: np.ndarray,
+    bounds: dict[str, list[float]],
+) -> tuple[bool, CrownState, np.ndarray]:
+    """``bab-refine``: tighten every intermediate bound by MILP (``solver.mip``), then run α-CROWN
+    again on the tightened bounds.  Returns (verified, the new state BaB starts from, clause bounds).
+    A network that is not a chain of Linear and ReLU layers keeps its bounds (with a warning)."""
+    m = cfg.solver.mip
+    budget = m.refine_neuron_time_percentage * max(0.0, clock.deadline - time.monotonic())
+    verbose = cfg.general.verbose and comm.rank() == 0
+    box = input_box(region, graph)
+    pre = pre_activation_nodes(graph)
+    C, d, owner = spec_rows(region)
+    record: dict[int, Tensor] = {}
+    out = len(graph.nodes) - 1
+    with torch.no_grad():  # |A| of the spec at every ReLU: which neurons the output bound depends on
+        back_substitute(
+            graph, out, spec_matrix(C, 1, graph.nodes[out].shape), state.bounds, box, record=record
+        )
+    weight = {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
+    try:
+        refined, _ = refine_bounds(
+            graph,
+            box,
+            {k: state.bounds[k] for k in pre},
+            MipOptions(neuron_timeout=m.refine_neuron_timeout, layers=m.refine_layers),
+            time.monotonic() + budget,
+            log=(lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None),
+            weight=weight,
+        )
+    except UnsupportedForMip as e:
+        if comm.rank() == 0:
+            print(f"warning: bab-refine: {graph.source}: {e}; no MILP refinement", file=sys.stderr)
+        return False, state, cb
+    a = cfg.solver.alpha_crown
+    opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
+    lb, state = alpha_crown(
+        graph, box, C, CrownState({**state.bounds, **refined}, state.rows, []), opts, clock.expired
+    )
+    cb = np.maximum(clause_bounds(lb, d, owner, len(region.clauses)), cb)
+    bounds.setdefault("mip_refined", []).extend(cb.tolist())
     return bool((cb > 0).all()), state, cb
 
 
@@ -255,7 +306,11 @@ def _verify_instance(
                 verdict = "sat"
                 break
         verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)
-        if not verified and cfg.general.complete_verifier == "bab" and not clock.expired():
+        refine = cfg.general.complete_verifier == "bab-refine" and state is not None
+        refine = refine and not cfg.bab.branching.input_split.enable
+        if not verified and refine and not clock.expired():
+            verified, state, cb = refine_region(graph, region, cfg, clock, state, cb, bounds)
+        if not verified and cfg.general.complete_verifier != "skip" and not clock.expired():
             res = complete(graph, region, cfg, clock, state, cb)
             work = work or BabResult("unsat")
             work.add_work(res)

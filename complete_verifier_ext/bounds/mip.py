@@ -1,0 +1,267 @@
+"""MILP refinement of intermediate bounds (α,β-CROWN's ``bab-refine``), solved by HiGHS via scipy.
+
+For a chain network (Linear layers with ReLUs between them, plus Flatten and elementwise affine
+ops), the pre-activation bounds of layer i are tightened by solving, for each unstable neuron j,
+``min`` and ``max`` of ``z_ij`` over the exact mixed-integer model of the layers before it, in
+float64: the input box, and for every unstable ReLU of an earlier layer a binary ``δ`` with
+``a >= 0, a >= z, a <= u δ, a <= z - l (1 - δ)`` (Tjeng et al.'s big-M encoding); stable ReLUs
+are ``a = z`` or ``a = 0``.  Each solve has a time limit; a solve stopped by it still gives a sound
+bound, the dual bound of HiGHS's branch and bound, which is at least the LP (triangle) bound.
+Layers are refined in order, so each layer's model has the tightened bounds of the layers before
+it (fewer binaries, smaller big-M).  The first layer is exact by IBP and needs no solve.
+
+Soundness: the solver works to tolerances of about 1e-7 to 1e-6, so every new bound is moved out
+by ``SAFETY * (1 + |bound|)`` and intersected with the old one (never looser).
+
+Ranks: the (neuron, side) solves of a layer, most promising first (widest triangle relaxation),
+are dealt out over the ranks with ``shard_range``; one all-gather per layer gives everyone the
+results.  Each rank stops solving at the common deadline; whether to start a layer at all is
+agreed collectively, so every rank issues the same collectives.  The model needs whole weight
+matrices: under FSDP each layer is gathered once (``gathered``, collective), under TP the
+refinement is refused (no rank may hold a full layer).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.optimize import Bounds as VarBounds
+from scipy.optimize import LinearConstraint, milp
+
+from ..model.graph import Graph
+from ..parallel import comm
+from .ops import Affine, Flatten, Linear
+from .walk import Bounds
+
+SAFETY = 1e-4  # relative outward margin on every bound from the solver
+
+
+class UnsupportedForMip(ValueError):
+    """The network is not a chain of Linear / elementwise-affine / ReLU layers."""
+
+
+@dataclass
+class Layer:
+    """``z = M v + c``: the pre-activation node ``node`` as an affine map of the previous ReLU's
+    output (or of the flat input, for the first layer)."""
+
+    M: np.ndarray  # (n, n_prev) float64
+    c: np.ndarray  # (n,) float64
+    node: int
+
+
+@dataclass(frozen=True)
+class MipOptions:
+    neuron_timeout: float = 15.0  # seconds per solve (α,β-CROWN's solver.mip.refine_neuron_timeout)
+    layers: int = 0  # how many layers after the first to refine; 0: all
+
+
+def chain_layers(graph: Graph) -> list[Layer]:
+    """The pre-activation layers of a chain network as affine maps (float64, whole weights).
+
+    Collective under FSDP (one gather per Linear).  Raises ``UnsupportedForMip`` (on every rank
+    alike) for anything but Flatten / Affine / Linear / ReLU in a single chain."""
+    layers: list[Layer] = []
+    M: np.ndarray | None = None  # None: the identity on the current variables
+    c = np.zeros(int(np.prod(graph.input_shape)))
+    for k in range(1, len(graph.nodes)):
+        node = graph.nodes[k]
+        if node.inputs != (k - 1,):
+            raise UnsupportedForMip(f"node {node.name} does not read the node before it")
+        op = node.op
+        if isinstance(op, Flatten):
+            continue
+        if isinstance(op, Affine):
+            s = np.broadcast_to(op.scale.double().cpu().numpy(), node.shape).reshape(-1)
+            t = np.broadcast_to(op.shift.double().cpu().numpy(), node.shape).reshape(-1)
+            M = np.diag(s) if M is None else s[:, None] * M
+            c = s * c + t
+        elif isinstance(op, Linear):
+            W = op.weight.gathered().double().cpu().numpy()
+            b = np.zeros(W.shape[0]) if op.bias is None else op.bias.double().cpu().numpy()
+            M = W.copy() if M is None else W @ M
+            c = W @ c + b
+        elif op.is_relu:
+            if M is None:
+                raise UnsupportedForMip(f"ReLU {node.name} directly on the input")
+            layers.append(Layer(M, c, k - 1))
+            M, c = None, np.zeros(int(np.prod(node.shape)))
+        else:
+            raise UnsupportedForMip(f"node {node.name}: {type(op).__name__} has no MILP encoding")
+    return layers
+
+
+class _Rows:
+    """Constraint rows ``lo <= A v <= hi``, collected as COO triplets."""
+
+    def __init__(self) -> None:
+        self.r: list[np.ndarray] = []
+        self.c: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.lo: list[np.ndarray] = []
+        self.hi: list[np.ndarray] = []
+        self.n = 0
+
+    def add(self, cols: np.ndarray, vals: np.ndarray, lo, hi) -> None:
+        """Rows ``lo <= sum_t vals[i, t] v[cols[i, t]] <= hi``; cols, vals: (rows, terms)."""
+        rows, terms = cols.shape
+        self.r.append(np.repeat(self.n + np.arange(rows), terms))
+        self.c.append(cols.ravel())
+        self.v.append(vals.ravel())
+        self.lo.append(np.broadcast_to(np.asarray(lo, dtype=np.float64), rows))
+        self.hi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), rows))
+        self.n += rows
+
+    def constraint(self, n_var: int) -> LinearConstraint:
+        cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros(0, dtype)  # noqa: E731
+        A = sp.csr_matrix((cat(self.v, float), (cat(self.r, int), cat(self.c, int))), shape=(self.n, n_var))
+        return LinearConstraint(A, cat(self.lo, float), cat(self.hi, float))
+
+
+class ChainMilp:
+    """The mixed-integer model of the input box and the ReLU layers before layer ``upto``.
+
+    Columns: the input, then per layer ``a`` of its active neurons, and ``z, a, δ`` of its unstable
+    ones; an inactive neuron has no column (its output is 0)."""
+
+    def __init__(
+        self,
+        layers: list[Layer],
+        bounds: dict[int, tuple[np.ndarray, np.ndarray]],
+        x_lo: np.ndarray,
+        x_hi: np.ndarray,
+        upto: int,
+    ):
+        lo_v, hi_v, integ = [x_lo], [x_hi], [np.zeros(len(x_lo))]
+        rows = _Rows()
+        n_var = len(x_lo)
+        prev = np.arange(n_var)  # column of each input of the current layer (-1: a ReLU fixed at 0)
+        for layer in layers[:upto]:
+            l, u = bounds[layer.node]
+            keep = prev >= 0
+            M, cols = layer.M[:, keep], prev[keep]
+            act, uns = np.nonzero(l >= 0)[0], np.nonzero((l < 0) & (u > 0))[0]
+            na, nu = len(act), len(uns)
+            a_act = n_var + np.arange(na)
+            z_u = n_var + na + np.arange(nu)
+            a_u, d_u = z_u + nu, z_u + 2 * nu
+            n_var += na + 3 * nu
+            lo_v += [l[act], l[uns], np.zeros(nu), np.zeros(nu)]
+            hi_v += [u[act], u[uns], u[uns], np.ones(nu)]
+            integ += [np.zeros(na + 2 * nu), np.ones(nu)]
+            for idx, out in ((act, a_act), (uns, z_u)):  # out - M[idx] @ prev = c[idx]
+                k = len(cols)
+                rows.add(
+                    np.hstack([out[:, None], np.broadcast_to(cols, (len(idx), k))]),
+                    np.hstack([np.ones((len(idx), 1)), -M[idx]]),
+                    layer.c[idx],
+                    layer.c[idx],
+                )
+            one, lo_u, hi_u = np.ones(nu), l[uns], u[uns]
+            rows.add(np.c_[a_u, z_u], np.c_[one, -one], 0.0, np.inf)  # a >= z
+            rows.add(np.c_[a_u, d_u], np.c_[one, -hi_u], -np.inf, 0.0)  # a <= u δ
+            rows.add(np.c_[a_u, z_u, d_u], np.c_[one, -one, -lo_u], -np.inf, -lo_u)  # a <= z - l (1 - δ)
+            prev = np.full(len(l), -1)
+            prev[act], prev[uns] = a_act, a_u
+        self.n_var = n_var
+        self.prev = prev
+        self.bounds = VarBounds(np.concatenate(lo_v), np.concatenate(hi_v))
+        self.integrality = np.concatenate(integ)
+        self.constraints = rows.constraint(n_var)
+
+    def minimum(self, w: np.ndarray, time_limit: float) -> float:
+        """A sound lower bound of ``w · v`` (v: the inputs of layer ``upto``), or -inf."""
+        keep = self.prev >= 0
+        obj = np.zeros(self.n_var)
+        obj[self.prev[keep]] = w[keep]
+        res = milp(
+            obj,
+            constraints=self.constraints,
+            bounds=self.bounds,
+            integrality=self.integrality,
+            options={"time_limit": max(time_limit, 0.01), "disp": False},
+        )
+        bound = res.get("mip_dual_bound")
+        if res.status == 0 and bound is None:
+            return float(res.fun)  # no integer variable: an LP solved to optimality
+        return float(bound) if bound is not None and np.isfinite(bound) else -np.inf
+
+
+def refine_bounds(
+    graph: Graph,
+    box: tuple[torch.Tensor, torch.Tensor],
+    bounds: Bounds,
+    opts: MipOptions,
+    deadline: float,
+    log: Callable[[str], None] = lambda s: None,
+    weight: dict[int, np.ndarray] | None = None,
+) -> tuple[Bounds, dict[str, int]]:
+    """Tighter bounds of every pre-activation node (batch of one), and counts of what was done.
+
+    ``bounds``: sound bounds of every pre-activation node, (1, *shape) each (e.g. α-CROWN's).
+    ``weight[k]``: how much each neuron of node k matters (e.g. |A| of the output bound at its
+    ReLU); neurons are solved in the order of weight × the gap of their triangle relaxation, so that
+    a budget that runs out leaves the least useful ones.
+    Collective: every rank calls it with the same arguments; each solves its share."""
+    layers = chain_layers(graph)
+    x_lo = box[0].double().cpu().reshape(-1).numpy()
+    x_hi = box[1].double().cpu().reshape(-1).numpy()
+    cur = {
+        ly.node: tuple(t.double().cpu().reshape(-1).numpy().copy() for t in bounds[ly.node]) for ly in layers
+    }
+    stats = {"solves": 0, "stabilised": 0, "layers": 0}
+    last = len(layers) if opts.layers <= 0 else min(len(layers), 1 + opts.layers)
+    for i in range(1, last):
+        if comm.all_reduce_flag(time.monotonic() > deadline, "or"):
+            break
+        layer = layers[i]
+        l, u = cur[layer.node]
+        uns = np.nonzero((l < 0) & (u > 0))[0]
+        gap = -l[uns] * u[uns] / (u[uns] - l[uns])
+        if weight is not None and layer.node in weight:
+            gap = gap * weight[layer.node].reshape(-1)[uns]
+        order = uns[np.argsort(-gap, kind="stable")]
+        tasks = [(j, side) for j in order for side in (1.0, -1.0)]
+        r0, r1 = comm.shard_range(len(tasks))
+        model = ChainMilp(layers, cur, x_lo, x_hi, i) if r1 > r0 else None
+        found = np.full(r1 - r0, -np.inf)
+        for t, (j, side) in enumerate(tasks[r0:r1]):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            w = side * layer.M[j]
+            found[t] = model.minimum(w, min(opts.neuron_timeout, left)) + side * layer.c[j]
+            stats["solves"] += 1
+        allv = comm.all_gather_cat(
+            torch.tensor(found, dtype=torch.float64), 0, sizes=comm.shard_sizes(len(tasks))
+        ).numpy()
+        new_l, new_u = l.copy(), u.copy()
+        for (j, side), v in zip(tasks, allv):
+            if not np.isfinite(v):
+                continue
+            v = v - SAFETY * (1 + abs(v))  # a lower bound of side * z_j, moved outward
+            if side > 0:
+                new_l[j] = max(new_l[j], v)
+            else:
+                new_u[j] = min(new_u[j], -v)
+        now_stable = int((((new_l >= 0) | (new_u <= 0))[uns]).sum())
+        stats["stabilised"] += now_stable
+        stats["layers"] += 1
+        log(
+            f"  mip refine node {graph.nodes[layer.node].name}: {len(uns)} unstable, "
+            f"{now_stable} made stable, mean width {np.mean(u[uns] - l[uns]) if len(uns) else 0:.4f} -> "
+            f"{np.mean(new_u[uns] - new_l[uns]) if len(uns) else 0:.4f}"
+        )
+        cur[layer.node] = (new_l, new_u)
+    out = dict(bounds)
+    for ly in layers:
+        lo, hi = bounds[ly.node]
+        nl = torch.tensor(cur[ly.node][0], dtype=lo.dtype, device=lo.device).view(lo.shape)
+        nh = torch.tensor(cur[ly.node][1], dtype=hi.dtype, device=hi.device).view(hi.shape)
+        out[ly.node] = (torch.maximum(lo, nl), torch.minimum(hi, nh))
+    return out, stats

@@ -1,0 +1,103 @@
+"""MILP refinement of intermediate bounds (``general.complete_verifier: bab-refine``).
+
+Ground truth: ``testing.exact_min_linear`` on the network cut after a pre-activation layer gives the
+exact minimum (and, with ``-e_j``, maximum) of every neuron over the box; the refined bounds must
+contain it and, when no solve hits its time limit, equal it up to the safety margin.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from complete_verifier_ext import testing
+from complete_verifier_ext.bounds import mip
+from complete_verifier_ext.bounds.crown import crown, pre_activation_nodes
+from complete_verifier_ext.model.torch_loader import from_sequential
+from complete_verifier_ext.parallel import comm, launch
+
+SIZES = (3, 6, 6, 6, 2)
+
+
+def _case(seed: int, sizes=SIZES, width: float = 1.0, mode: str = "none"):
+    net = testing.mlp(sizes, seed)
+    graph = from_sequential(net, (sizes[0],)).shard(mode)
+    rng = np.random.default_rng(seed)
+    centre = rng.uniform(-1, 1, sizes[0])
+    lo, hi = centre - width, centre + width
+    box = (torch.tensor(lo, dtype=torch.float32)[None], torch.tensor(hi, dtype=torch.float32)[None])
+    C = torch.eye(sizes[-1])[:1] - torch.eye(sizes[-1])[1:2]
+    _, state = crown(graph, box, C)
+    return net, graph, box, state, lo, hi
+
+
+def _refine(graph, box, state, timeout=30.0):
+    pre = pre_activation_nodes(graph)
+    bounds = {k: state.bounds[k] for k in pre}
+
+    return mip.refine_bounds(
+        graph, box, bounds, mip.MipOptions(neuron_timeout=timeout), time.monotonic() + 60
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_refined_bounds_are_the_exact_neuron_ranges(seed):
+    net, graph, box, state, lo, hi = _case(seed)
+    refined, stats = _refine(graph, box, state)
+    pre = pre_activation_nodes(graph)
+    assert stats["layers"] == len(pre) - 1
+    net64 = net.double()
+    tighter = 0
+    for i, k in enumerate(pre):
+        cut = net64[: 2 * i + 1]
+        n = cut[-1].out_features
+        for j in range(n):
+            e = np.eye(n)[j]
+            exact_lo = testing.exact_min_linear(cut, lo, hi, e)[0]
+            exact_hi = -testing.exact_min_linear(cut, lo, hi, -e)[0]
+            r_lo, r_hi = float(refined[k][0][0, j]), float(refined[k][1][0, j])
+            tol = 1e-5 * (1 + abs(exact_lo) + abs(exact_hi))
+            assert r_lo <= exact_lo + tol and r_hi >= exact_hi - tol  # sound
+            c_lo, c_hi = float(state.bounds[k][0][0, j]), float(state.bounds[k][1][0, j])
+            if i >= 1 and c_lo < 0 < c_hi:  # solved to optimality: exact up to the outward margin
+                slack = 2 * mip.SAFETY * (1 + max(abs(exact_lo), abs(exact_hi))) + tol
+                assert r_lo >= exact_lo - slack and r_hi <= exact_hi + slack
+                tighter += r_lo > c_lo + 1e-6
+    assert tighter > 0  # CROWN was not already exact: the MILP did something
+
+
+def test_time_limited_solves_stay_sound():
+    sizes = (8, 24, 24, 24, 3)
+    net, graph, box, state, lo, hi = _case(5, sizes, width=0.8)
+    refined, stats = _refine(graph, box, state, timeout=0.02)
+    assert stats["solves"] > 0
+    x = torch.tensor(lo + (hi - lo) * np.random.default_rng(0).random((4000, len(lo))), dtype=torch.float32)
+    for i, k in enumerate(pre_activation_nodes(graph)):
+        with torch.no_grad():
+            z = net[: 2 * i + 1](x)
+        assert (z >= refined[k][0] - 1e-5).all() and (z <= refined[k][1] + 1e-5).all()
+        assert (refined[k][0] >= state.bounds[k][0]).all() and (refined[k][1] <= state.bounds[k][1]).all()
+
+
+def test_a_residual_network_is_not_a_chain(tmp_path):
+    from complete_verifier_ext.model.onnx_loader import load_model
+
+    graph = load_model(testing.residual_onnx(tmp_path / "res.onnx", seed=0))
+    with pytest.raises(mip.UnsupportedForMip):
+        mip.chain_layers(graph)
+
+
+def _ranks_worker(mode: str):
+    net, graph, box, state, lo, hi = _case(3, mode=mode)
+    refined, stats = _refine(graph, box, state)
+    return {k: (v[0].tolist(), v[1].tolist()) for k, v in refined.items()}, stats["solves"], comm.rank()
+
+
+def test_two_ranks_share_the_solves_and_agree_with_one():
+    one = _ranks_worker("none")
+    two = launch.run(_ranks_worker, 2, ("fsdp",), backend="gloo")
+    assert two[0] == one[0]
+    assert 0 < two[1] < one[1]  # rank 0 did only its share of the solves
