@@ -205,6 +205,15 @@ def bab_options(cfg: Config) -> BabOptions:
     )
 
 
+def clause_state(state: CrownState | None, rows: np.ndarray) -> CrownState | None:
+    """``state`` with α-CROWN's output slopes cut down to the spec rows ``rows`` (a mask) of one clause."""
+    if state is None or not state.out_alpha:
+        return state
+    keep = torch.as_tensor(rows)
+    out_alpha = {j: a[keep.to(a.device)] for j, a in state.out_alpha.items()}
+    return CrownState(state.bounds, state.rows, state.gathered, out_alpha)
+
+
 def complete(
     graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None, cb: np.ndarray
 ) -> BabResult:
@@ -212,11 +221,12 @@ def complete(
     worst first (as α,β-CROWN does): each search then carries only that clause's rows.  The region
     is unsat when every open clause is; the first clause that is not decides the verdict."""
     total = BabResult("unsat", domains=0, rounds=0)
+    owner = spec_rows(region)[2]
     for i in np.argsort(cb, kind="stable"):
         if cb[i] > 0:
             continue
         one = Region(region.lower, region.upper, (region.clauses[i],))
-        res = complete_clause(graph, one, cfg, clock, state)
+        res = complete_clause(graph, one, cfg, clock, clause_state(state, owner == i))
         total.add_work(res)
         if res.verdict != "unsat":
             res.domains, res.rounds, res.max_queue = total.domains, total.rounds, total.max_queue

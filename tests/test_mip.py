@@ -101,3 +101,39 @@ def test_two_ranks_share_the_solves_and_agree_with_one():
     two = launch.run(_ranks_worker, 2, ("fsdp",), backend="gloo")
     assert two[0] == one[0]
     assert 0 < two[1] < one[1]  # rank 0 did only its share of the solves
+
+
+def _instance(tmp_path, onnx_path, n_in, n_out, width):
+    lo, hi = np.full(n_in, -width), np.full(n_in, width)
+    return onnx_path, testing.write_vnnlib(tmp_path / "p.vnnlib", lo, hi, label=0, n_outputs=n_out)
+
+
+def test_bab_refine_pipeline(tmp_path, capsys):
+    """A chain network is refined (the summary has the refined bounds) and the verdict is exact;
+    a residual one is verified without refinement, with a warning instead of an error."""
+    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.verify import verify_instance
+
+    cfg, _ = load_config(
+        None,
+        ["--general.complete_verifier", "bab-refine", "--solver.alpha-crown.iteration", "2"]
+        + ["--solver.mip.refine_neuron_timeout", "5", "--attack.pgd_order", "skip"],
+    )
+    sizes = (4, 6, 6, 3)
+    onnx_path, vnnlib = _instance(tmp_path, testing.mlp_onnx(tmp_path / "m.onnx", sizes, 3), 4, 3, 0.3)
+    res = verify_instance(cfg, onnx_path, vnnlib, timeout=60)
+    net = testing.mlp(sizes, 3).double()
+    exact = min(
+        testing.exact_min_linear(net, np.full(4, -0.3), np.full(4, 0.3), np.eye(3)[0] - np.eye(3)[j])[0]
+        for j in (1, 2)
+    )
+    assert res.verdict == ("unsat" if exact > 0 else "sat"), (res, exact)
+    assert min(res.bounds["alpha_crown"]) < 0  # the case needs the refinement (or BaB)
+    assert min(res.bounds["alpha_crown"]) <= min(res.bounds["mip_refined"]) <= exact + 1e-4
+    n_in = int(np.prod(testing.RESIDUAL_INPUT_SHAPE))
+    res_path = testing.residual_onnx(tmp_path / "r.onnx", seed=0)
+    onnx_path, vnnlib = _instance(tmp_path, res_path, n_in, testing.RESIDUAL_OUTPUTS, 0.05)
+    res = verify_instance(cfg, onnx_path, vnnlib, timeout=60)
+    assert res.verdict in ("unsat", "sat", "unknown") and "mip_refined" not in res.bounds
+    if min(res.bounds.get("alpha_crown", [1.0])) <= 0:  # α-CROWN left it open: refinement was asked
+        assert "no MILP refinement" in capsys.readouterr().err

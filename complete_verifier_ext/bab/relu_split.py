@@ -197,9 +197,14 @@ class ReluSplitBab:
             k: (state.bounds[k][0].detach().clone(), state.bounds[k][1].detach().clone()) for k in self.bc.pre
         }
         alpha = {}
-        for j in self.bc.relus:
-            lo, hi = bounds[self.bc.relu_in[j]]
-            alpha[j] = Relu.relaxation(lo, hi)[2].unsqueeze(0).expand(S, *lo.shape).to(STORE_DTYPE).clone()
+        for j in self.bc.relus:  # α-CROWN's best slopes when it ran, else CROWN's adaptive ones
+            start = state.out_alpha.get(j) if state.out_alpha else None
+            if start is not None and start.shape[0] == S:
+                alpha[j] = start.detach().to(STORE_DTYPE).clone()
+            else:
+                lo, hi = bounds[self.bc.relu_in[j]]
+                slope = Relu.relaxation(lo, hi)[2]
+                alpha[j] = slope.unsqueeze(0).expand(S, *lo.shape).to(STORE_DTYPE).clone()
         beta = {k: torch.zeros(S, 1, *g.nodes[k].shape, dtype=STORE_DTYPE) for k in self.bc.pre}
         splits = {k: torch.zeros(1, *g.nodes[k].shape, dtype=torch.int8) for k in self.bc.pre}
         return Domain(-np.inf, bounds, splits, alpha, beta, None)

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..model.graph import Graph
 from ..parallel import comm
-from .crown import CrownState, ancestors_relus, final_bounds, sweep
+from .crown import CrownState, ancestors_relus, final_bounds, gather_rows, sweep
 from .ops import Relu
 from .walk import Alphas, Box
 
@@ -73,6 +73,8 @@ def alpha_crown(
     opt = torch.optim.Adam(params, lr=opts.lr_alpha)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, opts.lr_decay)
     best: Tensor | None = None
+    best_local: Tensor | None = None  # (S_r, B): this rank's rows
+    best_alpha = {j: a.detach().clone() for j, a in alphas.get(out, {}).items()}
     last = state
     ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
     for it in range(opts.iteration):
@@ -81,6 +83,11 @@ def alpha_crown(
             ref[k] = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
         lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), grad=True)  # (B, S), (S_r, B)
         best = lb.detach() if best is None else torch.maximum(best, lb.detach())
+        better = lb_local.detach() > (-torch.inf if best_local is None else best_local)  # (S_r, B)
+        best_local = lb_local.detach() if best_local is None else torch.maximum(best_local, lb_local.detach())
+        for j, a in alphas.get(out, {}).items():
+            mask = better.view(*better.shape, *[1] * (a.dim() - 2))
+            best_alpha[j] = torch.where(mask, a.detach(), best_alpha[j])
         last = cur
         if on_step is not None:
             on_step(it, best)
@@ -99,7 +106,8 @@ def alpha_crown(
                 a.clamp_(0.0, 1.0)
     if best is None:  # zero iterations requested
         best, _ = final_bounds(graph, state, box, C)
+    out_alpha = {j: gather_rows(a, 0, False, C.shape[0]) for j, a in best_alpha.items()}
     detached = CrownState(
-        {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}, state.rows, []
+        {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}, state.rows, [], out_alpha
     )
     return best, detached

@@ -27,6 +27,9 @@ class CrownState:
     bounds: Bounds
     rows: dict[int, Tensor]  # pre-activation node -> flat indices of the neurons bounded by CROWN
     gathered: list[Tensor]  # all-gathered tensors of this sweep (α-CROWN keeps them in every loss)
+    # α-CROWN's best output slopes, every spec row on every rank: ReLU node -> (S, B, *shape).
+    # BaB starts its root domain from them (any α in [0, 1] is sound).
+    out_alpha: dict[int, Tensor] | None = None
 
 
 def pre_activation_nodes(graph: Graph) -> list[int]:
