@@ -110,6 +110,13 @@ def _is_device(value: Any) -> bool:
     return isinstance(value, str) and re.fullmatch(r"cpu|cuda(:\d+)?", value) is not None
 
 
+_FRACTION = "a fraction between 0 and 1"
+
+
+def _is_fraction(value: Any) -> bool:
+    return isinstance(value, float) and 0 <= value <= 1
+
+
 def _is_pgd_alpha(value: Any) -> bool:
     """True for ``auto`` or a positive step size."""
     return value == "auto" or (isinstance(value, float) and value > 0)
@@ -233,13 +240,17 @@ class MipConfig:
         refine_neuron_time_percentage: the share (0 to 1) of the time left after alpha-CROWN that the
             refinement may take; the rest is left to branch and bound.
         refine_layers: refine this many layers after the first (which is exact already); 0: all.
+        quick_bab_percentage: ours: the share of the time left after alpha-CROWN that a plain branch and
+            bound gets before the refinement starts (instances it solves skip the refinement); 0:
+            refine first, as alpha-beta-CROWN does.
     """
 
     refine_neuron_timeout: float = _opt(15.0, minimum=0)
-    refine_neuron_time_percentage: float = _opt(
-        0.8, check=lambda v: 0 <= v <= 1, expected="a fraction between 0 and 1"
-    )
+    refine_neuron_time_percentage: float = _opt(0.8, check=_is_fraction, expected=_FRACTION)
     refine_layers: int = _opt(0, minimum=0)
+    quick_bab_percentage: float = _opt(
+        0.1, check=lambda v: 0 <= v <= 1, expected="a fraction between 0 and 1"
+    )
 
 
 _BOUND_PROP_LEGACY = {

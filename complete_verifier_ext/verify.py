@@ -262,6 +262,38 @@ def complete_clause(
         )
 
 
+def complete_region(
+    graph: Graph,
+    region: Region,
+    cfg: Config,
+    clock: Clock,
+    state: CrownState | None,
+    cb: np.ndarray,
+    bounds: dict[str, list[float]],
+) -> BabResult:
+    """Branch and bound on a region the incomplete bounds left open.  With ``bab-refine``: first a
+    plain search for ``solver.mip.quick_bab_percentage`` of the time left (easy instances end
+    there), then the MILP refinement, then the search again from the refined bounds."""
+    m = cfg.solver.mip
+    refine = cfg.general.complete_verifier == "bab-refine" and state is not None
+    if not refine or cfg.bab.branching.input_split.enable:
+        return complete(graph, region, cfg, clock, state, cb)
+    work = BabResult("timeout", domains=0, rounds=0)
+    if m.quick_bab_percentage > 0:
+        quick = Clock(time.monotonic() + m.quick_bab_percentage * max(0.0, clock.deadline - time.monotonic()))
+        res = complete(graph, region, cfg, quick, state, cb)
+        if res.verdict in ("unsat", "sat") or clock.expired():
+            return res
+        work.add_work(res)
+    verified, state, cb = refine_region(graph, region, cfg, clock, state, cb, bounds)
+    if verified or clock.expired():
+        work.verdict = "unsat" if verified else "timeout"
+        return work
+    res = complete(graph, region, cfg, clock, state, cb)
+    res.add_work(work)
+    return res
+
+
 def compute_device(cfg: Config) -> torch.device:
     """This rank's device: its GPU under NCCL, else ``general.device`` for one process, else the CPU."""
     if comm.world_size() > 1:
@@ -316,12 +348,8 @@ def _verify_instance(
                 verdict = "sat"
                 break
         verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)
-        refine = cfg.general.complete_verifier == "bab-refine" and state is not None
-        refine = refine and not cfg.bab.branching.input_split.enable
-        if not verified and refine and not clock.expired():
-            verified, state, cb = refine_region(graph, region, cfg, clock, state, cb, bounds)
         if not verified and cfg.general.complete_verifier != "skip" and not clock.expired():
-            res = complete(graph, region, cfg, clock, state, cb)
+            res = complete_region(graph, region, cfg, clock, state, cb, bounds)
             work = work or BabResult("unsat")
             work.add_work(res)
             if res.verdict == "unsat":

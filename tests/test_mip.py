@@ -7,6 +7,7 @@ contain it and, when no solve hits its time limit, equal it up to the safety mar
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -111,13 +112,14 @@ def _instance(tmp_path, onnx_path, n_in, n_out, width):
 def test_bab_refine_pipeline(tmp_path, capsys):
     """A chain network is refined (the summary has the refined bounds) and the verdict is exact;
     a residual one is verified without refinement, with a warning instead of an error."""
-    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.config import MipConfig, load_config
     from complete_verifier_ext.verify import verify_instance
 
     cfg, _ = load_config(
         None,
         ["--general.complete_verifier", "bab-refine", "--solver.alpha-crown.iteration", "2"]
-        + ["--solver.mip.refine_neuron_timeout", "5", "--attack.pgd_order", "skip"],
+        + ["--solver.mip.refine_neuron_timeout", "5", "--attack.pgd_order", "skip"]
+        + ["--solver.mip.quick_bab_percentage", "0"],
     )
     sizes = (4, 6, 6, 3)
     onnx_path, vnnlib = _instance(tmp_path, testing.mlp_onnx(tmp_path / "m.onnx", sizes, 3), 4, 3, 0.3)
@@ -130,6 +132,9 @@ def test_bab_refine_pipeline(tmp_path, capsys):
     assert res.verdict == ("unsat" if exact > 0 else "sat"), (res, exact)
     assert min(res.bounds["alpha_crown"]) < 0  # the case needs the refinement (or BaB)
     assert min(res.bounds["alpha_crown"]) <= min(res.bounds["mip_refined"]) <= exact + 1e-4
+    quick = dataclasses.replace(cfg, solver=dataclasses.replace(cfg.solver, mip=MipConfig()))
+    res = verify_instance(quick, onnx_path, vnnlib, timeout=60)  # a short plain BaB solves it: no MILP
+    assert res.verdict == ("unsat" if exact > 0 else "sat") and "mip_refined" not in res.bounds
     n_in = int(np.prod(testing.RESIDUAL_INPUT_SHAPE))
     res_path = testing.residual_onnx(tmp_path / "r.onnx", seed=0)
     onnx_path, vnnlib = _instance(tmp_path, res_path, n_in, testing.RESIDUAL_OUTPUTS, 0.05)
