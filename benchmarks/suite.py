@@ -2,12 +2,14 @@
 
     python benchmarks/suite.py mnist_fc --ranks 1 [--extra "--solver.batch_size 512"]
     python benchmarks/suite.py mnist_fc --report           # table from the stored results only
+    python benchmarks/suite.py mnist_fc --csv benchmarks/mnist_fc_hard.csv --tag=-hard --ranks 2
 
 Runs ``abcrown --config configs/<name>.yaml --parallel.world_size P --summary ...`` over the folder's
 ``instances.csv`` (each instance with its csv timeout) and stores the raw summary under
 ``benchmarks/results/<name>_P<P>.json``.  The report counts verified / falsified / timeout / unknown
 / error and, most importantly, WRONG verdicts against ``verdicts.csv`` (α,β-CROWN, VNN-COMP 2022,
-GPU) and lists the instances either tool solved alone.
+GPU) and lists the instances either tool solved alone.  ``--csv`` runs (and reports) only the
+instances of another csv, whose paths are relative to the benchmark folder.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ SHARED = REPO.parent / "shared" / "benchmarks"
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def run(name: str, P: int, extra: str, tag: str = "") -> Path:
+def run(name: str, P: int, extra: str, tag: str = "", subset: Path | None = None) -> Path:
     out = RESULTS / f"{name}{tag}_P{P}.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     mode = ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)] if P > 1 else []
@@ -38,6 +40,7 @@ def run(name: str, P: int, extra: str, tag: str = "") -> Path:
         "--general.results_file",
         str(RESULTS / f"{name}{tag}_P{P}.txt"),
         *mode,
+        *(["--general.root_path", str(SHARED / name), "--general.csv_name", str(subset)] if subset else []),
         *shlex.split(extra),
     ]
     print(" ".join(cmd), flush=True)
@@ -49,8 +52,11 @@ def key(onnx: str, vnnlib: str) -> tuple[str, str]:
     return Path(onnx).name, Path(vnnlib).name
 
 
-def report(name: str, tag: str = "") -> str:
+def report(name: str, tag: str = "", subset: Path | None = None) -> str:
     expected = {key(r["onnx"], r["vnnlib"]): r for r in csv.DictReader(open(SHARED / name / "verdicts.csv"))}
+    if subset is not None:
+        keep = {key(row[0], row[1]) for row in csv.reader(open(subset)) if row}
+        expected = {k: v for k, v in expected.items() if k in keep}
     lines = [
         f"### {name}",
         "",
@@ -123,13 +129,15 @@ def main() -> None:
     ap.add_argument("--extra", default="", help="extra abcrown arguments")
     ap.add_argument("--report", action="store_true", help="only print the table of stored results")
     ap.add_argument("--tag", default="", help="suffix of the result files, e.g. -incomplete")
+    ap.add_argument("--csv", type=Path, help="run only these instances (paths relative to the folder)")
     args = ap.parse_args()
+    subset = args.csv.resolve() if args.csv else None
     if not (SHARED / args.name).exists():
         sys.exit(f"{SHARED / args.name} does not exist")
     if not args.report:
         for P in (int(p) for p in args.ranks.split(",")):
-            run(args.name, P, args.extra, args.tag)
-    table = report(args.name, args.tag)
+            run(args.name, P, args.extra, args.tag, subset)
+    table = report(args.name, args.tag, subset)
     (RESULTS / f"{args.name}{args.tag}.md").write_text(table + "\n")
     print(table)
 

@@ -13,12 +13,12 @@ it (fewer binaries, smaller big-M).  The first layer is exact by IBP and needs n
 Soundness: the solver works to tolerances of about 1e-7 to 1e-6, so every new bound is moved out
 by ``SAFETY * (1 + |bound|)`` and intersected with the old one (never looser).
 
-Ranks: the (neuron, side) solves of a layer, most promising first (widest triangle relaxation),
-are dealt out over the ranks with ``shard_range``; one all-gather per layer gives everyone the
-results.  Each rank stops solving at the common deadline; whether to start a layer at all is
-agreed collectively, so every rank issues the same collectives.  The model needs whole weight
-matrices: under FSDP each layer is gathered once (``gathered``, collective), under TP the
-refinement is refused (no rank may hold a full layer).
+Ranks: the (neuron, side) solves of a layer, most promising first (|A| of the output bound times
+the gap of the triangle relaxation), are dealt out round-robin over the ranks; one all-gather per
+layer gives everyone the results.  Each rank stops solving at the common deadline; whether to start
+a layer at all is agreed collectively, so every rank issues the same collectives.  The model needs
+whole weight matrices: under FSDP each layer is gathered once (``gathered``, collective); under TP
+the refinement is refused (no rank may hold a full layer).
 """
 
 from __future__ import annotations
@@ -227,21 +227,22 @@ def refine_bounds(
             gap = gap * weight[layer.node].reshape(-1)[uns]
         order = uns[np.argsort(-gap, kind="stable")]
         tasks = [(j, side) for j in order for side in (1.0, -1.0)]
-        r0, r1 = comm.shard_range(len(tasks))
-        model = ChainMilp(layers, cur, x_lo, x_hi, i) if r1 > r0 else None
-        found = np.full(r1 - r0, -np.inf)
-        for t, (j, side) in enumerate(tasks[r0:r1]):
+        P, n = comm.world_size(), len(tasks)
+        mine = tasks[comm.rank() :: P]  # dealt round-robin: every rank starts with the most useful
+        model = ChainMilp(layers, cur, x_lo, x_hi, i) if mine else None
+        found = np.full(len(mine), -np.inf)
+        for t, (j, side) in enumerate(mine):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             w = side * layer.M[j]
             found[t] = model.minimum(w, min(opts.neuron_timeout, left)) + side * layer.c[j]
             stats["solves"] += 1
-        allv = comm.all_gather_cat(
-            torch.tensor(found, dtype=torch.float64), 0, sizes=comm.shard_sizes(len(tasks))
-        ).numpy()
+        sizes = [len(range(q, n, P)) for q in range(P)]
+        allv = comm.all_gather_cat(torch.tensor(found, dtype=torch.float64), 0, sizes=sizes).numpy()
+        dealt = [tasks[t] for q in range(P) for t in range(q, n, P)]  # the order of the gathered values
         new_l, new_u = l.copy(), u.copy()
-        for (j, side), v in zip(tasks, allv):
+        for (j, side), v in zip(dealt, allv):
             if not np.isfinite(v):
                 continue
             v = v - SAFETY * (1 + abs(v))  # a lower bound of side * z_j, moved outward
