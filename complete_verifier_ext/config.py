@@ -248,9 +248,7 @@ class MipConfig:
     refine_neuron_timeout: float = _opt(15.0, minimum=0)
     refine_neuron_time_percentage: float = _opt(0.8, check=_is_fraction, expected=_FRACTION)
     refine_layers: int = _opt(0, minimum=0)
-    quick_bab_percentage: float = _opt(
-        0.1, check=lambda v: 0 <= v <= 1, expected="a fraction between 0 and 1"
-    )
+    quick_bab_percentage: float = _opt(0.1, check=_is_fraction, expected=_FRACTION)
 
 
 _BOUND_PROP_LEGACY = {

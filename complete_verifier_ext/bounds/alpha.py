@@ -73,7 +73,7 @@ def alpha_crown(
     opt = torch.optim.Adam(params, lr=opts.lr_alpha)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, opts.lr_decay)
     best: Tensor | None = None
-    best_local: Tensor | None = None  # (S_r, B): this rank's rows
+    s0, s1 = comm.shard_range(C.shape[0])  # this rank's output rows
     best_alpha = {j: a.detach().clone() for j, a in alphas.get(out, {}).items()}
     last = state
     ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
@@ -82,9 +82,8 @@ def alpha_crown(
         for k in state.rows:
             ref[k] = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
         lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), grad=True)  # (B, S), (S_r, B)
+        better = lb_local.detach() > (-torch.inf if best is None else best[:, s0:s1].T)  # (S_r, B)
         best = lb.detach() if best is None else torch.maximum(best, lb.detach())
-        better = lb_local.detach() > (-torch.inf if best_local is None else best_local)  # (S_r, B)
-        best_local = lb_local.detach() if best_local is None else torch.maximum(best_local, lb_local.detach())
         for j, a in alphas.get(out, {}).items():
             mask = better.view(*better.shape, *[1] * (a.dim() - 2))
             best_alpha[j] = torch.where(mask, a.detach(), best_alpha[j])
