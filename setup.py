@@ -14,6 +14,7 @@ setup(
         "onnxruntime",
         "pyyaml",
         "scipy>=1.9",
+        "highspy>=1.7",
         "tqdm",
     ],
     extras_require={"test": ["pytest", "matplotlib", "ruff"]},

@@ -231,7 +231,7 @@ class BetaCrownConfig:
 @dataclass(frozen=True)
 class MipConfig:
     """``solver.mip``: MILP refinement of intermediate bounds for ``general.complete_verifier: bab-refine``
-    (HiGHS through scipy; chain networks of Linear and ReLU layers; other alpha-beta-CROWN keys of this
+    (HiGHS through highspy; chain networks of Linear and ReLU layers; other alpha-beta-CROWN keys of this
     section, e.g. ``parallel_solvers``, are ignored: the solves are split over the ranks instead).
 
     Attributes:

@@ -83,6 +83,31 @@ def test_time_limited_solves_stay_sound():
         assert (refined[k][0] >= state.bounds[k][0]).all() and (refined[k][1] <= state.bounds[k][1]).all()
 
 
+def test_a_stopped_solve_still_gives_its_dual_bound():
+    """A MILP stopped by its time limit before any feasible point (no heuristics run) reports HiGHS's
+    dual bound: finite, at least the LP relaxation's, and below the exact minimum."""
+    sizes = (10, 40, 40, 40, 2)
+    net, graph, box, state, lo, hi = _case(7, sizes, width=1.0)
+    layers = mip.chain_layers(graph)
+    cur = {ly.node: tuple(t.double().reshape(-1).numpy() for t in state.bounds[ly.node]) for ly in layers}
+    model = mip.ChainMilp(layers, cur, lo, hi, 2)
+    assert model.integrality.sum() > 20
+    relaxed = mip.ChainMilp(layers, cur, lo, hi, 2)
+    relaxed.integrality[:] = 0
+    relaxed.highs.changeColsIntegrality(
+        relaxed.n_var, np.arange(relaxed.n_var, dtype=np.int32), np.zeros(relaxed.n_var, dtype=np.uint8)
+    )
+    x = torch.tensor(lo + (hi - lo) * np.random.default_rng(1).random((4000, len(lo))), dtype=torch.float64)
+    with torch.no_grad():
+        z = net.double()[:5](x)  # the third pre-activation layer
+    for j in range(4):
+        w = layers[2].M[j]
+        stopped, lp = model.minimum(w, 0.05), relaxed.minimum(w, 30.0)
+        assert np.isfinite(stopped) and np.isfinite(lp)
+        assert stopped >= lp - 1e-6 * (1 + abs(lp))
+        assert stopped + layers[2].c[j] <= float(z[:, j].min()) + 1e-6
+
+
 def test_a_residual_network_is_not_a_chain(tmp_path):
     from complete_verifier_ext.model.onnx_loader import load_model
 

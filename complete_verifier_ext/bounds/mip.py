@@ -1,4 +1,4 @@
-"""MILP refinement of intermediate bounds (α,β-CROWN's ``bab-refine``), solved by HiGHS via scipy.
+"""MILP refinement of intermediate bounds (α,β-CROWN's ``bab-refine``), solved by HiGHS (highspy).
 
 For a chain network (Linear layers with ReLUs between them, plus Flatten and elementwise affine
 ops), the pre-activation bounds of layer i are tightened by solving, for each unstable neuron j,
@@ -23,15 +23,16 @@ the refinement is refused (no rank may hold a full layer).
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import highspy
 import numpy as np
 import scipy.sparse as sp
 import torch
-from scipy.optimize import Bounds as VarBounds
-from scipy.optimize import LinearConstraint, milp
 
 from ..model.graph import Graph
 from ..parallel import comm
@@ -96,6 +97,19 @@ def chain_layers(graph: Graph) -> list[Layer]:
     return layers
 
 
+def _highs() -> highspy.Highs:
+    """A HiGHS instance; the banner HiGHS prints from C on the first one stays off our stdout."""
+    sys.stdout.flush()
+    saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    try:
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
 class _Rows:
     """Constraint rows ``lo <= A v <= hi``, collected as COO triplets."""
 
@@ -117,10 +131,11 @@ class _Rows:
         self.hi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), rows))
         self.n += rows
 
-    def constraint(self, n_var: int) -> LinearConstraint:
+    def matrix(self, n_var: int) -> tuple[sp.csc_matrix, np.ndarray, np.ndarray]:
+        """The rows as a column-wise sparse matrix, with their lower and upper sides."""
         cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros(0, dtype)  # noqa: E731
-        A = sp.csr_matrix((cat(self.v, float), (cat(self.r, int), cat(self.c, int))), shape=(self.n, n_var))
-        return LinearConstraint(A, cat(self.lo, float), cat(self.hi, float))
+        A = sp.csc_matrix((cat(self.v, float), (cat(self.r, int), cat(self.c, int))), shape=(self.n, n_var))
+        return A, cat(self.lo, float), cat(self.hi, float)
 
 
 class ChainMilp:
@@ -170,26 +185,39 @@ class ChainMilp:
             prev[act], prev[uns] = a_act, a_u
         self.n_var = n_var
         self.prev = prev
-        self.bounds = VarBounds(np.concatenate(lo_v), np.concatenate(hi_v))
         self.integrality = np.concatenate(integ)
-        self.constraints = rows.constraint(n_var)
+        A, row_lo, row_hi = rows.matrix(n_var)
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = n_var, A.shape[0]
+        lp.col_cost_ = np.zeros(n_var)
+        lp.col_lower_, lp.col_upper_ = np.concatenate(lo_v), np.concatenate(hi_v)
+        lp.row_lower_, lp.row_upper_ = row_lo, row_hi
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
+        kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
+        lp.integrality_ = [kinds[int(t)] for t in self.integrality]
+        self.highs = _highs()
+        for key, value in (("output_flag", False), ("presolve", "off"), ("mip_heuristic_effort", 0.0)):
+            self.highs.setOptionValue(key, value)
+        self.highs.passModel(lp)
 
     def minimum(self, w: np.ndarray, time_limit: float) -> float:
         """A sound lower bound of ``w · v`` (v: the inputs of layer ``upto``), or -inf."""
         keep = self.prev >= 0
         obj = np.zeros(self.n_var)
         obj[self.prev[keep]] = w[keep]
-        res = milp(
-            obj,
-            constraints=self.constraints,
-            bounds=self.bounds,
-            integrality=self.integrality,
-            options={"time_limit": max(time_limit, 0.01), "disp": False},
-        )
-        bound = res.get("mip_dual_bound")
-        if res.status == 0 and bound is None:
-            return float(res.fun)  # no integer variable: an LP solved to optimality
-        return float(bound) if bound is not None and np.isfinite(bound) else -np.inf
+        h = self.highs
+        h.clearSolver()  # every solve starts afresh: no state of the previous objective is trusted
+        h.changeColsCost(self.n_var, np.arange(self.n_var, dtype=np.int32), obj)
+        h.setOptionValue("time_limit", max(time_limit, 0.01))
+        h.run()
+        status, info = h.getModelStatus(), h.getInfo()
+        if status == highspy.HighsModelStatus.kOptimal and not self.integrality.any():
+            return float(info.objective_function_value)  # an LP solved to optimality
+        if status in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+            bound = float(info.mip_dual_bound)
+            return bound if np.isfinite(bound) else -np.inf
+        return -np.inf
 
 
 def refine_bounds(
