@@ -230,13 +230,18 @@ class BetaCrownConfig:
 
 @dataclass(frozen=True)
 class MipConfig:
-    """``solver.mip``: MILP refinement of intermediate bounds for ``general.complete_verifier: bab-refine``
-    (HiGHS through highspy; chain networks of Linear and ReLU layers; other alpha-beta-CROWN keys of this
-    section, e.g. ``parallel_solvers``, are ignored: the solves are split over the ranks instead).
+    """``solver.mip``: refinement of intermediate bounds for ``general.complete_verifier: bab-refine``
+    (other alpha-beta-CROWN keys of this section, e.g. ``parallel_solvers``, are ignored: the work is
+    split over the ranks instead).
 
     Attributes:
-        refine_neuron_timeout: time limit of one solve (the minimum or maximum of one neuron), seconds.
-            A solve stopped by it still yields a sound bound (its dual bound).
+        refine_method: ours: ``split`` (every unstable neuron is bounded by batched beta-CROWN over the
+            sign patterns of the earlier neurons that matter most to it; any network) or ``milp``
+            (alpha-beta-CROWN's: a MILP per neuron, HiGHS through highspy; chains of Linear and ReLU
+            layers only).
+        refine_split_depth: ours, ``split``: neurons split per target (2^depth patterns each).
+        refine_neuron_timeout: ``milp``: time limit of one solve (the minimum or maximum of one
+            neuron), seconds. A solve stopped by it still yields a sound bound (its dual bound).
         refine_neuron_time_percentage: the share (0 to 1) of the time left after alpha-CROWN that the
             refinement may take; the rest is left to branch and bound.
         refine_layers: refine this many layers after the first (which is exact already); 0: all.
@@ -245,6 +250,8 @@ class MipConfig:
             refine first, as alpha-beta-CROWN does.
     """
 
+    refine_method: str = _opt("split", choices=("split", "milp"))
+    refine_split_depth: int = _opt(6, check=lambda v: 0 <= v <= 16, expected="an integer from 0 to 16")
     refine_neuron_timeout: float = _opt(15.0, minimum=0)
     refine_neuron_time_percentage: float = _opt(0.8, check=_is_fraction, expected=_FRACTION)
     refine_layers: int = _opt(0, minimum=0)
@@ -808,9 +815,9 @@ def _validate(cfg: Config, flat: Flat) -> None:
     if par.mode == "tp" and cfg.general.complete_verifier == "bab-refine":
         source = _source_of(flat, "general.complete_verifier", "parallel.mode")
         raise ConfigError(
-            f"{source}: key 'general.complete_verifier' is 'bab-refine', whose MILP needs whole weight "
-            "matrices, but 'parallel.mode' is 'tp', which never holds a full layer; use parallel.mode "
-            "'fsdp' or complete_verifier 'bab'"
+            f"{source}: key 'general.complete_verifier' is 'bab-refine', whose refinement needs whole "
+            "weight matrices, but 'parallel.mode' is 'tp', which never holds a full layer; use "
+            "parallel.mode 'fsdp' or complete_verifier 'bab'"
         )
     if par.backend == "nccl" and cfg.general.device == "cpu":
         source = _source_of(flat, "parallel.backend", "general.device")

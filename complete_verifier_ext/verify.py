@@ -19,9 +19,11 @@ from torch import Tensor
 from .attack import check_counterexample, float32_box, format_counterexample, pgd_attack
 from .bab.common import BabOptions, BabResult, Problem
 from .bab.relu_split import relu_split_bab
+from .bounds import mip, split_refine
 from .bounds.alpha import AlphaOptions, alpha_crown
 from .bounds.crown import CrownState, crown, ibp, pre_activation_nodes, spec_matrix
-from .bounds.mip import MipOptions, UnsupportedForMip, refine_bounds
+from .bounds.mip import MipOptions, UnsupportedForMip
+from .bounds.split_refine import SplitOptions
 from .bounds.walk import back_substitute
 from .config import Config
 from .model.graph import Graph
@@ -149,12 +151,15 @@ def refine_region(
     cb: np.ndarray,
     bounds: dict[str, list[float]],
 ) -> tuple[bool, CrownState, np.ndarray]:
-    """``bab-refine``: tighten every intermediate bound by MILP (``solver.mip``), then run α-CROWN
-    again on the tightened bounds.  Returns (verified, the new state BaB starts from, clause bounds).
-    A network that is not a chain of Linear and ReLU layers keeps its bounds (with a warning)."""
+    """``bab-refine``: tighten every intermediate bound (``solver.mip.refine_method``: ``split``, batched
+    β-CROWN over splits of earlier neurons, or ``milp``), then run α-CROWN again on the tightened
+    bounds.  Returns (verified, the new state BaB starts from, clause bounds).  With ``milp``, a network
+    that is not a chain of Linear and ReLU layers keeps its bounds (with a warning)."""
     m = cfg.solver.mip
     budget = m.refine_neuron_time_percentage * max(0.0, clock.deadline - time.monotonic())
+    deadline = time.monotonic() + budget
     verbose = cfg.general.verbose and comm.rank() == 0
+    log = (lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None)
     box = input_box(region, graph)
     pre = pre_activation_nodes(graph)
     C, d, owner = spec_rows(region)
@@ -165,27 +170,41 @@ def refine_region(
             graph, out, spec_matrix(C, 1, graph.nodes[out].shape), state.bounds, box, record=record
         )
     weight = {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
-    try:
-        refined, _ = refine_bounds(
-            graph,
-            box,
-            {k: state.bounds[k] for k in pre},
-            MipOptions(neuron_timeout=m.refine_neuron_timeout, layers=m.refine_layers),
-            time.monotonic() + budget,
-            log=(lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None),
-            weight=weight,
+    old = {k: state.bounds[k] for k in pre}
+    if m.refine_method == "split":
+        beta = cfg.solver.beta_crown
+        opts = SplitOptions(
+            depth=m.refine_split_depth,
+            iteration=beta.iteration,
+            lr_alpha=beta.lr_alpha,
+            lr_beta=beta.lr_beta,
+            max_domains=8 * cfg.solver.batch_size,
         )
-    except UnsupportedForMip as e:
-        if comm.rank() == 0:
-            print(f"warning: bab-refine: {graph.source}: {e}; no MILP refinement", file=sys.stderr)
-        return False, state, cb
+        replicate = comm.world_size() > 1 and cfg.parallel.mode == "fsdp"
+        with graph.replicated() if replicate else contextlib.nullcontext():
+            refined, _ = split_refine.refine_bounds(graph, box, old, opts, deadline, log, weight)
+    else:
+        try:
+            refined, _ = mip.refine_bounds(
+                graph,
+                box,
+                old,
+                MipOptions(neuron_timeout=m.refine_neuron_timeout, layers=m.refine_layers),
+                deadline,
+                log=log,
+                weight=weight,
+            )
+        except UnsupportedForMip as e:
+            if comm.rank() == 0:
+                print(f"warning: bab-refine: {graph.source}: {e}; no MILP refinement", file=sys.stderr)
+            return False, state, cb
     a = cfg.solver.alpha_crown
     opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
     lb, state = alpha_crown(
         graph, box, C, CrownState({**state.bounds, **refined}, state.rows, []), opts, clock.expired
     )
     cb = np.maximum(clause_bounds(lb, d, owner, len(region.clauses)), cb)
-    bounds.setdefault("mip_refined", []).extend(cb.tolist())
+    bounds.setdefault("refined", []).extend(cb.tolist())
     return bool((cb > 0).all()), state, cb
 
 

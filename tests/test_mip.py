@@ -134,9 +134,11 @@ def _instance(tmp_path, onnx_path, n_in, n_out, width):
     return onnx_path, testing.write_vnnlib(tmp_path / "p.vnnlib", lo, hi, label=0, n_outputs=n_out)
 
 
-def test_bab_refine_pipeline(tmp_path, capsys):
-    """A chain network is refined (the summary has the refined bounds) and the verdict is exact;
-    a residual one is verified without refinement, with a warning instead of an error."""
+@pytest.mark.parametrize("method", ["split", "milp"])
+def test_bab_refine_pipeline(tmp_path, capsys, method):
+    """A chain network is refined (the summary has the refined bounds) and the verdict is exact; a
+    residual one is refined by ``split`` and, by ``milp``, verified without refinement, with a warning
+    instead of an error."""
     from complete_verifier_ext.config import MipConfig, load_config
     from complete_verifier_ext.verify import verify_instance
 
@@ -144,7 +146,7 @@ def test_bab_refine_pipeline(tmp_path, capsys):
         None,
         ["--general.complete_verifier", "bab-refine", "--solver.alpha-crown.iteration", "2"]
         + ["--solver.mip.refine_neuron_timeout", "5", "--attack.pgd_order", "skip"]
-        + ["--solver.mip.quick_bab_percentage", "0"],
+        + ["--solver.mip.quick_bab_percentage", "0", "--solver.mip.refine_method", method],
     )
     sizes = (4, 6, 6, 3)
     onnx_path, vnnlib = _instance(tmp_path, testing.mlp_onnx(tmp_path / "m.onnx", sizes, 3), 4, 3, 0.3)
@@ -156,14 +158,18 @@ def test_bab_refine_pipeline(tmp_path, capsys):
     )
     assert res.verdict == ("unsat" if exact > 0 else "sat"), (res, exact)
     assert min(res.bounds["alpha_crown"]) < 0  # the case needs the refinement (or BaB)
-    assert min(res.bounds["alpha_crown"]) <= min(res.bounds["mip_refined"]) <= exact + 1e-4
-    quick = dataclasses.replace(cfg, solver=dataclasses.replace(cfg.solver, mip=MipConfig()))
-    res = verify_instance(quick, onnx_path, vnnlib, timeout=60)  # a short plain BaB solves it: no MILP
-    assert res.verdict == ("unsat" if exact > 0 else "sat") and "mip_refined" not in res.bounds
+    assert min(res.bounds["alpha_crown"]) <= min(res.bounds["refined"]) <= exact + 1e-4
+    mip_cfg = MipConfig(refine_method=method)
+    quick = dataclasses.replace(cfg, solver=dataclasses.replace(cfg.solver, mip=mip_cfg))
+    res = verify_instance(quick, onnx_path, vnnlib, timeout=60)  # a short plain BaB solves it: no refinement
+    assert res.verdict == ("unsat" if exact > 0 else "sat") and "refined" not in res.bounds
     n_in = int(np.prod(testing.RESIDUAL_INPUT_SHAPE))
     res_path = testing.residual_onnx(tmp_path / "r.onnx", seed=0)
     onnx_path, vnnlib = _instance(tmp_path, res_path, n_in, testing.RESIDUAL_OUTPUTS, 0.05)
     res = verify_instance(cfg, onnx_path, vnnlib, timeout=60)
-    assert res.verdict in ("unsat", "sat", "unknown") and "mip_refined" not in res.bounds
+    assert res.verdict in ("unsat", "sat", "unknown")
     if min(res.bounds.get("alpha_crown", [1.0])) <= 0:  # α-CROWN left it open: refinement was asked
-        assert "no MILP refinement" in capsys.readouterr().err
+        if method == "milp":
+            assert "no MILP refinement" in capsys.readouterr().err and "refined" not in res.bounds
+        else:
+            assert min(res.bounds["alpha_crown"]) <= min(res.bounds["refined"])

@@ -13,12 +13,9 @@ it (fewer binaries, smaller big-M).  The first layer is exact by IBP and needs n
 Soundness: the solver works to tolerances of about 1e-7 to 1e-6, so every new bound is moved out
 by ``SAFETY * (1 + |bound|)`` and intersected with the old one (never looser).
 
-Ranks: the (neuron, side) solves of a layer, most promising first (|A| of the output bound times
-the gap of the triangle relaxation), are dealt out round-robin over the ranks; one all-gather per
-layer gives everyone the results.  Each rank stops solving at the common deadline; whether to start
-a layer at all is agreed collectively, so every rank issues the same collectives.  The model needs
-whole weight matrices: under FSDP each layer is gathered once (``gathered``, collective); under TP
-the refinement is refused (no rank may hold a full layer).
+Ranks: ``refine.refine_in_order`` deals the (neuron, side) solves of a layer over the ranks.  The
+model needs whole weight matrices: under FSDP each layer is gathered once (``gathered``,
+collective); under TP the refinement is refused (no rank may hold a full layer).
 """
 
 from __future__ import annotations
@@ -35,8 +32,8 @@ import scipy.sparse as sp
 import torch
 
 from ..model.graph import Graph
-from ..parallel import comm
 from .ops import Affine, Flatten, Linear
+from .refine import FlatBounds, Task, refine_in_order
 from .walk import Bounds
 
 SAFETY = 1e-4  # relative outward margin on every bound from the solver
@@ -233,64 +230,33 @@ def refine_bounds(
 
     ``bounds``: sound bounds of every pre-activation node, (1, *shape) each (e.g. α-CROWN's).
     ``weight[k]``: how much each neuron of node k matters (e.g. |A| of the output bound at its
-    ReLU); neurons are solved in the order of weight × the gap of their triangle relaxation, so that
-    a budget that runs out leaves the least useful ones.
+    ReLU); see ``refine.refine_in_order`` for the order, the ranks and the deadline.
     Collective: every rank calls it with the same arguments; each solves its share."""
     layers = chain_layers(graph)
     x_lo = box[0].double().cpu().reshape(-1).numpy()
     x_hi = box[1].double().cpu().reshape(-1).numpy()
-    cur = {
-        ly.node: tuple(t.double().cpu().reshape(-1).numpy().copy() for t in bounds[ly.node]) for ly in layers
-    }
-    stats = {"solves": 0, "stabilised": 0, "layers": 0}
-    last = len(layers) if opts.layers <= 0 else min(len(layers), 1 + opts.layers)
-    for i in range(1, last):
-        if comm.all_reduce_flag(time.monotonic() > deadline, "or"):
-            break
-        layer = layers[i]
-        l, u = cur[layer.node]
-        uns = np.nonzero((l < 0) & (u > 0))[0]
-        gap = -l[uns] * u[uns] / (u[uns] - l[uns])
-        if weight is not None and layer.node in weight:
-            gap = gap * weight[layer.node].reshape(-1)[uns]
-        order = uns[np.argsort(-gap, kind="stable")]
-        tasks = [(j, side) for j in order for side in (1.0, -1.0)]
-        P, n = comm.world_size(), len(tasks)
-        mine = tasks[comm.rank() :: P]  # dealt round-robin: every rank starts with the most useful
-        model = ChainMilp(layers, cur, x_lo, x_hi, i) if mine else None
-        found = np.full(len(mine), -np.inf)
-        for t, (j, side) in enumerate(mine):
+    index = {ly.node: i for i, ly in enumerate(layers)}
+
+    def solve(k: int, tasks: list[Task], cur: FlatBounds, deadline: float) -> np.ndarray:
+        layer = layers[index[k]]
+        model = ChainMilp(layers, cur, x_lo, x_hi, index[k])
+        found = np.full(len(tasks), -np.inf)
+        for t, (j, side) in enumerate(tasks):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            w = side * layer.M[j]
-            found[t] = model.minimum(w, min(opts.neuron_timeout, left)) + side * layer.c[j]
-            stats["solves"] += 1
-        sizes = [len(range(q, n, P)) for q in range(P)]
-        allv = comm.all_gather_cat(torch.tensor(found, dtype=torch.float64), 0, sizes=sizes).numpy()
-        dealt = [tasks[t] for q in range(P) for t in range(q, n, P)]  # the order of the gathered values
-        new_l, new_u = l.copy(), u.copy()
-        for (j, side), v in zip(dealt, allv):
-            if not np.isfinite(v):
-                continue
-            v = v - SAFETY * (1 + abs(v))  # a lower bound of side * z_j, moved outward
-            if side > 0:
-                new_l[j] = max(new_l[j], v)
-            else:
-                new_u[j] = min(new_u[j], -v)
-        now_stable = int((((new_l >= 0) | (new_u <= 0))[uns]).sum())
-        stats["stabilised"] += now_stable
-        stats["layers"] += 1
-        log(
-            f"  mip refine node {graph.nodes[layer.node].name}: {len(uns)} unstable, "
-            f"{now_stable} made stable, mean width {np.mean(u[uns] - l[uns]) if len(uns) else 0:.4f} -> "
-            f"{np.mean(new_u[uns] - new_l[uns]) if len(uns) else 0:.4f}"
-        )
-        cur[layer.node] = (new_l, new_u)
-    out = dict(bounds)
-    for ly in layers:
-        lo, hi = bounds[ly.node]
-        nl = torch.tensor(cur[ly.node][0], dtype=lo.dtype, device=lo.device).view(lo.shape)
-        nh = torch.tensor(cur[ly.node][1], dtype=hi.dtype, device=hi.device).view(hi.shape)
-        out[ly.node] = (torch.maximum(lo, nl), torch.minimum(hi, nh))
-    return out, stats
+            found[t] = model.minimum(side * layer.M[j], min(opts.neuron_timeout, left)) + side * layer.c[j]
+        return found
+
+    last = len(layers) if opts.layers <= 0 else min(len(layers), 1 + opts.layers)
+    nodes = [ly.node for ly in layers[1:last]]  # the first layer is exact by IBP
+    return refine_in_order(
+        nodes,
+        {ly.node: bounds[ly.node] for ly in layers},
+        solve,
+        deadline,
+        weight,
+        margin=lambda v: SAFETY * (1 + abs(v)),
+        log=log,
+        names={k: graph.nodes[k].name for k in nodes},
+    )

@@ -1,0 +1,166 @@
+"""Tightening intermediate bounds by splitting earlier neurons (``solver.mip.refine_method: split``).
+
+To bound ``s * z_j`` (a pre-activation neuron of node k, side s = ±1), pick the ``depth`` unstable
+neurons before k that matter most to its CROWN bound (|A| at their ReLU times the gap of their
+triangle relaxation: BaBSR's score, per target), and bound ``s * z_j`` on each of the ``2^depth``
+sign patterns of those neurons with β-CROWN: the split neurons' bounds are fixed (``l = 0`` or
+``u = 0``), β adds ``-β z`` / ``+β z`` for the splits (β >= 0, <= 0 on the pattern), and α and β are
+optimised jointly by Adam for ``iteration`` steps, keeping the best bound of any step.  The patterns
+cover the box, so the minimum over them is a sound lower bound of ``s * z_j``.  Every (target,
+pattern) pair is one element of the engine's batch axis, so a layer costs a few large batched
+back-substitutions instead of a MILP per neuron, and it works on any graph the engine bounds.
+
+``refine.refine_in_order`` runs the layers in order and deals the targets over the ranks; the
+back-substitutions here issue no collective, so the graph must be whole on every rank (mode
+``none``, or inside ``Graph.replicated()`` under FSDP).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..model.graph import Graph
+from .crown import ancestors_relus, exact_by_ibp, pre_activation_nodes
+from .ops import Relu
+from .refine import FlatBounds, Task, refine_in_order
+from .walk import Bounds, Box, back_substitute
+
+MAX_ELEMENTS = 1 << 25  # per batched bound tensor (domains × earlier neurons): about 128 MB in float32
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    depth: int = 6  # neurons split per target: 2^depth patterns
+    iteration: int = 20
+    lr_alpha: float = 0.1
+    lr_beta: float = 0.05
+    lr_decay: float = 0.98
+    max_domains: int = 8192  # (target, pattern) pairs bounded together
+
+
+def _expand(t: Tensor, B: int) -> Tensor:
+    return t.expand(B, *t.shape[1:])
+
+
+def bound_targets(
+    graph: Graph, k: int, tasks: list[Task], bounds: Bounds, box: Box, opts: SplitOptions
+) -> Tensor:
+    """Lower bounds (T,) of ``side * z_j`` for every task (j, side) of node k, given sound ``bounds``
+    ((1, *shape) each) of every pre-activation node before k."""
+    T, shape = len(tasks), graph.nodes[k].shape
+    n = math.prod(shape)
+    A = torch.zeros(1, T, n)
+    A[0, torch.arange(T), torch.tensor([j for j, _ in tasks])] = torch.tensor([s for _, s in tasks])
+    A = A.view(1, T, *shape)
+    relus = ancestors_relus(graph, k)
+    ins = [graph.nodes[r].inputs[0] for r in relus]
+    record: dict[int, Tensor] = {}
+    with torch.no_grad():  # which earlier neurons each target's CROWN bound depends on
+        tb = {q: (_expand(bounds[q][0], T), _expand(bounds[q][1], T)) for q in ins}
+        back_substitute(graph, k, A, tb, (_expand(box[0], T), _expand(box[1], T)), record=record)
+    sizes = [math.prod(graph.nodes[q].shape) for q in ins]
+    lo = torch.cat([bounds[q][0].reshape(-1) for q in ins]) if ins else torch.zeros(0)
+    hi = torch.cat([bounds[q][1].reshape(-1) for q in ins]) if ins else torch.zeros(0)
+    unstable = (lo < 0) & (hi > 0)
+    gap = torch.where(unstable, -lo * hi / (hi - lo).clamp(min=1e-12), torch.zeros_like(lo))
+    reach = [
+        record[r][0].reshape(T, -1).abs() if r in record else torch.zeros(T, m) for r, m in zip(relus, sizes)
+    ]
+    score = torch.where(unstable, torch.cat(reach, 1) * gap, -1.0) if ins else torch.zeros(T, 0)
+    d = min(opts.depth, int(unstable.sum()))
+    top = score.topk(d, 1).indices  # (T, d): unstable neurons, the most useful first
+    L = 1 << d
+    B = T * L
+    pattern = ((torch.arange(L)[:, None] >> torch.arange(d)) & 1).bool()  # (L, d): True = active
+    cols, act = top.repeat_interleave(L, 0), pattern.repeat(T, 1)  # (B, d) each
+    rows = torch.arange(B)[:, None].expand(B, d)
+    lo_b, hi_b = lo.expand(B, -1).clone(), hi.expand(B, -1).clone()
+    split = torch.zeros(B, lo.numel())
+    lo_b[rows[act], cols[act]] = 0.0  # z >= 0: the neuron is active (exact)
+    hi_b[rows[~act], cols[~act]] = 0.0  # z <= 0: inactive
+    split[rows[act], cols[act]], split[rows[~act], cols[~act]] = 1.0, -1.0
+    per_node = lambda t: {  # noqa: E731
+        q: v.reshape(B, *graph.nodes[q].shape) for q, v in zip(ins, torch.split(t, sizes, 1))
+    }
+    lo_q, hi_q, split_q = per_node(lo_b), per_node(hi_b), per_node(split)
+    bb = {q: (lo_q[q], hi_q[q]) for q in ins}
+    alpha = {
+        r: Relu.relaxation(*bb[q])[2].unsqueeze(0).clone().requires_grad_(True) for r, q in zip(relus, ins)
+    }
+    beta = {q: torch.zeros(1, B, *graph.nodes[q].shape, requires_grad=True) for q in ins}
+    opt = torch.optim.Adam(
+        [
+            {"params": list(alpha.values()), "lr": opts.lr_alpha},
+            {"params": list(beta.values()), "lr": opts.lr_beta},
+        ]
+    )
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, opts.lr_decay)
+    A_b, box_b = A.repeat_interleave(L, 1), (_expand(box[0], B), _expand(box[1], B))
+    best = torch.full((B,), -torch.inf)
+    for it in range(max(1, opts.iteration)):
+        coef = {q: -split_q[q] * beta[q].clamp(min=0) for q in ins}
+        lb = back_substitute(graph, k, A_b, bb, box_b, alpha, coef)[0]  # (B,)
+        best = torch.maximum(best, lb.detach())
+        if it == opts.iteration - 1 or opts.iteration <= 1:
+            break
+        opt.zero_grad(set_to_none=True)
+        (-lb.sum()).backward()
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            for a in alpha.values():
+                a.clamp_(0.0, 1.0)
+            for b in beta.values():
+                b.clamp_(min=0.0)
+    return best.view(T, L).min(1).values
+
+
+def refine_bounds(
+    graph: Graph,
+    box: Box,
+    bounds: Bounds,
+    opts: SplitOptions,
+    deadline: float,
+    log: Callable[[str], None] = lambda s: None,
+    weight: dict[int, np.ndarray] | None = None,
+) -> tuple[Bounds, dict[str, int]]:
+    """Tighter bounds of every pre-activation node (batch of one) that IBP does not bound exactly,
+    and counts of what was done; arguments as ``mip.refine_bounds``.  Collective (see the module)."""
+    pre = pre_activation_nodes(graph)
+    nodes = [k for k in pre if not exact_by_ibp(graph, k)]
+    like = {k: bounds[k][0] for k in pre}
+
+    def solve(k: int, tasks: list[Task], cur: FlatBounds, deadline: float) -> np.ndarray:
+        now = {  # the current bounds are float32 values (or the originals): exact in the engine's dtype
+            q: tuple(torch.tensor(v, dtype=like[q].dtype).view(like[q].shape) for v in cur[q]) for q in pre
+        }
+        earlier = sum(
+            math.prod(graph.nodes[graph.nodes[r].inputs[0]].shape) for r in ancestors_relus(graph, k)
+        )
+        domains = max(1, min(opts.max_domains, MAX_ELEMENTS // max(1, earlier)))
+        per = max(1, domains >> opts.depth)  # targets per batch
+        found = np.full(len(tasks), -np.inf)
+        for t0 in range(0, len(tasks), per):
+            if time.monotonic() > deadline:
+                break
+            found[t0 : t0 + per] = (
+                bound_targets(graph, k, tasks[t0 : t0 + per], now, box, opts).double().numpy()
+            )
+        return found
+
+    return refine_in_order(
+        nodes,
+        {k: bounds[k] for k in pre},
+        solve,
+        deadline,
+        weight,
+        log=log,
+        names={k: graph.nodes[k].name for k in nodes},
+    )
