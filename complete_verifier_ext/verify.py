@@ -173,16 +173,18 @@ def refine_region(
     old = {k: state.bounds[k] for k in pre}
     if m.refine_method == "split":
         beta = cfg.solver.beta_crown
-        opts = SplitOptions(
+        split_opts = SplitOptions(
             depth=m.refine_split_depth,
+            layers=m.refine_layers,
             iteration=beta.iteration,
-            lr_alpha=beta.lr_alpha,
+            lr_alpha=cfg.solver.alpha_crown.lr_alpha,  # α starts afresh, as in α-CROWN
             lr_beta=beta.lr_beta,
+            lr_decay=beta.lr_decay,
             max_domains=8 * cfg.solver.batch_size,
         )
         replicate = comm.world_size() > 1 and cfg.parallel.mode == "fsdp"
         with graph.replicated() if replicate else contextlib.nullcontext():
-            refined, _ = split_refine.refine_bounds(graph, box, old, opts, deadline, log, weight)
+            refined, _ = split_refine.refine_bounds(graph, box, old, split_opts, deadline, log, weight)
     else:
         try:
             refined, _ = mip.refine_bounds(

@@ -96,6 +96,14 @@ def test_a_residual_network_is_refined_soundly(tmp_path):
         assert (lo >= state.bounds[k][0]).all() and (hi <= state.bounds[k][1]).all()
 
 
+def test_refine_layers_limits_the_layers():
+    net, graph, box, state, lo, hi = _mlp_case(2)
+    refined, stats = _refine(graph, box, state, layers=1)
+    last = pre_activation_nodes(graph)[-1]
+    assert stats["layers"] == 1
+    assert torch.equal(refined[last][0], state.bounds[last][0])
+
+
 def test_an_expired_deadline_changes_nothing():
     net, graph, box, state, lo, hi = _mlp_case(2)
     refined, stats = _refine(graph, box, state, deadline=-1.0)

@@ -38,6 +38,7 @@ MAX_ELEMENTS = 1 << 25  # per batched bound tensor (domains × earlier neurons):
 @dataclass(frozen=True)
 class SplitOptions:
     depth: int = 6  # neurons split per target: 2^depth patterns
+    layers: int = 0  # how many layers after the first to refine; 0: all
     iteration: int = 20
     lr_alpha: float = 0.1
     lr_beta: float = 0.05
@@ -135,6 +136,7 @@ def refine_bounds(
     and counts of what was done; arguments as ``mip.refine_bounds``.  Collective (see the module)."""
     pre = pre_activation_nodes(graph)
     nodes = [k for k in pre if not exact_by_ibp(graph, k)]
+    nodes = nodes[: opts.layers] if opts.layers > 0 else nodes
     like = {k: bounds[k][0] for k in pre}
 
     def solve(k: int, tasks: list[Task], cur: FlatBounds, deadline: float) -> np.ndarray:
