@@ -3,6 +3,11 @@
     python benchmarks/suite.py mnist_fc --ranks 1 [--extra "--solver.batch_size 512"]
     python benchmarks/suite.py mnist_fc --report           # table from the stored results only
     python benchmarks/suite.py mnist_fc --csv benchmarks/mnist_fc_hard.csv --tag=-hard --ranks 2
+    python benchmarks/suite.py mnist_fc --csv benchmarks/mnist_fc_bab.csv --tag=-split --ranks 2
+
+(``mnist_fc_hard.csv``: the 12 instances only α,β-CROWN solved in our first full runs;
+``mnist_fc_bab.csv``: those 12, then the 3 that plain BaB took over 80 s for at P = 2, then the 5
+that neither tool solved; every other instance falls to PGD or to BaB within 10 s.)
 
 Runs ``abcrown --config configs/<name>.yaml --parallel.world_size P --summary ...`` over the folder's
 ``instances.csv`` (each instance with its csv timeout) and stores the raw summary under

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..attack import EmptyFloat32BoxError, float32_box
+from ..bounds.beta import optimise_alpha_beta
 from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
 from ..bounds.ops import Relu
 from ..bounds.walk import Bounds, Box, back_substitute
@@ -103,37 +104,22 @@ class BetaCrown:
         }
         box = (self.box[0].expand(B, *self.box[0].shape[1:]), self.box[1].expand(B, *self.box[1].shape[1:]))
         A = spec_matrix(self.problem.C, B, g.nodes[self.out].shape)
-        opt = torch.optim.Adam(
-            [
-                {"params": list(alpha.values()), "lr": self.opts.lr_alpha},
-                {"params": list(beta.values()), "lr": self.opts.lr_beta},
-            ]
-        )
-        sched = torch.optim.lr_scheduler.ExponentialLR(opt, self.opts.lr_decay)
         best = torch.full((B, S), -torch.inf)
         best_record: dict[int, Tensor] = {}
-        for it in range(max(1, self.opts.iteration)):
-            if it > 0 and expired():
-                break
+
+        def bound() -> Tensor:
+            nonlocal best, best_record
             coef = {k: -split[k].to(torch.float32) * beta[k].clamp(min=0) for k in self.pre}
             record: dict[int, Tensor] = {}
             lb = back_substitute(g, self.out, A, bounds, box, alpha, coef, record)  # (S, B)
             lbT = lb.detach().T
-            improved = lbT > best
-            if it == 0 or bool(improved.any()):
+            if not best_record or bool((lbT > best).any()):
                 best = torch.maximum(best, lbT)
                 best_record = {k: v.detach() for k, v in record.items()}
-            if it == self.opts.iteration - 1 or self.opts.iteration <= 1:
-                break
-            opt.zero_grad(set_to_none=True)
-            (-lb.sum()).backward()
-            opt.step()
-            sched.step()
-            with torch.no_grad():
-                for a in alpha.values():
-                    a.clamp_(0, 1)
-                for b in beta.values():
-                    b.clamp_(min=0)
+            return lb
+
+        o = self.opts
+        optimise_alpha_beta(alpha, beta, o.lr_alpha, o.lr_beta, o.lr_decay, o.iteration, bound, expired)
         x = self.minimiser(best_record.get(0), best, box)
         return (
             best,

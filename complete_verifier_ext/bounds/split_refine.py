@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..model.graph import Graph
+from .beta import optimise_alpha_beta
 from .crown import ancestors_relus, exact_by_ibp, pre_activation_nodes
 from .ops import Relu
 from .refine import FlatBounds, Task, refine_in_order
@@ -51,10 +52,17 @@ def _expand(t: Tensor, B: int) -> Tensor:
 
 
 def bound_targets(
-    graph: Graph, k: int, tasks: list[Task], bounds: Bounds, box: Box, opts: SplitOptions
+    graph: Graph,
+    k: int,
+    tasks: list[Task],
+    bounds: Bounds,
+    box: Box,
+    opts: SplitOptions,
+    deadline: float = np.inf,
 ) -> Tensor:
     """Lower bounds (T,) of ``side * z_j`` for every task (j, side) of node k, given sound ``bounds``
-    ((1, *shape) each) of every pre-activation node before k."""
+    ((1, *shape) each) of every pre-activation node before k.  Past ``deadline`` the optimisation
+    stops after its first step (the bounds so far are sound)."""
     T, shape = len(tasks), graph.nodes[k].shape
     n = math.prod(shape)
     A = torch.zeros(1, T, n)
@@ -96,30 +104,27 @@ def bound_targets(
         r: Relu.relaxation(*bb[q])[2].unsqueeze(0).clone().requires_grad_(True) for r, q in zip(relus, ins)
     }
     beta = {q: torch.zeros(1, B, *graph.nodes[q].shape, requires_grad=True) for q in ins}
-    opt = torch.optim.Adam(
-        [
-            {"params": list(alpha.values()), "lr": opts.lr_alpha},
-            {"params": list(beta.values()), "lr": opts.lr_beta},
-        ]
-    )
-    sched = torch.optim.lr_scheduler.ExponentialLR(opt, opts.lr_decay)
     A_b, box_b = A.repeat_interleave(L, 1), (_expand(box[0], B), _expand(box[1], B))
     best = torch.full((B,), -torch.inf)
-    for it in range(max(1, opts.iteration)):
+
+    def bound() -> Tensor:
+        nonlocal best
         coef = {q: -split_q[q] * beta[q].clamp(min=0) for q in ins}
         lb = back_substitute(graph, k, A_b, bb, box_b, alpha, coef)[0]  # (B,)
         best = torch.maximum(best, lb.detach())
-        if it == opts.iteration - 1 or opts.iteration <= 1:
-            break
-        opt.zero_grad(set_to_none=True)
-        (-lb.sum()).backward()
-        opt.step()
-        sched.step()
-        with torch.no_grad():
-            for a in alpha.values():
-                a.clamp_(0.0, 1.0)
-            for b in beta.values():
-                b.clamp_(min=0.0)
+        return lb
+
+    o = opts
+    optimise_alpha_beta(
+        alpha,
+        beta,
+        o.lr_alpha,
+        o.lr_beta,
+        o.lr_decay,
+        o.iteration,
+        bound,
+        lambda: time.monotonic() > deadline,
+    )
     return best.view(T, L).min(1).values
 
 
@@ -153,7 +158,7 @@ def refine_bounds(
             if time.monotonic() > deadline:
                 break
             found[t0 : t0 + per] = (
-                bound_targets(graph, k, tasks[t0 : t0 + per], now, box, opts).double().numpy()
+                bound_targets(graph, k, tasks[t0 : t0 + per], now, box, opts, deadline).double().cpu().numpy()
             )
         return found
 

@@ -1,0 +1,48 @@
+"""β-CROWN's joint optimisation of the ReLU slopes α and the split multipliers β.
+
+Any α in [0, 1] and β >= 0 give a sound lower bound, so the loop only has to keep them in range:
+Adam (one learning rate for α, one for β) with an exponential learning-rate decay, maximising the
+sum of the bounds; after every step α is clamped to [0, 1] and β to [0, inf).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+def optimise_alpha_beta(
+    alpha: dict[int, Tensor],
+    beta: dict[int, Tensor],
+    lr_alpha: float,
+    lr_beta: float,
+    lr_decay: float,
+    iteration: int,
+    bound: Callable[[], Tensor],
+    stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Run ``bound()`` (the lower bounds under the current α and β, with their graph) up to
+    ``iteration`` times (at least once), stepping α and β between the calls.  ``bound`` keeps
+    whatever it needs of each result (the best bound so far, say); ``stop()`` is asked before every
+    call after the first."""
+    opt = torch.optim.Adam(
+        [{"params": list(alpha.values()), "lr": lr_alpha}, {"params": list(beta.values()), "lr": lr_beta}]
+    )
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, lr_decay)
+    for it in range(max(1, iteration)):
+        if it > 0 and stop():
+            break
+        lb = bound()
+        if it >= iteration - 1:
+            break
+        opt.zero_grad(set_to_none=True)
+        (-lb.sum()).backward()
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            for a in alpha.values():
+                a.clamp_(0.0, 1.0)
+            for b in beta.values():
+                b.clamp_(min=0.0)
