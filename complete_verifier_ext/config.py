@@ -238,7 +238,7 @@ class MipConfig:
         refine_method: ours: ``split`` (every unstable neuron is bounded by batched beta-CROWN over the
             sign patterns of the earlier neurons that matter most to it; any network) or ``milp``
             (alpha-beta-CROWN's: a MILP per neuron, HiGHS through highspy; chains of Linear and ReLU
-            layers only).
+            layers only) or ``split+milp`` (split, then MILP from its bounds for the rest of the time).
         refine_split_depth: ours, ``split``: neurons split per target (2^depth patterns each).
         refine_neuron_timeout: ``milp``: time limit of one solve (the minimum or maximum of one
             neuron), seconds. A solve stopped by it still yields a sound bound (its dual bound).
@@ -250,7 +250,7 @@ class MipConfig:
             refine first, as alpha-beta-CROWN does.
     """
 
-    refine_method: str = _opt("split", choices=("split", "milp"))
+    refine_method: str = _opt("split", choices=("split", "milp", "split+milp"))
     refine_split_depth: int = _opt(6, check=lambda v: 0 <= v <= 16, expected="an integer from 0 to 16")
     refine_neuron_timeout: float = _opt(15.0, minimum=0)
     refine_neuron_time_percentage: float = _opt(0.8, check=_is_fraction, expected=_FRACTION)

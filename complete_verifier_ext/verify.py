@@ -152,9 +152,10 @@ def refine_region(
     bounds: dict[str, list[float]],
 ) -> tuple[bool, CrownState, np.ndarray]:
     """``bab-refine``: tighten every intermediate bound (``solver.mip.refine_method``: ``split``, batched
-    β-CROWN over splits of earlier neurons, or ``milp``), then run α-CROWN again on the tightened
-    bounds.  Returns (verified, the new state BaB starts from, clause bounds).  With ``milp``, a network
-    that is not a chain of Linear and ReLU layers keeps its bounds (with a warning)."""
+    β-CROWN over splits of earlier neurons; ``milp``; or ``split+milp``, MILP from split's bounds for
+    the rest of the budget), then run α-CROWN again on the tightened bounds.  Returns (verified, the
+    new state BaB starts from, clause bounds).  A network that is not a chain of Linear and ReLU
+    layers gets no MILP refinement (with a warning)."""
     m = cfg.solver.mip
     budget = m.refine_neuron_time_percentage * max(0.0, clock.deadline - time.monotonic())
     deadline = time.monotonic() + budget
@@ -171,7 +172,8 @@ def refine_region(
         )
     weight = {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
     old = {k: state.bounds[k] for k in pre}
-    if m.refine_method == "split":
+    refined = old
+    if m.refine_method in ("split", "split+milp"):
         beta = cfg.solver.beta_crown
         split_opts = SplitOptions(
             depth=m.refine_split_depth,
@@ -184,13 +186,13 @@ def refine_region(
         )
         replicate = comm.world_size() > 1 and cfg.parallel.mode == "fsdp"
         with graph.replicated() if replicate else contextlib.nullcontext():
-            refined, _ = split_refine.refine_bounds(graph, box, old, split_opts, deadline, log, weight)
-    else:
+            refined, _ = split_refine.refine_bounds(graph, box, refined, split_opts, deadline, log, weight)
+    if m.refine_method in ("milp", "split+milp"):  # after split: the rest of the budget, from its bounds
         try:
             refined, _ = mip.refine_bounds(
                 graph,
                 box,
-                old,
+                refined,
                 MipOptions(neuron_timeout=m.refine_neuron_timeout, layers=m.refine_layers),
                 deadline,
                 log=log,
@@ -199,7 +201,8 @@ def refine_region(
         except UnsupportedForMip as e:
             if comm.rank() == 0:
                 print(f"warning: bab-refine: {graph.source}: {e}; no MILP refinement", file=sys.stderr)
-            return False, state, cb
+            if m.refine_method == "milp":
+                return False, state, cb
     a = cfg.solver.alpha_crown
     opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
     lb, state = alpha_crown(
