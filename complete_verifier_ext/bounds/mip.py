@@ -209,8 +209,9 @@ class ChainMilp:
         h.setOptionValue("time_limit", max(time_limit, 0.01))
         h.run()
         status, info = h.getModelStatus(), h.getInfo()
-        if status == highspy.HighsModelStatus.kOptimal and not self.integrality.any():
-            return float(info.objective_function_value)  # an LP solved to optimality
+        if not self.integrality.any():  # an LP: only its optimum is a bound (no dual bound is kept)
+            optimal = status == highspy.HighsModelStatus.kOptimal
+            return float(info.objective_function_value) if optimal else -np.inf
         if status in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
             bound = float(info.mip_dual_bound)
             return bound if np.isfinite(bound) else -np.inf
