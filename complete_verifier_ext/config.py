@@ -140,7 +140,7 @@ class GeneralConfig:
         results_file: where the VNN-COMP result (``sat``/``unsat``/``unknown``/``timeout``/``error``) goes.
         enable_incomplete_verification: run IBP/CROWN/alpha-CROWN on the whole box before BaB.
         complete_verifier: ``bab`` (branch and bound), ``bab-refine`` (first tighten the intermediate
-            bounds with MILP, ``solver.mip``, then branch and bound) or ``skip`` (stop after incomplete
+            bounds, ``solver.mip``, then branch and bound) or ``skip`` (stop after incomplete
             verification).
         deterministic: use deterministic torch kernels.
         double_fp: compute in float64.

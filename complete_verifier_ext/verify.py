@@ -171,8 +171,7 @@ def refine_region(
             graph, out, spec_matrix(C, 1, graph.nodes[out].shape), state.bounds, box, record=record
         )
     weight = {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
-    old = {k: state.bounds[k] for k in pre}
-    refined = old
+    refined = {k: state.bounds[k] for k in pre}
     if m.refine_method in ("split", "split+milp"):
         beta = cfg.solver.beta_crown
         split_opts = SplitOptions(
@@ -297,7 +296,7 @@ def complete_region(
 ) -> BabResult:
     """Branch and bound on a region the incomplete bounds left open.  With ``bab-refine``: first a
     plain search for ``solver.mip.quick_bab_percentage`` of the time left (easy instances end
-    there), then the MILP refinement, then the search again from the refined bounds."""
+    there), then the refinement (``refine_region``), then the search again from the refined bounds."""
     m = cfg.solver.mip
     refine = cfg.general.complete_verifier == "bab-refine" and state is not None
     if not refine or cfg.bab.branching.input_split.enable:

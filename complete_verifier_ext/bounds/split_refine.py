@@ -95,9 +95,10 @@ def bound_targets(
     lo_b[rows[act], cols[act]] = 0.0  # z >= 0: the neuron is active (exact)
     hi_b[rows[~act], cols[~act]] = 0.0  # z <= 0: inactive
     split[rows[act], cols[act]], split[rows[~act], cols[~act]] = 1.0, -1.0
-    per_node = lambda t: {  # noqa: E731
-        q: v.reshape(B, *graph.nodes[q].shape) for q, v in zip(ins, torch.split(t, sizes, 1))
-    }
+
+    def per_node(t: Tensor) -> dict[int, Tensor]:  # (B, N) -> every earlier node's (B, *shape)
+        return {q: v.reshape(B, *graph.nodes[q].shape) for q, v in zip(ins, torch.split(t, sizes, 1))}
+
     lo_q, hi_q, split_q = per_node(lo_b), per_node(hi_b), per_node(split)
     bb = {q: (lo_q[q], hi_q[q]) for q in ins}
     alpha = {
