@@ -240,6 +240,9 @@ class MipConfig:
             (alpha-beta-CROWN's: a MILP per neuron, HiGHS through highspy; chains of Linear and ReLU
             layers only) or ``split+milp`` (split, then MILP from its bounds for the rest of the time).
         refine_split_depth: ours, ``split``: neurons split per target (2^depth patterns each).
+        refine_split_passes: ours, ``split``: at most this many passes over the layers, each further
+            one at depth + 2 from the bounds of the one before, started only if it is expected to end
+            within the refinement's time (4 times the time of the pass before).
         refine_neuron_timeout: ``milp``: time limit of one solve (the minimum or maximum of one
             neuron), seconds. A solve stopped by it still yields a sound bound (its dual bound).
         refine_neuron_time_percentage: the share (0 to 1) of the time left after alpha-CROWN that the
@@ -252,6 +255,7 @@ class MipConfig:
 
     refine_method: str = _opt("split", choices=("split", "milp", "split+milp"))
     refine_split_depth: int = _opt(6, check=lambda v: 0 <= v <= 16, expected="an integer from 0 to 16")
+    refine_split_passes: int = _opt(1, check=lambda v: 1 <= v <= 8, expected="an integer from 1 to 8")
     refine_neuron_timeout: float = _opt(15.0, minimum=0)
     refine_neuron_time_percentage: float = _opt(0.8, check=_is_fraction, expected=_FRACTION)
     refine_layers: int = _opt(0, minimum=0)

@@ -182,6 +182,7 @@ def refine_region(
             lr_beta=beta.lr_beta,
             lr_decay=beta.lr_decay,
             max_domains=8 * cfg.solver.batch_size,
+            passes=m.refine_split_passes,
         )
         replicate = comm.world_size() > 1 and cfg.parallel.mode == "fsdp"
         with graph.replicated() if replicate else contextlib.nullcontext():

@@ -38,12 +38,13 @@ def _refine(graph, box, state, depth=6, iteration=20, deadline=60.0, **kw):
     return split_refine.refine_bounds(graph, box, bounds, opts, time.monotonic() + deadline)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_refined_bounds_lie_between_the_exact_ranges_and_crown(seed):
+@pytest.mark.parametrize("seed,passes", [(0, 1), (1, 1), (0, 2)])
+def test_refined_bounds_lie_between_the_exact_ranges_and_crown(seed, passes):
     net, graph, box, state, lo, hi = _mlp_case(seed)
-    refined, stats = _refine(graph, box, state)
+    refined, stats = _refine(graph, box, state, depth=4, passes=passes)
     pre = pre_activation_nodes(graph)
-    assert stats["layers"] == len(pre) - 1  # the first layer is exact by IBP
+    assert stats["layers"] == passes * (len(pre) - 1)  # the first layer is exact by IBP
+    assert stats["passes"] == passes
     net64, gained = net.double(), 0.0
     for i, k in enumerate(pre):
         n = net64[2 * i].out_features
@@ -94,6 +95,20 @@ def test_a_residual_network_is_refined_soundly(tmp_path):
             z = graph.forward(x, upto=k)
         assert (z >= lo - 1e-5).all() and (z <= hi + 1e-5).all()
         assert (lo >= state.bounds[k][0]).all() and (hi <= state.bounds[k][1]).all()
+
+
+def test_a_second_pass_is_never_looser_and_stops_at_the_deadline():
+    net, graph, box, state, lo, hi = _mlp_case(4)
+    one, _ = _refine(graph, box, state, depth=2)
+    two, stats = _refine(graph, box, state, depth=2, passes=2)
+    assert stats["passes"] == 2
+    tighter = 0.0
+    for k in pre_activation_nodes(graph):
+        assert (two[k][0] >= one[k][0] - 1e-6).all() and (two[k][1] <= one[k][1] + 1e-6).all()
+        tighter += float((two[k][0] - one[k][0]).sum() + (one[k][1] - two[k][1]).sum())
+    assert tighter > 0
+    _, stats = _refine(graph, box, state, depth=2, passes=8, deadline=1e-9)  # no time: no second pass
+    assert stats["passes"] == 1
 
 
 def test_refine_layers_limits_the_layers():

@@ -20,13 +20,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..model.graph import Graph
+from ..parallel import comm
 from .beta import optimise_alpha_beta
 from .crown import ancestors_relus, exact_by_ibp, pre_activation_nodes
 from .ops import Relu
@@ -45,6 +46,7 @@ class SplitOptions:
     lr_beta: float = 0.05
     lr_decay: float = 0.98
     max_domains: int = 8192  # (target, pattern) pairs bounded together
+    passes: int = 1  # at most this many passes, each at depth + 2 from the bounds of the one before
 
 
 def _expand(t: Tensor, B: int) -> Tensor:
@@ -139,7 +141,34 @@ def refine_bounds(
     weight: dict[int, np.ndarray] | None = None,
 ) -> tuple[Bounds, dict[str, int]]:
     """Tighter bounds of every pre-activation node (batch of one) that IBP does not bound exactly,
-    and counts of what was done; arguments as ``mip.refine_bounds``.  Collective (see the module)."""
+    and counts of what was done; arguments as ``mip.refine_bounds``.  Collective (see the module).
+
+    Up to ``opts.passes`` passes: each further one splits 2 more neurons per target, from the bounds
+    of the pass before, and starts only if every rank expects it to end before ``deadline`` (4 times
+    the patterns, so 4 times the time of the pass before)."""
+    total = {"passes": 0}
+    for p in range(opts.passes):
+        depth = min(16, opts.depth + 2 * p)
+        if p:
+            log(f"  split pass {p + 1}, depth {depth}")
+        start = time.monotonic()
+        bounds, stats = _one_pass(graph, box, bounds, replace(opts, depth=depth), deadline, log, weight)
+        total = {k: total.get(k, 0) + v for k, v in stats.items()} | {"passes": p + 1}
+        took = time.monotonic() - start
+        if p + 1 < opts.passes and not comm.all_reduce_flag(time.monotonic() + 4 * took < deadline, "and"):
+            break
+    return bounds, total
+
+
+def _one_pass(
+    graph: Graph,
+    box: Box,
+    bounds: Bounds,
+    opts: SplitOptions,
+    deadline: float,
+    log: Callable[[str], None],
+    weight: dict[int, np.ndarray] | None,
+) -> tuple[Bounds, dict[str, int]]:
     pre = pre_activation_nodes(graph)
     nodes = [k for k in pre if not exact_by_ibp(graph, k)]
     nodes = nodes[: opts.layers] if opts.layers > 0 else nodes
