@@ -193,7 +193,11 @@ def refine_region(
                 graph,
                 box,
                 refined,
-                MipOptions(neuron_timeout=m.refine_neuron_timeout, layers=m.refine_layers),
+                MipOptions(
+                    neuron_timeout=m.refine_neuron_timeout,
+                    layers=m.refine_layers,
+                    threads=torch.get_num_threads(),  # the cores this rank's torch would use
+                ),
                 deadline,
                 log=log,
                 weight=weight,

@@ -35,19 +35,17 @@ def _case(seed: int, sizes=SIZES, width: float = 1.0, mode: str = "none"):
     return net, graph, box, state, lo, hi
 
 
-def _refine(graph, box, state, timeout=30.0):
+def _refine(graph, box, state, timeout=30.0, threads=1):
     pre = pre_activation_nodes(graph)
     bounds = {k: state.bounds[k] for k in pre}
-
-    return mip.refine_bounds(
-        graph, box, bounds, mip.MipOptions(neuron_timeout=timeout), time.monotonic() + 60
-    )
+    opts = mip.MipOptions(neuron_timeout=timeout, threads=threads)
+    return mip.refine_bounds(graph, box, bounds, opts, time.monotonic() + 60)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_refined_bounds_are_the_exact_neuron_ranges(seed):
+@pytest.mark.parametrize("seed,threads", [(0, 1), (1, 1), (0, 2)])
+def test_refined_bounds_are_the_exact_neuron_ranges(seed, threads):
     net, graph, box, state, lo, hi = _case(seed)
-    refined, stats = _refine(graph, box, state)
+    refined, stats = _refine(graph, box, state, threads=threads)
     pre = pre_activation_nodes(graph)
     assert stats["layers"] == len(pre) - 1
     net64 = net.double()

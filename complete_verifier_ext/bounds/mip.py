@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import highspy
@@ -57,6 +59,7 @@ class Layer:
 class MipOptions:
     neuron_timeout: float = 15.0  # seconds per solve (α,β-CROWN's solver.mip.refine_neuron_timeout)
     layers: int = 0  # how many layers after the first to refine; 0: all
+    threads: int = 1  # solves run at once on this rank (one HiGHS model each; HiGHS frees the GIL)
 
 
 def chain_layers(graph: Graph) -> list[Layer]:
@@ -240,13 +243,27 @@ def refine_bounds(
 
     def solve(k: int, tasks: list[Task], cur: FlatBounds, deadline: float) -> np.ndarray:
         layer = layers[index[k]]
-        model = ChainMilp(layers, cur, x_lo, x_hi, index[k])
         found = np.full(len(tasks), -np.inf)
-        for t, (j, side) in enumerate(tasks):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            found[t] = model.minimum(side * layer.M[j], min(opts.neuron_timeout, left)) + side * layer.c[j]
+        order = iter(range(len(tasks)))  # shared by the workers: the most useful tasks first
+        lock = threading.Lock()
+
+        def work(model: ChainMilp) -> None:
+            while True:
+                with lock:
+                    t = next(order, None)
+                left = deadline - time.monotonic()
+                if t is None or left <= 0:
+                    return
+                j, s = tasks[t]
+                found[t] = model.minimum(s * layer.M[j], min(opts.neuron_timeout, left)) + s * layer.c[j]
+
+        n = max(1, min(opts.threads, len(tasks)))
+        models = [ChainMilp(layers, cur, x_lo, x_hi, index[k]) for _ in range(n)]
+        if n == 1:
+            work(models[0])
+        else:
+            with ThreadPoolExecutor(n) as pool:
+                list(pool.map(work, models))
         return found
 
     last = len(layers) if opts.layers <= 0 else min(len(layers), 1 + opts.layers)
