@@ -261,32 +261,44 @@ class ReluSplitBab:
 
     def falsify(self, x: Tensor, lb: Tensor) -> np.ndarray | None:
         """Look for a counterexample near every rank's candidate points (B_r, *in), identical on every
-        rank.  The sharded forward needs the same batch on every rank, so the candidates are
-        all-gathered first and the forward is replicated.  The ``pgd_points`` candidates of the
-        lowest bounds then take ``pgd_steps`` sign-gradient steps on their worst clause margin inside
-        the (inward-rounded) box: corners of the linear relaxation are seldom counterexamples
-        themselves, but a counterexample is often near the corner of a domain with a low bound."""
+        rank.  The candidates are all-gathered first and the forward is replicated (the sharded
+        forward needs the same batch on every rank).  The ``pgd_points`` candidates of the lowest
+        bounds then take ``pgd_steps`` sign-gradient steps on their worst clause margin inside the
+        (inward-rounded) box, split over the ranks when the weights are whole: corners of the linear
+        relaxation are seldom counterexamples themselves, but a counterexample is often near the
+        corner of a domain with a low bound."""
         xs = comm.all_gather_cat(x, 0)  # (sum_r B_r, *in)
         worst = comm.all_gather_cat(self.problem.margins(lb).min(1).values, 0)
         with torch.no_grad():
             bad = self.problem.violated(self.graph.forward(xs).reshape(xs.shape[0], -1))
         if not bool(bad.any()) and self.inner is not None and self.opts.pgd_steps > 0 and len(xs):
             xs = xs[worst.argsort()[: self.opts.pgd_points]]
-            lo, hi = self.inner
-            step = (hi - lo) / 8
-            for _ in range(self.opts.pgd_steps):
-                with torch.enable_grad():
-                    xg = xs.detach().requires_grad_(True)
-                    xin = comm.reduce_grad(xg) if self.graph.sharded else xg  # full gradient everywhere
-                    y = self.graph(xin).reshape(xs.shape[0], -1)
-                    m = self.problem.margins(y @ self.problem.C.T.to(y.dtype)).min(1).values
-                    (grad,) = torch.autograd.grad(m.sum(), xg)
-                xs = torch.minimum(torch.maximum(xs.detach() - step * grad.sign(), lo), hi)
-                step = step * 0.7
+            if self.graph.sharded or comm.world_size() == 1:
+                xs = self.pgd(xs)  # the sharded forward needs the same batch on every rank
+            else:  # whole weights everywhere: each rank moves its block of the points, then all gather
+                s0, s1 = comm.shard_range(len(xs))  # them, in the order of P = 1
+                mine = self.pgd(xs[s0:s1]) if s1 > s0 else xs[s0:s1]
+                xs = comm.all_gather_cat(mine, 0, sizes=comm.shard_sizes(len(xs)))
             with torch.no_grad():
                 bad = self.problem.violated(self.graph.forward(xs).reshape(xs.shape[0], -1))
         bad = bad.nonzero().flatten()
         return xs[int(bad[0])].reshape(-1).cpu().numpy().astype(np.float32) if len(bad) else None
+
+    def pgd(self, xs: Tensor) -> Tensor:
+        """``pgd_steps`` sign-gradient steps of every point on its worst clause margin, inside the
+        inward-rounded box (each point's steps depend on that point only)."""
+        lo, hi = self.inner
+        step = (hi - lo) / 8
+        for _ in range(self.opts.pgd_steps):
+            with torch.enable_grad():
+                xg = xs.detach().requires_grad_(True)
+                xin = comm.reduce_grad(xg) if self.graph.sharded else xg  # full gradient everywhere
+                y = self.graph(xin).reshape(xs.shape[0], -1)
+                m = self.problem.margins(y @ self.problem.C.T.to(y.dtype)).min(1).values
+                (grad,) = torch.autograd.grad(m.sum(), xg)
+            xs = torch.minimum(torch.maximum(xs.detach() - step * grad.sign(), lo), hi)
+            step = step * 0.7
+        return xs
 
     @staticmethod
     def _flat_scores(scores: dict[int, Tensor], B: int) -> tuple[Tensor, list[tuple[int, int]]]:
