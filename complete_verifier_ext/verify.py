@@ -24,7 +24,7 @@ from .bounds.alpha import AlphaOptions, alpha_crown
 from .bounds.crown import CrownState, crown, ibp, pre_activation_nodes, spec_matrix
 from .bounds.mip import MipOptions, UnsupportedForMip
 from .bounds.split_refine import SplitOptions
-from .bounds.walk import back_substitute
+from .bounds.walk import Bounds, back_substitute
 from .config import Config
 from .model.graph import Graph
 from .model.onnx_loader import load_model
@@ -153,7 +153,8 @@ def refine_region(
 ) -> tuple[bool, CrownState, np.ndarray]:
     """``bab-refine``: tighten every intermediate bound (``solver.mip.refine_method``: ``split``, batched
     β-CROWN over splits of earlier neurons; ``milp``; or ``split+milp``, MILP from split's bounds for
-    the rest of the budget), then run α-CROWN again on the tightened bounds.  Returns (verified, the
+    the rest of the budget unless they verify the region already), then run α-CROWN again on the
+    tightened bounds.  Returns (verified, the
     new state BaB starts from, clause bounds).  A network that is not a chain of Linear and ReLU
     layers gets no MILP refinement (with a warning)."""
     m = cfg.solver.mip
@@ -172,6 +173,16 @@ def refine_region(
         )
     weight = {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
     refined = {k: state.bounds[k] for k in pre}
+    a = cfg.solver.alpha_crown
+    opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
+
+    def recheck(refined: Bounds) -> tuple[bool, CrownState, np.ndarray]:  # α-CROWN on the new bounds
+        lb, new = alpha_crown(
+            graph, box, C, CrownState({**state.bounds, **refined}, state.rows, []), opts, clock.expired
+        )
+        new_cb = np.maximum(clause_bounds(lb, d, owner, len(region.clauses)), cb)
+        return bool((new_cb > 0).all()), new, new_cb
+
     if m.refine_method in ("split", "split+milp"):
         beta = cfg.solver.beta_crown
         split_opts = SplitOptions(
@@ -187,6 +198,11 @@ def refine_region(
         replicate = comm.world_size() > 1 and cfg.parallel.mode == "fsdp"
         with graph.replicated() if replicate else contextlib.nullcontext():
             refined, _ = split_refine.refine_bounds(graph, box, refined, split_opts, deadline, log, weight)
+    if m.refine_method == "split+milp":  # split's bounds may do already: then no MILP
+        verified, new, new_cb = recheck(refined)
+        if verified:
+            bounds.setdefault("refined", []).extend(new_cb.tolist())
+            return True, new, new_cb
     if m.refine_method in ("milp", "split+milp"):  # after split: the rest of the budget, from its bounds
         try:
             refined, _ = mip.refine_bounds(
@@ -207,14 +223,9 @@ def refine_region(
                 print(f"warning: bab-refine: {graph.source}: {e}; no MILP refinement", file=sys.stderr)
             if m.refine_method == "milp":
                 return False, state, cb
-    a = cfg.solver.alpha_crown
-    opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
-    lb, state = alpha_crown(
-        graph, box, C, CrownState({**state.bounds, **refined}, state.rows, []), opts, clock.expired
-    )
-    cb = np.maximum(clause_bounds(lb, d, owner, len(region.clauses)), cb)
+    verified, state, cb = recheck(refined)
     bounds.setdefault("refined", []).extend(cb.tolist())
-    return bool((cb > 0).all()), state, cb
+    return verified, state, cb
 
 
 def bab_options(cfg: Config) -> BabOptions:

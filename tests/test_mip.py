@@ -172,3 +172,34 @@ def test_bab_refine_pipeline(tmp_path, capsys, method):
             assert "refined" not in res.bounds
         else:  # split refines any network
             assert min(res.bounds["alpha_crown"]) <= min(res.bounds["refined"])
+
+
+def test_split_milp_skips_the_milp_when_split_verifies(tmp_path, capsys):
+    """``split+milp`` checks split's bounds with α-CROWN first; when they verify, no MILP is built.
+    The spec ``Y_0 > t`` puts t between α-CROWN's bound of Y_0 and the bound after split refinement."""
+    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.verify import verify_instance
+
+    sizes = (4, 6, 6, 3)
+    onnx_path = testing.mlp_onnx(tmp_path / "m.onnx", sizes, 7)
+
+    def run(method: str, t: float):
+        lines = [f"(declare-const X_{i} Real)" for i in range(4)]
+        lines += [f"(declare-const Y_{j} Real)" for j in range(3)]
+        lines += [f"(assert (>= X_{i} -0.6))\n(assert (<= X_{i} 0.6))" for i in range(4)]
+        (tmp_path / "p.vnnlib").write_text("\n".join(lines + [f"(assert (<= Y_0 {t!r}))"]) + "\n")
+        args = ["--general.complete_verifier", "bab-refine", "--solver.alpha-crown.iteration", "2"]
+        args += ["--attack.pgd_order", "skip", "--solver.mip.quick_bab_percentage", "0"]
+        args += ["--general.verbose", "true", "--solver.mip.refine_method", method]
+        res = verify_instance(load_config(None, args)[0], onnx_path, str(tmp_path / "p.vnnlib"), timeout=60)
+        return res, capsys.readouterr().err.count("refine node")
+
+    res, _ = run("split", 100.0)  # unreachable bound: sat after the refinement; read its bounds
+    a, r = res.bounds["alpha_crown"][0] + 100.0, res.bounds["refined"][0] + 100.0
+    assert r > a + 0.1  # the split refinement tightens the bound of Y_0
+    t = (a + r) / 2
+    split, n_split = run("split", t)
+    both, n_both = run("split+milp", t)
+    assert split.verdict == both.verdict == "unsat"
+    assert min(both.bounds["alpha_crown"]) < 0 < min(both.bounds["refined"])
+    assert n_both == n_split > 0  # only split's layers were refined: no MILP
