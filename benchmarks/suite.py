@@ -7,7 +7,9 @@
 
 (``mnist_fc_hard.csv``: the 12 instances only α,β-CROWN solved in our first full runs;
 ``mnist_fc_bab.csv``: those 12, then the 3 that plain BaB took over 80 s for at P = 2, then the 5
-that neither tool solved; every other instance falls to PGD or to BaB within 10 s.)
+that neither tool solved; every other instance falls to PGD or to BaB within 10 s.
+``mnist_fc_quick.csv``: the 43 that the configs solve within 30 s at P = 1, for checking that the
+verdicts do not depend on P: ``--csv benchmarks/mnist_fc_quick.csv --tag=-quick --ranks 1,2,3``.)
 
 Runs ``abcrown --config configs/<name>.yaml --parallel.world_size P --summary ...`` over the folder's
 ``instances.csv`` (each instance with its csv timeout) and stores the raw summary under
