@@ -154,9 +154,8 @@ def refine_region(
     """``bab-refine``: tighten every intermediate bound (``solver.mip.refine_method``: ``split``, batched
     β-CROWN over splits of earlier neurons; ``milp``; or ``split+milp``, MILP from split's bounds for
     the rest of the budget unless they verify the region already), then run α-CROWN again on the
-    tightened bounds.  Returns (verified, the
-    new state BaB starts from, clause bounds).  A network that is not a chain of Linear and ReLU
-    layers gets no MILP refinement (with a warning)."""
+    tightened bounds.  Returns (verified, the new state BaB starts from, clause bounds).  A network
+    that is not a chain of Linear and ReLU layers gets no MILP refinement (with a warning)."""
     m = cfg.solver.mip
     budget = m.refine_neuron_time_percentage * max(0.0, clock.deadline - time.monotonic())
     deadline = time.monotonic() + budget
