@@ -182,6 +182,10 @@ def refine_region(
         new_cb = np.maximum(clause_bounds(lb, d, owner, len(region.clauses)), cb)
         return bool((new_cb > 0).all()), new, new_cb
 
+    def finish(result: tuple[bool, CrownState, np.ndarray]) -> tuple[bool, CrownState, np.ndarray]:
+        bounds.setdefault("refined", []).extend(result[2].tolist())
+        return result
+
     if m.refine_method in ("split", "split+milp"):
         beta = cfg.solver.beta_crown
         split_opts = SplitOptions(
@@ -198,10 +202,9 @@ def refine_region(
         with graph.replicated() if replicate else contextlib.nullcontext():
             refined, _ = split_refine.refine_bounds(graph, box, refined, split_opts, deadline, log, weight)
     if m.refine_method == "split+milp":  # split's bounds may do already: then no MILP
-        verified, new, new_cb = recheck(refined)
-        if verified:
-            bounds.setdefault("refined", []).extend(new_cb.tolist())
-            return True, new, new_cb
+        checked = recheck(refined)
+        if checked[0]:
+            return finish(checked)
     if m.refine_method in ("milp", "split+milp"):  # after split: the rest of the budget, from its bounds
         try:
             refined, _ = mip.refine_bounds(
@@ -222,9 +225,8 @@ def refine_region(
                 print(f"warning: bab-refine: {graph.source}: {e}; no MILP refinement", file=sys.stderr)
             if m.refine_method == "milp":
                 return False, state, cb
-    verified, state, cb = recheck(refined)
-    bounds.setdefault("refined", []).extend(cb.tolist())
-    return verified, state, cb
+            return finish(checked)  # split's bounds, checked already
+    return finish(recheck(refined))
 
 
 def bab_options(cfg: Config) -> BabOptions:
