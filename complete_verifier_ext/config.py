@@ -140,8 +140,9 @@ class GeneralConfig:
         results_file: where the VNN-COMP result (``sat``/``unsat``/``unknown``/``timeout``/``error``) goes.
         enable_incomplete_verification: run IBP/CROWN/alpha-CROWN on the whole box before BaB.
         complete_verifier: ``bab`` (branch and bound), ``bab-refine`` (first tighten the intermediate
-            bounds, ``solver.mip``, then branch and bound) or ``skip`` (stop after incomplete
-            verification).
+            bounds, ``solver.mip``, then branch and bound), ``mip`` (the same refinement, then a MILP
+            of the whole network per open clause for all the time left, as alpha-beta-CROWN's ``mip``)
+            or ``skip`` (stop after incomplete verification).
         deterministic: use deterministic torch kernels.
         double_fp: compute in float64.
         verbose: print per-iteration progress (alpha-CROWN losses, BaB rounds).
@@ -153,9 +154,7 @@ class GeneralConfig:
     csv_name: str | None = _opt(None)
     results_file: str = _opt("out.txt")
     enable_incomplete_verification: bool = _opt(True)
-    complete_verifier: str = _opt(
-        "bab", choices=("bab", "bab-refine", "skip"), legacy={"mip": "bab-refine", "auto": "bab"}
-    )
+    complete_verifier: str = _opt("bab", choices=("bab", "bab-refine", "mip", "skip"), legacy={"auto": "bab"})
     deterministic: bool = _opt(False)
     double_fp: bool = _opt(False)
     verbose: bool = _opt(False)
@@ -231,6 +230,7 @@ class BetaCrownConfig:
 @dataclass(frozen=True)
 class MipConfig:
     """``solver.mip``: refinement of intermediate bounds for ``general.complete_verifier: bab-refine``
+    or ``mip``
     (other alpha-beta-CROWN keys of this section, e.g. ``parallel_solvers``, are ignored: the work is
     split over the ranks instead).
 
@@ -251,6 +251,11 @@ class MipConfig:
         quick_bab_percentage: ours: the share of the time left after alpha-CROWN that a plain branch and
             bound gets before the refinement starts (instances it solves skip the refinement); 0:
             refine first, as alpha-beta-CROWN does.
+        output_milp_percentage: ours: the share of the time left after the refinement given to a MILP
+            of the whole network for each clause the refined bounds leave open (worst first, ``threads``
+            solves at a time on each rank, as many as the rank's torch threads; chains of Linear and
+            ReLU layers only). Clauses it does not prove go to branch and bound with the rest of the
+            time. 0: none. ``general.complete_verifier: mip`` gives it all the time left (1).
     """
 
     refine_method: str = _opt("split", choices=("split", "milp", "split+milp"))
@@ -260,6 +265,7 @@ class MipConfig:
     refine_neuron_time_percentage: float = _opt(0.8, check=_is_fraction, expected=_FRACTION)
     refine_layers: int = _opt(0, minimum=0)
     quick_bab_percentage: float = _opt(0.1, check=_is_fraction, expected=_FRACTION)
+    output_milp_percentage: float = _opt(0.0, check=_is_fraction, expected=_FRACTION)
 
 
 _BOUND_PROP_LEGACY = {
@@ -816,10 +822,11 @@ def _validate(cfg: Config, flat: Flat) -> None:
             f"{source}: key 'parallel.bab_weights' is 'replicated' but 'parallel.mode' is 'tp', which never "
             "holds a full layer; use parallel.mode 'fsdp' or bab_weights 'sharded'"
         )
-    if par.mode == "tp" and cfg.general.complete_verifier == "bab-refine":
+    if par.mode == "tp" and cfg.general.complete_verifier in ("bab-refine", "mip"):
         source = _source_of(flat, "general.complete_verifier", "parallel.mode")
         raise ConfigError(
-            f"{source}: key 'general.complete_verifier' is 'bab-refine', whose refinement needs whole "
+            f"{source}: key 'general.complete_verifier' is '{cfg.general.complete_verifier}', whose "
+            "refinement needs whole "
             "weight matrices, but 'parallel.mode' is 'tp', which never holds a full layer; use "
             "parallel.mode 'fsdp' or complete_verifier 'bab'"
         )

@@ -229,6 +229,51 @@ def refine_region(
     return finish(recheck(refined))
 
 
+def output_milp(
+    graph: Graph,
+    region: Region,
+    cfg: Config,
+    clock: Clock,
+    state: CrownState,
+    cb: np.ndarray,
+    bounds: dict[str, list[float]],
+    share: float,
+) -> tuple[BabResult | None, np.ndarray]:
+    """A MILP of the whole network (``mip.prove_clauses``) for every clause that ``cb`` leaves open,
+    worst first, on the bounds of ``state``, for ``share`` of the time left.  Returns (``unsat``,
+    or ``sat`` with a point checked on the network, when that decides the region, else None; the
+    clause bounds with what the MILPs proved).  A network that is not a chain of Linear and ReLU
+    layers is left to BaB (with a warning)."""
+    budget = share * max(0.0, clock.deadline - time.monotonic())
+    verbose = cfg.general.verbose and comm.rank() == 0
+    log = (lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None)
+    C, d, owner = spec_rows(region)
+    todo = [int(i) for i in np.argsort(cb, kind="stable") if cb[i] <= 0]
+    C64 = C.double().cpu().numpy()
+    clauses = [(C64[owner == i], d[owner == i]) for i in todo]
+    opts = MipOptions(threads=torch.get_num_threads())
+    try:
+        box, deadline = input_box(region, graph), time.monotonic() + budget
+        names = [str(i) for i in todo]
+        found = mip.prove_clauses(graph, box, state.bounds, clauses, opts, deadline, log, names)
+    except UnsupportedForMip as e:
+        if comm.rank() == 0:
+            print(f"warning: output milp: {graph.source}: {e}; left to BaB", file=sys.stderr)
+        return None, cb
+    cb = cb.copy()
+    for i, r in zip(todo, found):
+        cb[i] = max(cb[i], r.bound)
+    bounds.setdefault("output_milp", []).extend(cb.tolist())
+    lo, hi = float32_box(region.lower, region.upper, inward=True)
+    for r in found:
+        if r.status == "found":  # within the solver's tolerances: only the network decides
+            x = np.clip(r.point, lo, hi).astype(np.float32)
+            ok, _ = check_counterexample(graph, graph.input_shape, x, region)
+            if comm.all_reduce_flag(ok, "and"):
+                return BabResult("sat", counterexample=x), cb
+    return (BabResult("unsat") if (cb > 0).all() else None), cb
+
+
 def bab_options(cfg: Config) -> BabOptions:
     b, beta = cfg.bab.branching, cfg.solver.beta_crown
     return BabOptions(
@@ -315,7 +360,7 @@ def complete_region(
     plain search for ``solver.mip.quick_bab_percentage`` of the time left (easy instances end
     there), then the refinement (``refine_region``), then the search again from the refined bounds."""
     m = cfg.solver.mip
-    refine = cfg.general.complete_verifier == "bab-refine" and state is not None
+    refine = cfg.general.complete_verifier in ("bab-refine", "mip") and state is not None
     if not refine or cfg.bab.branching.input_split.enable:
         return complete(graph, region, cfg, clock, state, cb)
     work = BabResult("timeout", domains=0, rounds=0)
@@ -329,6 +374,13 @@ def complete_region(
     if verified or clock.expired():
         work.verdict = "unsat" if verified else "timeout"
         return work
+    share = 1.0 if cfg.general.complete_verifier == "mip" else m.output_milp_percentage
+    if share > 0:
+        decided, cb = output_milp(graph, region, cfg, clock, state, cb, bounds, share)
+        if decided is not None or clock.expired():
+            decided = decided or BabResult("timeout")
+            decided.add_work(work)
+            return decided
     res = complete(graph, region, cfg, clock, state, cb)
     res.add_work(work)
     return res

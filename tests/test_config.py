@@ -280,7 +280,7 @@ def test_type_error_in_override():
         ("parallel.backend", "mpi", "auto|gloo|nccl"),
         ("bab.branching.method", "best", "babsr|fsb|kfsb|sb|naive"),
         ("bab.branching.reduceop", "sum", "min|max"),
-        ("general.complete_verifier", "lp", "bab|bab-refine|skip"),
+        ("general.complete_verifier", "lp", "bab|bab-refine|mip|skip"),
     ],
 )
 def test_enum_errors(key, value, allowed):
@@ -360,14 +360,14 @@ def test_replaced_values_are_reported_in_the_same_warning(tmp_path):
     path = write_yaml(
         tmp_path,
         """
-        general: {complete_verifier: mip, conv_mode: matrix}
+        general: {complete_verifier: auto, conv_mode: matrix}
         solver: {bound_prop_method: forward+backward}
         bab: {branching: {method: kfsb-intercept-only}}
         attack: {pgd_order: middle}
     """,
     )
     cfg, warnings = load_config(path)
-    assert cfg.general.complete_verifier == "bab-refine"
+    assert cfg.general.complete_verifier == "bab"
     assert cfg.solver.bound_prop_method == "crown"
     assert cfg.bab.branching.method == "kfsb"
     assert cfg.attack.pgd_order == "before"
@@ -391,6 +391,11 @@ def test_bab_refine_reads_the_mip_section_and_refuses_tp(tmp_path):
     assert any("solver.mip.parallel_solvers" in w for w in warnings)
     with pytest.raises(ConfigError, match="'bab-refine'.*'tp'"):
         load_config(path, ["--parallel.mode", "tp", "--parallel.world_size", "2"])
+    with pytest.raises(ConfigError, match="'mip'.*'tp'"):  # alpha-beta-CROWN's MILP mode: the same
+        load_config(
+            path,
+            ["--general.complete_verifier", "mip", "--parallel.mode", "tp", "--parallel.world_size", "2"],
+        )
     with pytest.raises(ConfigError, match="refine_neuron_time_percentage"):
         load_config(path, ["--solver.mip.refine_neuron_time_percentage", "1.5"])
 

@@ -86,7 +86,7 @@ def test_a_stopped_solve_still_gives_its_dual_bound():
     dual bound: finite, at least the LP relaxation's, and below the exact minimum."""
     sizes = (10, 40, 40, 40, 2)
     net, graph, box, state, lo, hi = _case(7, sizes, width=1.0)
-    layers = mip.chain_layers(graph)
+    layers, _ = mip.chain_layers(graph)
     cur = {ly.node: tuple(t.double().reshape(-1).numpy() for t in state.bounds[ly.node]) for ly in layers}
     model = mip.ChainMilp(layers, cur, lo, hi, 2)
     assert model.integrality.sum() > 20
@@ -125,6 +125,67 @@ def test_two_ranks_share_the_solves_and_agree_with_one():
     two = launch.run(_ranks_worker, 2, ("fsdp",), backend="gloo")
     assert two[0] == one[0]
     assert 0 < two[1] < one[1]  # rank 0 did only its share of the solves
+
+
+def _prove(graph, box, state, clauses, threads=1, timeout=30.0):
+    return mip.prove_clauses(
+        graph, box, state.bounds, clauses, mip.MipOptions(threads=threads), time.monotonic() + timeout
+    )
+
+
+@pytest.mark.parametrize("seed,threads", [(0, 1), (2, 2)])
+def test_output_milp_proves_exactly_the_clauses_that_hold(seed, threads):
+    """Clause ``c · y <= d`` with c = e_0 - e_1: proven when d is below the exact minimum of c · y (the
+    bound then lies between d's margin and the exact one), and a point with c · y <= d (up to the
+    cutoff) found when d is above it.  Clauses of two rows (both must hold) are checked by sampling."""
+    net, graph, box, state, lo, hi = _case(seed, (3, 6, 6, 2))  # 12 ReLUs: enumerable
+    c = np.eye(2)[0] - np.eye(2)[1]
+    exact, _ = testing.exact_min_linear(net.double(), lo, hi, c)
+    cut = lambda v: mip.SAFETY * (1 + abs(v))  # noqa: E731
+    below, above = exact - 0.05, exact + 0.05
+    rows = np.stack([c, -c])
+    pair_lo, pair_hi = exact - 1.0, -exact - 1.0  # c·y <= exact - 1: never; -c·y <= -exact - 1: never
+    clauses = [(c[None], np.array([below])), (rows, np.array([pair_lo, pair_hi]))]
+    proven, pair = _prove(graph, box, state, clauses, threads)
+    (found,) = _prove(graph, box, state, [(c[None], np.array([above]))], threads)  # a find stops the others
+    assert proven.status == "proven" and 0 < proven.bound <= exact - below + 1e-6, proven
+    assert found.status == "found" and found.point is not None
+    with torch.no_grad():
+        y = net.double()(torch.tensor(found.point)[None])[0].numpy()
+    assert c @ y - above <= cut(above) + 1e-6
+    assert np.all(lo - 1e-6 <= found.point) and np.all(found.point <= hi + 1e-6)
+    x = torch.tensor(lo + (hi - lo) * np.random.default_rng(seed).random((4000, len(lo))))
+    with torch.no_grad():
+        ys = net.double()(x).numpy()
+    margin = np.maximum(ys @ c - pair_lo, -(ys @ c) - pair_hi)
+    assert pair.status == "proven" and pair.bound <= margin.min() + 1e-6
+
+
+def _prove_worker(mode: str):
+    net, graph, box, state, lo, hi = _case(2, (3, 6, 6, 2), mode=mode)
+    c = np.eye(2)[0] - np.eye(2)[1]
+    exact, _ = testing.exact_min_linear(net.double(), lo, hi, c)
+    clauses = [(c[None], np.array([exact + gap])) for gap in (-0.05, -0.1, -0.5, 0.05)]  # the last: found
+    res = _prove(graph, box, state, clauses)
+    return [r.status for r in res], res[-1].point
+
+
+def test_two_ranks_share_the_output_milps_and_agree_with_one():
+    """Rank 1 finds the point of the last clause (clauses are dealt round-robin); rank 0 gets it."""
+    one = _prove_worker("none")
+    two = launch.run(_prove_worker, 2, ("fsdp",), backend="gloo")
+    assert one[0] == two[0] == ["proven"] * 3 + ["found"]
+    assert np.allclose(one[1], two[1])
+
+
+def test_output_milp_stops_at_its_deadline():
+    """A clause far from decided on a larger network: the solve ends at the deadline, unproven."""
+    net, graph, box, state, lo, hi = _case(7, (10, 40, 40, 40, 2), width=1.0)
+    c = np.eye(2)[0] - np.eye(2)[1]
+    t0 = time.monotonic()
+    (res,) = _prove(graph, box, state, [(c[None], np.array([-1e3]))], timeout=0.2)
+    assert time.monotonic() - t0 < 5
+    assert res.status in ("proven", "unknown")
 
 
 def _instance(tmp_path, onnx_path, n_in, n_out, width):
@@ -203,3 +264,54 @@ def test_split_milp_skips_the_milp_when_split_verifies(tmp_path, capsys):
     assert split.verdict == both.verdict == "unsat"
     assert min(both.bounds["alpha_crown"]) < 0 < min(both.bounds["refined"])
     assert n_both == n_split > 0  # only split's layers were refined: no MILP
+
+
+@pytest.mark.parametrize("gap,mode", [(-0.01, "share"), (0.01, "share"), (-0.01, "mip")])
+def test_output_milp_decides_what_the_refinement_leaves_open(tmp_path, gap, mode):
+    """``solver.mip.output_milp_percentage`` (or ``complete_verifier: mip``): the spec ``Y_0 <= t`` with
+    t just below (unsat) or just above (sat) the exact minimum of Y_0; the refinement leaves it open
+    and the output MILP decides, with no BaB; a sat carries a counterexample checked on the network."""
+    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.verify import verify_instance
+
+    sizes = (4, 6, 6, 3)
+    onnx_path = testing.mlp_onnx(tmp_path / "m.onnx", sizes, 7)
+    lo, hi = np.full(4, -0.6), np.full(4, 0.6)
+    exact, _ = testing.exact_min_linear(testing.mlp(sizes, 7).double(), lo, hi, np.eye(3)[0])
+    t = exact + gap
+    lines = [f"(declare-const X_{i} Real)" for i in range(4)]
+    lines += [f"(declare-const Y_{j} Real)" for j in range(3)]
+    lines += [f"(assert (>= X_{i} -0.6))\n(assert (<= X_{i} 0.6))" for i in range(4)]
+    (tmp_path / "p.vnnlib").write_text("\n".join(lines + [f"(assert (<= Y_0 {t!r}))"]) + "\n")
+    args = ["--solver.alpha-crown.iteration", "2"]
+    args += ["--attack.pgd_order", "skip", "--solver.mip.quick_bab_percentage", "0"]
+    args += ["--solver.mip.refine_method", "split", "--solver.mip.refine_split_depth", "1"]
+    if mode == "mip":
+        args += ["--general.complete_verifier", "mip"]
+    else:
+        args += ["--general.complete_verifier", "bab-refine", "--solver.mip.output_milp_percentage", "0.5"]
+    res = verify_instance(load_config(None, args)[0], onnx_path, str(tmp_path / "p.vnnlib"), timeout=60)
+    assert res.verdict == ("unsat" if gap < 0 else "sat"), res
+    assert max(res.bounds["refined"]) < 0 and "output_milp" in res.bounds
+    assert res.bab.get("domains", 0) == 0
+    if gap < 0:
+        assert 0 < res.bounds["output_milp"][0] <= -gap + 1e-6
+    else:
+        assert res.counterexample is not None
+
+
+def test_output_milp_leaves_a_residual_network_to_bab(tmp_path, capsys):
+    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.verify import verify_instance
+
+    n_in = int(np.prod(testing.RESIDUAL_INPUT_SHAPE))
+    onnx_path = testing.residual_onnx(tmp_path / "r.onnx", seed=0)
+    lo, hi = np.full(n_in, -0.05), np.full(n_in, 0.05)
+    vnnlib = testing.write_vnnlib(tmp_path / "p.vnnlib", lo, hi, label=0, n_outputs=testing.RESIDUAL_OUTPUTS)
+    args = ["--general.complete_verifier", "mip", "--solver.alpha-crown.iteration", "2"]
+    args += ["--attack.pgd_order", "skip", "--solver.mip.quick_bab_percentage", "0"]
+    args += ["--solver.mip.refine_split_depth", "2"]
+    res = verify_instance(load_config(None, args)[0], onnx_path, vnnlib, timeout=60)
+    if max(res.bounds.get("refined", [1.0])) <= 0:  # open after the refinement: the MILP was asked
+        assert "output milp" in capsys.readouterr().err and "output_milp" not in res.bounds
+    assert res.verdict in ("unsat", "sat", "unknown")

@@ -34,6 +34,7 @@ import scipy.sparse as sp
 import torch
 
 from ..model.graph import Graph
+from ..parallel import comm
 from .ops import Affine, Flatten, Linear
 from .refine import FlatBounds, Task, refine_in_order
 from .walk import Bounds
@@ -62,8 +63,9 @@ class MipOptions:
     threads: int = 1  # solves run at once on this rank (one HiGHS model each; HiGHS frees the GIL)
 
 
-def chain_layers(graph: Graph) -> list[Layer]:
-    """The pre-activation layers of a chain network as affine maps (float64, whole weights).
+def chain_layers(graph: Graph) -> tuple[list[Layer], Layer]:
+    """The pre-activation layers of a chain network as affine maps (float64, whole weights), and
+    the output as an affine map of the last ReLU's output.
 
     Collective under FSDP (one gather per Linear).  Raises ``UnsupportedForMip`` (on every rank
     alike) for anything but Flatten / Affine / Linear / ReLU in a single chain."""
@@ -94,7 +96,10 @@ def chain_layers(graph: Graph) -> list[Layer]:
             M, c = None, np.zeros(int(np.prod(node.shape)))
         else:
             raise UnsupportedForMip(f"node {node.name}: {type(op).__name__} has no MILP encoding")
-    return layers
+    if not layers:
+        raise UnsupportedForMip(f"{graph.source}: no ReLU")
+    out = len(graph.nodes) - 1
+    return layers, Layer(np.eye(len(c)) if M is None else M, c, out)
 
 
 def _highs() -> highspy.Highs:
@@ -142,7 +147,9 @@ class ChainMilp:
     """The mixed-integer model of the input box and the ReLU layers before layer ``upto``.
 
     Columns: the input, then per layer ``a`` of its active neurons, and ``z, a, δ`` of its unstable
-    ones; an inactive neuron has no column (its output is 0)."""
+    ones; an inactive neuron has no column (its output is 0).  With ``spec = (A, b)``, one more
+    column ``t`` with ``t >= A_r · v + b_r`` for every row r (v: the inputs of layer ``upto``), for
+    ``prove_above``."""
 
     def __init__(
         self,
@@ -151,6 +158,7 @@ class ChainMilp:
         x_lo: np.ndarray,
         x_hi: np.ndarray,
         upto: int,
+        spec: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         lo_v, hi_v, integ = [x_lo], [x_hi], [np.zeros(len(x_lo))]
         rows = _Rows()
@@ -183,6 +191,22 @@ class ChainMilp:
             rows.add(np.c_[a_u, z_u, d_u], np.c_[one, -one, -lo_u], -np.inf, -lo_u)  # a <= z - l (1 - δ)
             prev = np.full(len(l), -1)
             prev[act], prev[uns] = a_act, a_u
+        if spec is not None:  # t - A_r v >= b_r
+            A, b = spec
+            keep = prev >= 0
+            t = n_var
+            n_var += 1
+            lo_v.append(np.full(1, -np.inf))
+            hi_v.append(np.full(1, np.inf))
+            integ.append(np.zeros(1))
+            k = int(keep.sum())
+            rows.add(
+                np.hstack([np.full((len(b), 1), t), np.broadcast_to(prev[keep], (len(b), k))]),
+                np.hstack([np.ones((len(b), 1)), -A[:, keep]]),
+                b,
+                np.inf,
+            )
+        self.n_in = len(x_lo)
         self.n_var = n_var
         self.prev = prev
         self.integrality = np.concatenate(integ)
@@ -190,6 +214,8 @@ class ChainMilp:
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = n_var, A.shape[0]
         lp.col_cost_ = np.zeros(n_var)
+        if spec is not None:
+            lp.col_cost_[-1] = 1.0  # minimise t
         lp.col_lower_, lp.col_upper_ = np.concatenate(lo_v), np.concatenate(hi_v)
         lp.row_lower_, lp.row_upper_ = row_lo, row_hi
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
@@ -197,7 +223,10 @@ class ChainMilp:
         kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
         lp.integrality_ = [kinds[int(t)] for t in self.integrality]
         self.highs = _highs()
-        for key, value in (("output_flag", False), ("presolve", "off"), ("mip_heuristic_effort", 0.0)):
+        # one objective per model (spec): presolve pays; many objectives: it would run for each
+        presolve, heuristics = ("on", 0.05) if spec is not None else ("off", 0.0)
+        options = {"output_flag": False, "presolve": presolve, "mip_heuristic_effort": heuristics}
+        for key, value in options.items():
             self.highs.setOptionValue(key, value)
         self.highs.passModel(lp)
 
@@ -220,6 +249,34 @@ class ChainMilp:
             return bound if np.isfinite(bound) else -np.inf
         return -np.inf
 
+    def prove_above(self, cutoff: float, time_limit: float) -> tuple[str, float, np.ndarray | None]:
+        """Search for a point with ``t < cutoff`` (the model needs ``spec``).  Returns
+        ``("proven", bound, None)``: no such point, ``t >= bound >= cutoff`` everywhere;
+        ``("found", bound, x)``: an input ``x`` whose ``t`` is below ``cutoff`` (up to the solver's
+        tolerances: check it on the network); ``("unknown", bound, None)``: stopped by the time limit.
+        ``bound`` is a sound lower bound of ``t`` (-inf when none)."""
+        h = self.highs
+        # t <= cutoff as a bound of the column, not a solver cutoff: "infeasible" then means exactly
+        # that no point has t <= cutoff, and a dual bound D < cutoff of this model bounds t everywhere
+        h.changeColBounds(self.n_var - 1, -np.inf, cutoff)
+        h.setOptionValue("time_limit", max(time_limit, 0.01))
+        h.run()
+        status, info = h.getModelStatus(), h.getInfo()
+        S = highspy.HighsModelStatus
+        if status == S.kInfeasible:
+            return "proven", cutoff, None
+        if self.integrality.any():
+            dual = float(info.mip_dual_bound)
+        else:  # an LP: only its optimum is a bound
+            dual = float(info.objective_function_value) if status == S.kOptimal else -np.inf
+        dual = dual if np.isfinite(dual) else -np.inf
+        if dual >= cutoff:
+            return "proven", dual, None
+        if info.primal_solution_status == 2 and info.objective_function_value < cutoff:
+            x = np.asarray(h.getSolution().col_value[: self.n_in], dtype=np.float64)
+            return "found", dual, x
+        return "unknown", dual, None
+
 
 def refine_bounds(
     graph: Graph,
@@ -236,7 +293,7 @@ def refine_bounds(
     ``weight[k]``: how much each neuron of node k matters (e.g. |A| of the output bound at its
     ReLU); see ``refine.refine_in_order`` for the order, the ranks and the deadline.
     Collective: every rank calls it with the same arguments; each solves its share."""
-    layers = chain_layers(graph)
+    layers, _ = chain_layers(graph)
     x_lo = box[0].double().cpu().reshape(-1).numpy()
     x_hi = box[1].double().cpu().reshape(-1).numpy()
     index = {ly.node: i for i, ly in enumerate(layers)}
@@ -278,3 +335,87 @@ def refine_bounds(
         log=log,
         names={k: graph.nodes[k].name for k in nodes},
     )
+
+
+@dataclass
+class ClauseResult:
+    status: str  # proven | found | unknown
+    bound: float  # a sound lower bound of the clause's margin, max over its rows of C_r y - d_r
+    point: np.ndarray | None = None  # found: the input the solver found (check it on the network)
+
+
+_CODES = ("proven", "found", "unknown")
+
+
+def prove_clauses(
+    graph: Graph,
+    box: tuple[torch.Tensor, torch.Tensor],
+    bounds: Bounds,
+    clauses: list[tuple[np.ndarray, np.ndarray]],
+    opts: MipOptions,
+    deadline: float,
+    log: Callable[[str], None] = lambda s: None,
+    names: list[str] | None = None,
+) -> list[ClauseResult]:
+    """For every clause ``(C, d)`` (a counterexample has ``C y <= d`` on all rows), a MILP of the whole
+    network over ``box``, with ``bounds`` (sound bounds of every pre-activation node): is the margin
+    ``max_r C_r y - d_r`` above 0 (by ``SAFETY``) everywhere?  Each solve stops at the first point below
+    that cutoff, or when no part of its search tree can hold one.
+
+    The clauses, in the order given, are dealt round-robin over the ranks and solved ``opts.threads``
+    at a time on each, until ``deadline``; a rank whose solver finds a point stops its other solves.
+    Collective: every rank calls it with the same arguments and gets every clause's result."""
+    layers, out = chain_layers(graph)
+    x_lo = box[0].double().cpu().reshape(-1).numpy()
+    x_hi = box[1].double().cpu().reshape(-1).numpy()
+    cur = {ly.node: tuple(t.double().cpu().reshape(-1).numpy() for t in bounds[ly.node]) for ly in layers}
+    P, rank = comm.world_size(), comm.rank()
+    order = iter(range(rank, len(clauses), P))
+    results: dict[int, ClauseResult] = {}
+    lock, stop = threading.Lock(), threading.Event()
+    live: list[ChainMilp] = []
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = None if stop.is_set() else next(order, None)
+            left = deadline - time.monotonic()
+            if i is None or left <= 0:
+                return
+            C, d = clauses[i]
+            b = C @ out.c - d
+            model = ChainMilp(layers, cur, x_lo, x_hi, len(layers), spec=(C @ out.M, b))
+            model.highs.HandleUserInterrupt = True  # so that cancelSolve stops it
+            with lock:
+                if stop.is_set():
+                    return
+                live.append(model)
+            t0 = time.monotonic()
+            status, bound, x = model.prove_above(SAFETY * (1 + np.abs(b).max()), left)
+            name = names[i] if names else str(i)
+            log(f"  output milp, clause {name}: {status}, bound {bound:+.5f}, {time.monotonic() - t0:.1f} s")
+            with lock:
+                live.remove(model)
+                results[i] = ClauseResult(status, bound, x)
+                if status == "found":
+                    stop.set()
+                    for other in live:
+                        other.highs.cancelSolve()
+
+    n = max(1, min(opts.threads, -(-len(clauses) // P)))
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(lambda _: work(), range(n)))
+    table = torch.zeros(len(clauses), 2, dtype=torch.float64)  # (status code + 1, bound); 0: not mine
+    for i, r in results.items():
+        table[i] = torch.tensor([_CODES.index(r.status) + 1.0, r.bound])
+    table = comm.all_reduce(table, "sum")
+    merged = []
+    for i in range(len(clauses)):
+        code, bound = int(table[i, 0]), float(table[i, 1])
+        status = _CODES[code - 1] if code else "unknown"
+        point = None
+        if status == "found":
+            mine = results.get(i)
+            point = comm.broadcast_object(mine.point if mine else None, src=i % P)
+        merged.append(ClauseResult(status, bound if code else -np.inf, point))
+    return merged
