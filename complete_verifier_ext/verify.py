@@ -358,7 +358,9 @@ def complete_region(
 ) -> BabResult:
     """Branch and bound on a region the incomplete bounds left open.  With ``bab-refine``: first a
     plain search for ``solver.mip.quick_bab_percentage`` of the time left (easy instances end
-    there), then the refinement (``refine_region``), then the search again from the refined bounds."""
+    there), then the refinement (``refine_region``), then ``solver.mip.output_milp_percentage`` of
+    the time left for a MILP per open clause (``output_milp``; all of it with ``mip``), then the
+    search again from the refined bounds on the clauses still open."""
     m = cfg.solver.mip
     refine = cfg.general.complete_verifier in ("bab-refine", "mip") and state is not None
     if not refine or cfg.bab.branching.input_split.enable:
