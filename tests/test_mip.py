@@ -266,14 +266,9 @@ def test_split_milp_skips_the_milp_when_split_verifies(tmp_path, capsys):
     assert n_both == n_split > 0  # only split's layers were refined: no MILP
 
 
-@pytest.mark.parametrize("gap,mode", [(-0.01, "share"), (0.01, "share"), (-0.01, "mip")])
-def test_output_milp_decides_what_the_refinement_leaves_open(tmp_path, gap, mode):
-    """``solver.mip.output_milp_percentage`` (or ``complete_verifier: mip``): the spec ``Y_0 <= t`` with
-    t just below (unsat) or just above (sat) the exact minimum of Y_0; the refinement leaves it open
-    and the output MILP decides, with no BaB; a sat carries a counterexample checked on the network."""
-    from complete_verifier_ext.config import load_config
-    from complete_verifier_ext.verify import verify_instance
-
+def _y0_instance(tmp_path, gap: float) -> tuple[str, str, list[str]]:
+    """The spec ``Y_0 <= t``, t = the exact minimum of Y_0 + gap, on a net where α-CROWN and a shallow
+    split refinement leave it open; and the arguments of a pipeline without PGD or quick BaB."""
     sizes = (4, 6, 6, 3)
     onnx_path = testing.mlp_onnx(tmp_path / "m.onnx", sizes, 7)
     lo, hi = np.full(4, -0.6), np.full(4, 0.6)
@@ -286,11 +281,23 @@ def test_output_milp_decides_what_the_refinement_leaves_open(tmp_path, gap, mode
     args = ["--solver.alpha-crown.iteration", "2"]
     args += ["--attack.pgd_order", "skip", "--solver.mip.quick_bab_percentage", "0"]
     args += ["--solver.mip.refine_method", "split", "--solver.mip.refine_split_depth", "1"]
+    return onnx_path, str(tmp_path / "p.vnnlib"), args
+
+
+@pytest.mark.parametrize("gap,mode", [(-0.01, "share"), (0.01, "share"), (-0.01, "mip")])
+def test_output_milp_decides_what_the_refinement_leaves_open(tmp_path, gap, mode):
+    """``solver.mip.output_milp_percentage`` (or ``complete_verifier: mip``): t just below (unsat) or
+    just above (sat) the exact minimum of Y_0; the refinement leaves it open and the output MILP
+    decides, with no BaB; a sat carries a counterexample checked on the network."""
+    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.verify import verify_instance
+
+    onnx_path, vnnlib, args = _y0_instance(tmp_path, gap)
     if mode == "mip":
         args += ["--general.complete_verifier", "mip"]
     else:
         args += ["--general.complete_verifier", "bab-refine", "--solver.mip.output_milp_percentage", "0.5"]
-    res = verify_instance(load_config(None, args)[0], onnx_path, str(tmp_path / "p.vnnlib"), timeout=60)
+    res = verify_instance(load_config(None, args)[0], onnx_path, vnnlib, timeout=60)
     assert res.verdict == ("unsat" if gap < 0 else "sat"), res
     assert max(res.bounds["refined"]) < 0 and "output_milp" in res.bounds
     assert res.bab.get("domains", 0) == 0
@@ -298,6 +305,26 @@ def test_output_milp_decides_what_the_refinement_leaves_open(tmp_path, gap, mode
         assert 0 < res.bounds["output_milp"][0] <= -gap + 1e-6
     else:
         assert res.counterexample is not None
+
+
+@pytest.mark.parametrize("gap", [-0.01, 0.01])
+def test_mip_mode_at_two_ranks_gives_the_verdict_of_one(tmp_path, gap):
+    """``abcrown`` with ``complete_verifier: mip`` at P = 1 and P = 2 (FSDP, gloo): same verdict."""
+    import json
+
+    from complete_verifier_ext.cli import main
+
+    onnx_path, vnnlib, args = _y0_instance(tmp_path, gap)
+    args += ["--general.complete_verifier", "mip", "--model.onnx_path", onnx_path]
+    args += ["--specification.vnnlib_path", vnnlib, "--bab.timeout", "60", "--quiet"]
+    verdicts = []
+    for extra in ([], ["--parallel.mode", "fsdp", "--parallel.world_size", "2"]):
+        out, summary = tmp_path / "out.txt", tmp_path / "summary.json"
+        code = main([*args, *extra, "--general.results_file", str(out), "--summary", str(summary)])
+        data = json.loads(summary.read_text())
+        assert code == 0 and "output_milp" in data["bounds"], data
+        verdicts.append(out.read_text().split()[0])
+    assert verdicts == ["unsat" if gap < 0 else "sat"] * 2
 
 
 def test_output_milp_leaves_a_residual_network_to_bab(tmp_path, capsys):
