@@ -826,9 +826,8 @@ def _validate(cfg: Config, flat: Flat) -> None:
         source = _source_of(flat, "general.complete_verifier", "parallel.mode")
         raise ConfigError(
             f"{source}: key 'general.complete_verifier' is '{cfg.general.complete_verifier}', whose "
-            "refinement needs whole "
-            "weight matrices, but 'parallel.mode' is 'tp', which never holds a full layer; use "
-            "parallel.mode 'fsdp' or complete_verifier 'bab'"
+            "refinement needs whole weight matrices, but 'parallel.mode' is 'tp', which never holds a "
+            "full layer; use parallel.mode 'fsdp' or complete_verifier 'bab'"
         )
     if par.backend == "nccl" and cfg.general.device == "cpu":
         source = _source_of(flat, "parallel.backend", "general.device")
