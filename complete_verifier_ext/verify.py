@@ -142,6 +142,13 @@ def bound_region(
     return bool((cb > 0).all()), state, cb
 
 
+def progress_log(cfg: Config) -> Callable[[str], None]:
+    """Where the stages print their progress: stderr on rank 0 with ``general.verbose``, else nowhere."""
+    if cfg.general.verbose and comm.rank() == 0:
+        return lambda s: print(s, file=sys.stderr)
+    return lambda s: None
+
+
 def refine_region(
     graph: Graph,
     region: Region,
@@ -159,8 +166,7 @@ def refine_region(
     m = cfg.solver.mip
     budget = m.refine_neuron_time_percentage * max(0.0, clock.deadline - time.monotonic())
     deadline = time.monotonic() + budget
-    verbose = cfg.general.verbose and comm.rank() == 0
-    log = (lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None)
+    log = progress_log(cfg)
     box = input_box(region, graph)
     pre = pre_activation_nodes(graph)
     C, d, owner = spec_rows(region)
@@ -245,8 +251,7 @@ def output_milp(
     clause bounds with what the MILPs proved).  A network that is not a chain of Linear and ReLU
     layers is left to BaB (with a warning)."""
     budget = share * max(0.0, clock.deadline - time.monotonic())
-    verbose = cfg.general.verbose and comm.rank() == 0
-    log = (lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None)
+    log = progress_log(cfg)
     C, d, owner = spec_rows(region)
     todo = [int(i) for i in np.argsort(cb, kind="stable") if cb[i] <= 0]
     C64 = C.double().cpu().numpy()

@@ -294,8 +294,7 @@ def refine_bounds(
     ReLU); see ``refine.refine_in_order`` for the order, the ranks and the deadline.
     Collective: every rank calls it with the same arguments; each solves its share."""
     layers, _ = chain_layers(graph)
-    x_lo = box[0].double().cpu().reshape(-1).numpy()
-    x_hi = box[1].double().cpu().reshape(-1).numpy()
+    x_lo, x_hi = (t.double().cpu().reshape(-1).numpy() for t in box)
     index = {ly.node: i for i, ly in enumerate(layers)}
 
     def solve(k: int, tasks: list[Task], cur: FlatBounds, deadline: float) -> np.ndarray:
@@ -366,8 +365,7 @@ def prove_clauses(
     at a time on each, until ``deadline``; a rank whose solver finds a point stops its other solves.
     Collective: every rank calls it with the same arguments and gets every clause's result."""
     layers, out = chain_layers(graph)
-    x_lo = box[0].double().cpu().reshape(-1).numpy()
-    x_hi = box[1].double().cpu().reshape(-1).numpy()
+    x_lo, x_hi = (t.double().cpu().reshape(-1).numpy() for t in box)
     cur = {ly.node: tuple(t.double().cpu().reshape(-1).numpy() for t in bounds[ly.node]) for ly in layers}
     P, rank = comm.world_size(), comm.rank()
     order = iter(range(rank, len(clauses), P))
