@@ -172,10 +172,11 @@ def refine_region(
     C, d, owner = spec_rows(region)
     record: dict[int, Tensor] = {}
     out = len(graph.nodes) - 1
-    with torch.no_grad():  # |A| of the spec at every ReLU: which neurons the output bound depends on
-        back_substitute(
-            graph, out, spec_matrix(C, 1, graph.nodes[out].shape), state.bounds, box, record=record
-        )
+    rows = torch.as_tensor(cb[owner] <= 0)  # the clauses still open (the quick search may prove some)
+    rows = rows if bool(rows.any()) else torch.ones_like(rows)
+    with torch.no_grad():  # |A| of their rows at every ReLU: which neurons their bounds depend on
+        A = spec_matrix(C[rows.to(C.device)], 1, graph.nodes[out].shape)
+        back_substitute(graph, out, A, state.bounds, box, record=record)
     weight = {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
     refined = {k: state.bounds[k] for k in pre}
     a = cfg.solver.alpha_crown
@@ -305,23 +306,45 @@ def clause_state(state: CrownState | None, rows: np.ndarray) -> CrownState | Non
 
 
 def complete(
-    graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None, cb: np.ndarray
-) -> BabResult:
-    """Branch and bound on the clauses that the incomplete bounds ``cb`` left open, one at a time,
-    worst first (as α,β-CROWN does): each search then carries only that clause's rows.  The region
-    is unsat when every open clause is; the first clause that is not decides the verdict."""
+    graph: Graph,
+    region: Region,
+    cfg: Config,
+    clock: Clock,
+    state: CrownState | None,
+    cb: np.ndarray,
+    share_time: bool = False,
+) -> tuple[BabResult, np.ndarray]:
+    """Branch and bound on the clauses that the bounds ``cb`` leave open, one at a time, so that each
+    search carries only that clause's rows.  By default worst first with all the time each, as
+    α,β-CROWN does: the first clause that is not proven decides the verdict.  With ``share_time``
+    (the quick search before the refinement), easiest first, each with an equal share of the time
+    left, going on past the clauses it does not prove: as many as possible are then out of the way
+    of the refinement and of what comes after it.  Returns the verdict (``unsat`` when every open
+    clause is proven) and ``cb`` with the bounds BaB proved (its least verified leaf bound, > 0)."""
     total = BabResult("unsat", domains=0, rounds=0)
     owner = spec_rows(region)[2]
-    for i in np.argsort(cb, kind="stable"):
-        if cb[i] > 0:
-            continue
+    cb = cb.copy()
+    todo = [int(i) for i in np.argsort(cb, kind="stable") if cb[i] <= 0]
+    if share_time:
+        todo.reverse()
+    failed: BabResult | None = None
+    for n, i in enumerate(todo):
         one = Region(region.lower, region.upper, (region.clauses[i],))
-        res = complete_clause(graph, one, cfg, clock, clause_state(state, owner == i))
+        slot = clock
+        if share_time:
+            slot = Clock(time.monotonic() + max(0.0, clock.deadline - time.monotonic()) / (len(todo) - n))
+        res = complete_clause(graph, one, cfg, slot, clause_state(state, owner == i))
         total.add_work(res)
-        if res.verdict != "unsat":
-            res.domains, res.rounds, res.max_queue = total.domains, total.rounds, total.max_queue
-            return res
-    return total
+        if res.verdict == "unsat":
+            cb[i] = max(cb[i], res.bound)
+            continue
+        failed = res
+        if res.verdict == "sat" or not share_time or clock.expired():
+            break
+    if failed is None:
+        return total, cb
+    failed.domains, failed.rounds, failed.max_queue = total.domains, total.rounds, total.max_queue
+    return failed, cb
 
 
 def complete_clause(
@@ -362,18 +385,20 @@ def complete_region(
     bounds: dict[str, list[float]],
 ) -> BabResult:
     """Branch and bound on a region the incomplete bounds left open.  With ``bab-refine``: first a
-    plain search for ``solver.mip.quick_bab_percentage`` of the time left (easy instances end
-    there), then the refinement (``refine_region``), then ``solver.mip.output_milp_percentage`` of
-    the time left for a MILP per open clause (``output_milp``; all of it with ``mip``), then the
-    search again from the refined bounds on the clauses still open."""
+    plain search for ``solver.mip.quick_bab_percentage`` of the time left, clause by clause, easiest
+    first (easy instances end there, and the clauses it proves are out of the way), then the
+    refinement (``refine_region``), then ``solver.mip.output_milp_percentage`` of the time left for
+    a MILP per open clause (``output_milp``; all of it with ``mip``), then the search again from
+    the refined bounds on the clauses still open."""
     m = cfg.solver.mip
     refine = cfg.general.complete_verifier in ("bab-refine", "mip") and state is not None
     if not refine or cfg.bab.branching.input_split.enable:
-        return complete(graph, region, cfg, clock, state, cb)
+        return complete(graph, region, cfg, clock, state, cb)[0]
     work = BabResult("timeout", domains=0, rounds=0)
     if m.quick_bab_percentage > 0:
         quick = Clock(time.monotonic() + m.quick_bab_percentage * max(0.0, clock.deadline - time.monotonic()))
-        res = complete(graph, region, cfg, quick, state, cb)
+        res, cb = complete(graph, region, cfg, quick, state, cb, share_time=True)
+        bounds.setdefault("quick_bab", []).extend(cb.tolist())
         if res.verdict in ("unsat", "sat") or clock.expired():
             return res
         work.add_work(res)
@@ -388,7 +413,7 @@ def complete_region(
             decided = decided or BabResult("timeout")
             decided.add_work(work)
             return decided
-    res = complete(graph, region, cfg, clock, state, cb)
+    res = complete(graph, region, cfg, clock, state, cb)[0]
     res.add_work(work)
     return res
 

@@ -232,6 +232,8 @@ def test_unsat_below_the_exact_minimum(sizes, seed, box):
     r, _ = _solve(**spec)
     assert r.verdict == "unsat", r
     assert r.counterexample is None and r.domains > 1 and r.rounds >= 1  # it branched
+    exact = _exact(tuple(sizes), seed, tuple(spec["lo"]), tuple(spec["hi"]), tuple(spec["rows"][0]))[0]
+    assert 0 < r.bound <= exact - spec["d"][0] + 1e-5  # the least leaf bound: sound, and above 0
 
 
 @pytest.mark.parametrize("sizes, seed, box", SAT)
@@ -255,6 +257,39 @@ def test_two_clauses_unsat_and_sat():
         r, _ = _solve(**spec)
         assert r.verdict == "sat", (clause, r)
         _assert_counterexample(spec, r.counterexample, clause)
+
+
+@pytest.mark.parametrize("share_time", [False, True])
+def test_the_quick_search_proves_the_easy_clauses_first(share_time):
+    """``verify.complete`` takes a region's open clauses one by one.  Before the refinement
+    (``share_time``) it goes easiest first and on past a clause it cannot prove, so the clauses it
+    proves are out of the way; after it, worst first, and the first clause not proven ends the
+    search.  Clause 0 is easy (CROWN proves it; its bound is given as -0.1 so that it counts as open),
+    clause 1 needs more domains than ``bab.max_domains`` allows, so its search says unknown."""
+    from complete_verifier_ext import verify
+    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.spec import Clause, Region
+
+    sizes, seed, box = MULTI
+    n, rows = sizes[0], _rows(sizes[-1], 2)
+    lo, hi = (box[0],) * n, (box[1],) * n
+    m = [_exact(tuple(sizes), seed, lo, hi, tuple(c))[:2] for c in rows]
+    d = [m[0][0] - 2 * m[0][1], m[1][0] - MARGIN * m[1][1]]  # clause 0: far below its minimum
+    region = Region(
+        np.array(lo), np.array(hi), tuple(Clause(np.array([c]), np.array([t])) for c, t in zip(rows, d))
+    )
+    graph = from_sequential(testing.mlp(sizes, seed), (n,))
+    C = torch.tensor(rows, dtype=torch.float32)
+    _, state = crown(graph, verify.input_box(region, graph), C)
+    cfg, _ = load_config(None, ["--bab.max_domains", "1", "--solver.batch_size", "8"])
+    clock = verify.Clock(time.monotonic() + 60)
+    res, cb = verify.complete(graph, region, cfg, clock, state, np.array([-0.1, -1.0]), share_time)
+    assert res.verdict == "unknown", res
+    if share_time:  # easiest first: clause 0 is proven, with a sound bound, and clause 1 still tried
+        assert 0 < cb[0] <= m[0][0] - d[0] + 1e-5 and cb[1] == -1.0
+        assert res.domains > 1
+    else:  # worst first: clause 1 ends the search before clause 0 is tried
+        assert list(cb) == [-0.1, -1.0]
 
 
 def test_interior_counterexample_is_found():

@@ -170,6 +170,7 @@ class ReluSplitBab:
         self.queue: list[Domain] = []
         self.max_queue = 0
         self.stuck = False
+        self.proven = np.inf  # the least margin bound of a verified leaf on this rank
         try:
             inner = float32_box(lower, upper, inward=True)
             self.inner = tuple(torch.tensor(t).view(box[0].shape) for t in inner)
@@ -248,6 +249,7 @@ class ReluSplitBab:
         keep = []
         for b, d in enumerate(doms):
             if float(worst[b]) > 0:
+                self.proven = min(self.proven, float(worst[b]))
                 continue
             if choice[b] is None:  # nothing left to split: never drop an unproven domain
                 d.retries += 1
@@ -431,8 +433,10 @@ class ReluSplitBab:
                 return BabResult("sat", cex, total, rounds, self._max_queues())
             if comm.all_reduce_flag(self.stuck or len(self.queue) > self.opts.max_domains, "or"):
                 return BabResult("unknown", None, total, rounds, self._max_queues())
-            if left == 0:
-                return BabResult("unsat", None, total, rounds, self._max_queues())
+            if left == 0:  # every leaf verified: the least leaf bound bounds the margin on the region
+                least = -float(comm.all_reduce(torch.tensor([-self.proven], dtype=torch.float64), "max")[0])
+                least = least if np.isfinite(least) else -np.inf
+                return BabResult("unsat", None, total, rounds, self._max_queues(), least)
             if out_of_time:
                 return BabResult("timeout", None, total, rounds, self._max_queues())
             self.rebalance()
