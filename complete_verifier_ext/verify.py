@@ -173,7 +173,6 @@ def refine_region(
     record: dict[int, Tensor] = {}
     out = len(graph.nodes) - 1
     rows = torch.as_tensor(cb[owner] <= 0)  # the clauses still open (the quick search may prove some)
-    rows = rows if bool(rows.any()) else torch.ones_like(rows)
     with torch.no_grad():  # |A| of their rows at every ReLU: which neurons their bounds depend on
         A = spec_matrix(C[rows.to(C.device)], 1, graph.nodes[out].shape)
         back_substitute(graph, out, A, state.bounds, box, record=record)

@@ -434,7 +434,7 @@ class ReluSplitBab:
             if comm.all_reduce_flag(self.stuck or len(self.queue) > self.opts.max_domains, "or"):
                 return BabResult("unknown", None, total, rounds, self._max_queues())
             if left == 0:  # every leaf verified: the least leaf bound bounds the margin on the region
-                least = -float(comm.all_reduce(torch.tensor([-self.proven], dtype=torch.float64), "max")[0])
+                least = float(comm.all_reduce(torch.tensor([self.proven], dtype=torch.float64), "min")[0])
                 least = least if np.isfinite(least) else -np.inf
                 return BabResult("unsat", None, total, rounds, self._max_queues(), least)
             if out_of_time:
