@@ -131,6 +131,7 @@ def clause_margins(y: np.ndarray, clauses: Sequence[Clause]) -> np.ndarray:
     """Return, for each clause, ``max(C @ y - d)`` (float64, shape ``(num_clauses,)``).
 
     A margin ``<= 0`` means the clause holds at ``y``.  A clause with no rows always holds (margin -inf).
+    A NaN margin (a NaN output, or inf - inf) is no counterexample: it counts as ``+inf``.
     """
     yv = np.asarray(y, dtype=np.float64).reshape(-1)
     out = np.empty(len(clauses), dtype=np.float64)
@@ -141,7 +142,8 @@ def clause_margins(y: np.ndarray, clauses: Sequence[Clause]) -> np.ndarray:
             continue
         if C.shape[1] != yv.size:
             raise ValueError(f"clause {i} expects {C.shape[1]} outputs, got {yv.size}")
-        out[i] = np.max(C @ yv - d)
+        with np.errstate(invalid="ignore"):
+            out[i] = np.max(np.nan_to_num(C @ yv - d, nan=np.inf, posinf=np.inf, neginf=-np.inf))
     return out
 
 
@@ -164,8 +166,10 @@ def _padded_clauses(clauses: Sequence[Clause], n_out: int) -> tuple[torch.Tensor
 
 
 def _row_margins(y: torch.Tensor, C: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Row margins ``C_k @ y_b - d_k`` for every point and clause: shape ``(B, K, R)`` (float64)."""
-    return torch.einsum("kro,bo->bkr", C, y) - d
+    """Row margins ``C_k @ y_b - d_k`` for every point and clause: shape ``(B, K, R)`` (float64); NaN (a
+    NaN output, or inf - inf) is no counterexample: ``+inf``."""
+    m = torch.einsum("kro,bo->bkr", C, y) - d
+    return torch.where(torch.isnan(m), torch.inf, m)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -229,7 +233,8 @@ def _diversify(
             (grad,) = torch.autograd.grad((y * w).sum(), xg, allow_unused=True)
         if grad is None:
             break
-        x = torch.minimum(torch.maximum(x + (hi - lo) / 2 * torch.sign(grad), lo), hi).detach()
+        grad = torch.nan_to_num(grad, nan=0.0)  # an overflowing network gives no direction, never NaN points
+        x = torch.minimum(torch.maximum(x + (hi / 2 - lo / 2) * torch.sign(grad), lo), hi).detach()  # no overflow
     return x
 
 
@@ -311,6 +316,7 @@ def pgd_attack(
             grad = torch.autograd.grad(loss, xg, allow_unused=True)[0] if loss.requires_grad else None
         if grad is None:
             grad = torch.zeros_like(x)
+        grad = torch.nan_to_num(grad, nan=0.0)
         step_size = (alpha * decay**step).to(torch.float32)
         x = torch.minimum(torch.maximum(x - step_size * torch.sign(grad), lo), hi).detach()
 

@@ -24,7 +24,7 @@ from .bounds.alpha import AlphaOptions, alpha_crown
 from .bounds.crown import CrownState, crown, ibp, pre_activation_nodes, spec_matrix
 from .bounds.mip import MipOptions, UnsupportedForMip
 from .bounds.split_refine import SplitOptions
-from .bounds.walk import Bounds, back_substitute
+from .bounds.walk import Bounds, back_substitute, margin
 from .config import Config
 from .model.graph import Graph
 from .model.onnx_loader import load_model
@@ -46,14 +46,28 @@ class InstanceResult:
     bab: dict[str, int | list[int]] = field(default_factory=dict)  # domains, rounds, max_queue per rank
 
     def to_json(self) -> dict:
+        """Strict JSON: a bound that is not finite is written as the string ``"-inf"``, ``"inf"`` or
+        ``"nan"`` (``float()`` reads each back)."""
         return {
             "verdict": self.verdict,
             "time_s": round(self.time_s, 4),
-            "bounds": self.bounds,
+            "bounds": {k: [json_number(v) for v in vals] for k, vals in self.bounds.items()},
             "peak_mb": [round(p, 2) for p in self.peak_mb],
             "message": self.message,
             **({"bab": self.bab} if self.bab else {}),
         }
+
+
+def json_number(v: float) -> float | str:
+    return v if np.isfinite(v) else str(float(v))
+
+
+def box_overflows(region: Region) -> bool:
+    """True when some input interval is wider than float32 can hold (hi - lo > 3.4e38, or a bound
+    beyond float32's range): every bound of such a box is -inf or NaN, so none is computed."""
+    lo, hi = float32_box(region.lower, region.upper, inward=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return not np.isfinite(hi - lo).all()
 
 
 @dataclass
@@ -75,10 +89,11 @@ def spec_rows(region: Region) -> tuple[Tensor, np.ndarray, np.ndarray]:
 
 
 def clause_bounds(lb_rows: Tensor, d: np.ndarray, owner: np.ndarray, n_clauses: int) -> np.ndarray:
-    """Lower bound of the amount by which each clause fails: max over its rows of lb(C y) - d."""
-    margin = lb_rows.detach().double().cpu().numpy()[0] - d
+    """Lower bound of the amount by which each clause fails: max over its rows of lb(C y) - d
+    (``bounds.walk.margin``: less float32 rounding; a NaN bound proves nothing, ``-inf``)."""
+    rows = margin(lb_rows.detach().cpu()[0], torch.as_tensor(d)).numpy()
     out = np.full(n_clauses, -np.inf)
-    np.maximum.at(out, owner, margin)
+    np.maximum.at(out, owner, rows)
     return out
 
 
@@ -461,7 +476,7 @@ def _verify_instance(
     memory = PeakMemory(compute_device(cfg))
     memory.start()
     bounds: dict[str, list[float]] = {}
-    verdict, cex = "unsat", None
+    verdict, cex, message = "unsat", None, ""
     work: BabResult | None = None  # what the searches did, all regions together
     order = cfg.attack.pgd_order
     for region in spec.regions:
@@ -470,8 +485,12 @@ def _verify_instance(
             if cex is not None:
                 verdict = "sat"
                 break
-        verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)
-        if not verified and cfg.general.complete_verifier != "skip" and not clock.expired():
+        if box_overflows(region):  # nothing can be proven; the attack (before or after) still runs
+            message = "the input box is wider than float32 can hold: no bound was computed (only an attack can decide it)"
+            verified, state, cb = False, None, np.full(len(region.clauses), -np.inf)
+        else:
+            verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)
+        if not verified and cfg.general.complete_verifier != "skip" and not clock.expired() and not message:
             res = complete_region(graph, region, cfg, clock, state, cb, bounds)
             work = work or BabResult("unsat")
             work.add_work(res)
@@ -493,4 +512,4 @@ def _verify_instance(
         verdict = "timeout"
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
     bab = {} if work is None else dict(domains=work.domains, rounds=work.rounds, max_queue=work.max_queue)
-    return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), bab=bab)
+    return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), message, bab)

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # VNN-COMP: prepare one instance.   usage: prepare_instance.sh v1 CATEGORY ONNX VNNLIB
-# Checks that the category is known (configs/CATEGORY.yaml exists, or it is one of the categories run
-# with configs/default.yaml) and that the two files exist. Exit 0 when the instance can be run.
+# Accepts any category, as run_instance.sh does (configs/CATEGORY.yaml when it exists, else
+# configs/default.yaml), and checks that the two files exist. Exit 0 when the instance can be run.
 # It starts and stops nothing: other programs are never killed.
 set -euo pipefail
-
-# Categories without their own config, run by run_instance.sh with configs/default.yaml.
-DEFAULT_CATEGORIES=(test)
 
 usage() {
     echo "usage: $0 v1 CATEGORY ONNX VNNLIB" >&2
@@ -20,22 +17,9 @@ ONNX="$3"
 VNNLIB="$4"
 TOOL_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-if [[ ! "$CATEGORY" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]]; then
-    echo "$0: invalid category name '$CATEGORY'" >&2
-    exit 1
-fi
-
 CONFIG="$TOOL_DIR/configs/$CATEGORY.yaml"
-if [[ ! -f "$CONFIG" ]]; then
-    known=0
-    for c in "${DEFAULT_CATEGORIES[@]}"; do
-        [[ "$c" == "$CATEGORY" ]] && known=1
-    done
-    if [[ $known -eq 0 ]]; then
-        echo "$0: unknown category '$CATEGORY' (no $CONFIG)" >&2
-        exit 1
-    fi
-    CONFIG="$TOOL_DIR/configs/default.yaml"
+if [[ ! "$CATEGORY" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ || ! -f "$CONFIG" ]]; then
+    CONFIG="$TOOL_DIR/configs/default.yaml"  # the same choice as run_instance.sh
 fi
 
 for f in "$ONNX" "$VNNLIB"; do

@@ -32,7 +32,7 @@ from ..attack import EmptyFloat32BoxError, float32_box
 from ..bounds.beta import optimise_alpha_beta
 from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
 from ..bounds.ops import Relu
-from ..bounds.walk import Bounds, Box, back_substitute
+from ..bounds.walk import Bounds, Box, back_substitute, margin
 from ..model.graph import Graph
 from ..parallel import comm
 from .common import BabOptions, BabResult, Problem, agree_round
@@ -134,7 +134,7 @@ class BetaCrown:
         lo, hi = box
         if A0 is None or lb.shape[0] == 0:
             return lo.clone()
-        margins = lb.double() - self.problem.d
+        margins = margin(lb, self.problem.d)
         row = margins.argmin(1)  # (B,)
         a = A0[row, torch.arange(lb.shape[0])]  # (B, *in)
         return torch.where(a >= 0, lo, hi)
@@ -231,7 +231,7 @@ class ReluSplitBab:
         cex = self.falsify(x, lb)
         if self.inner is None:  # no float32 point lies in the box: nothing can be a counterexample
             cex = None
-        open_rows = (lb.double() - self.problem.d) <= 0  # (B, S): rows not yet proven
+        open_rows = margin(lb, self.problem.d) <= 0  # (B, S): rows not yet proven
         bounds = (
             {
                 k: (torch.cat([d.bounds[k][0] for d in doms]), torch.cat([d.bounds[k][1] for d in doms]))
@@ -296,8 +296,9 @@ class ReluSplitBab:
                 xg = xs.detach().requires_grad_(True)
                 xin = comm.reduce_grad(xg) if self.graph.sharded else xg  # full gradient everywhere
                 y = self.graph(xin).reshape(xs.shape[0], -1)
-                m = self.problem.margins(y @ self.problem.C.T.to(y.dtype)).min(1).values
+                m = self.problem.point_margins(y).min(1).values
                 (grad,) = torch.autograd.grad(m.sum(), xg)
+            grad = torch.nan_to_num(grad, nan=0.0)  # a NaN output gives no direction, never a NaN point
             xs = torch.minimum(torch.maximum(xs.detach() - step * grad.sign(), lo), hi)
             step = step * 0.7
         return xs

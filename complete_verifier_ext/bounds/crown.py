@@ -9,6 +9,7 @@ only its rows and one all-gather of the ``(B, rows)`` bounds gives every rank th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor
 from ..model.graph import Graph
 from ..parallel import comm
 from .ops import Affine, Conv, Flatten, Linear
-from .walk import Alphas, Bounds, Box, back_substitute, concretize
+from .walk import Alphas, Bounds, Box, back_substitute, concretize, finite_batch, proven_only
 
 
 @dataclass
@@ -52,6 +53,12 @@ def exact_by_ibp(graph: Graph, k: int) -> bool:
             return False
         k = node.inputs[0]
     return True
+
+
+def interval(node, bounds: Bounds) -> Box:
+    """IBP bounds of ``node`` from its inputs' bounds, a NaN (inf - inf, 0 * inf) widened to ``∓inf``."""
+    lo, hi = node.op.ibp(*(bounds[i] for i in node.inputs))
+    return torch.where(torch.isnan(lo), -torch.inf, lo), torch.where(torch.isnan(hi), torch.inf, hi)
 
 
 def unstable_index(lo: Tensor, hi: Tensor) -> Tensor:
@@ -150,8 +157,7 @@ def sweep(
     used_rows: dict[int, Tensor] = {}
     gathered: list[Tensor] = []
     for k in range(1, len(graph.nodes)):
-        node = graph.nodes[k]
-        bounds[k] = node.op.ibp(*(bounds[i] for i in node.inputs))
+        bounds[k] = interval(graph.nodes[k], bounds)
         if k not in pre:
             continue
         if reference is not None:
@@ -198,23 +204,24 @@ def final_bounds(
 
 
 def ibp_final(graph: Graph, bounds: Bounds, C: Tensor) -> Tensor:
-    """IBP lower bounds (B, S) of ``C @ y``, with C merged into the last Linear when there is one."""
+    """IBP lower bounds (B, S) of ``C @ y``, with C merged into the last Linear when there is one;
+    ``-inf`` for a batch element with a non-finite bound anywhere (:func:`proven_only`)."""
     out = len(graph.nodes) - 1
     node = graph.nodes[out]
     B = bounds[0][0].shape[0]
+    ok = functools.reduce(torch.logical_and, (finite_batch(b) for b in bounds.values()))
     A = spec_matrix(C, B, node.shape)
     if isinstance(node.op, Linear):
         A_in, bias = node.op.backward(A, graph.nodes[node.inputs[0]].shape)
-        return (concretize(A_in[0], bounds[node.inputs[0]]) + bias).T
-    return concretize(A, bounds[out]).T
+        return proven_only(concretize(A_in[0], bounds[node.inputs[0]]) + bias, ok).T
+    return proven_only(concretize(A, bounds[out]), ok).T
 
 
 def ibp(graph: Graph, box: Box, C: Tensor) -> tuple[Tensor, Bounds]:
     """Interval bound propagation: (lb (B, S), bounds of every node)."""
     bounds: Bounds = {0: box}
     for k in range(1, len(graph.nodes)):
-        node = graph.nodes[k]
-        bounds[k] = node.op.ibp(*(bounds[i] for i in node.inputs))
+        bounds[k] = interval(graph.nodes[k], bounds)
     return ibp_final(graph, bounds, C), bounds
 
 

@@ -7,6 +7,7 @@ The walker knows nothing about any operator: it asks each node's op for ``backwa
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..model.graph import Graph
@@ -14,6 +15,39 @@ from ..model.graph import Graph
 Box = tuple[Tensor, Tensor]
 Bounds = dict[int, Box]  # node index -> (lower, upper), each (B, *shape)
 Alphas = dict[int, Tensor]  # ReLU node index -> slopes (S, B, *shape)
+
+
+def finite_batch(box: Box) -> Tensor:
+    """(B,) True where every lower and upper bound of batch element b is finite."""
+    lo, hi = box
+    return torch.isfinite(lo).flatten(1).all(1) & torch.isfinite(hi).flatten(1).all(1)
+
+
+def proven_only(lb: Tensor, ok: Tensor | None = None) -> Tensor:
+    """Lower bounds (S, B) with every value that proves nothing set to ``-inf``: a NaN or infinite bound,
+    and every bound of a batch element whose ``ok`` (B,) is False (a non-finite bound it was built from).
+
+    A relaxation built from a non-finite bound divides inf by inf or multiplies it by 0, and what comes
+    out is NaN or, worse, a finite number with no meaning; so *every* lower bound leaves the walker (and
+    IBP) through this function, and every comparison with 0 downstream sees ``-inf``: not proven."""
+    keep = torch.isfinite(lb)
+    if ok is not None:
+        keep = keep & ok
+    return torch.where(keep, lb, torch.full_like(lb, -torch.inf))
+
+
+ROUNDING = 2.0**-20  # about 8 float32 ulps: what float32 evaluation order can move an output by
+
+
+def margin(lb: Tensor, d: Tensor) -> Tensor:
+    """``lb - d`` (float64), safe to compare with 0: a clause row counts as proven only when its lower
+    bound clears the threshold by more than float32 rounding, ``ROUNDING * (|lb| + |d|)`` (the network
+    itself, run in float32 by torch or onnxruntime in another order, can land that far from where the
+    bound was computed: on a zero-width box the bound *is* one such evaluation); NaN is ``-inf``.  For
+    ``d = 0`` (robustness rows) the sign never changes."""
+    lb, d = lb.double(), torch.as_tensor(d, dtype=torch.float64, device=lb.device)
+    m = lb - d - ROUNDING * (lb.abs() + d.abs())
+    return torch.where(torch.isnan(m), -torch.inf, m)
 
 
 def concretize(A: Tensor, box: Box) -> Tensor:
@@ -43,9 +77,12 @@ def back_substitute(
     ``+β z`` for ``z <= 0``, β >= 0), so the result stays a lower bound there.
     ``record``, if given, receives the A-matrix arriving at every ReLU output and, under key 0, the
     one at the input.  Each A-matrix is dropped as soon as it has been pushed through its node.
+    A bound that is not finite, or that some non-finite ReLU input bound went into, comes out as
+    ``-inf`` (:func:`proven_only`).
     """
     pending: dict[int, Tensor] = {start: A}
     bias: Tensor | float = 0.0
+    ok = finite_batch(box)  # (B,): no non-finite bound has gone into batch element b
     for k in range(start, 0, -1):
         A_k = pending.pop(k, None)
         if A_k is None:
@@ -57,6 +94,7 @@ def back_substitute(
             record[k] = A_k
         if node.op.is_relu:
             lo, hi = bounds[node.inputs[0]]
+            ok = ok & finite_batch((lo, hi))
             alpha = None if alphas is None else alphas.get(k)
             A_in, b = node.op.backward_relu(A_k, lo, hi, alpha)
         else:
@@ -68,7 +106,7 @@ def back_substitute(
                 pending[i] = Ai if i not in pending else pending[i] + Ai
     A0 = pending.pop(0, None)
     if A0 is None:  # the start node does not depend on the input
-        return bias + A.new_zeros(A.shape[:2])
+        return proven_only(bias + A.new_zeros(A.shape[:2]), ok)
     if record is not None:
         record[0] = A0
-    return concretize(A0, box) + bias
+    return proven_only(concretize(A0, box) + bias, ok)

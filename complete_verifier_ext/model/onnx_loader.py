@@ -37,15 +37,35 @@ def read_onnx(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
 
 
+def finite(value: np.ndarray, where: str) -> np.ndarray:
+    """``value``, or a :class:`ModelError` naming ``where`` if it holds a NaN or an infinity: no bound
+    computed from such a weight means anything."""
+    if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+        bad = int(np.size(value) - np.isfinite(value).sum())
+        raise ModelError(f"{where} holds {bad} NaN or infinite value(s)")
+    return value
+
+
+def check_finite(graph: Graph) -> Graph:
+    """Every weight and constant of every operator is finite (also after folding, e.g. a BatchNorm
+    with a zero variance and epsilon); else a :class:`ModelError` naming the node."""
+    for node in graph.nodes:
+        for name, v in vars(node.op).items():
+            t = getattr(v, "local", v)  # a ShardedWeight holds its tensor in .local
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise ModelError(f"{graph.source}: node '{node.name}': its {name} is not finite (NaN or inf)")
+    return graph
+
+
 class _Builder:
     """Walks the ONNX nodes in order, keeping for every tensor name either a constant or a node."""
 
     def __init__(self, model: onnx.ModelProto, path: str):
         self.path = path
         self.graph = Graph(source=path)
-        self.consts: dict[str, np.ndarray] = {
-            i.name: numpy_helper.to_array(i) for i in model.graph.initializer
-        }
+        self.consts: dict[str, np.ndarray] = {}
+        for i in model.graph.initializer:
+            self.consts[i.name] = finite(numpy_helper.to_array(i), f"{path}: initializer '{i.name}'")
         self.node_of: dict[str, int] = {}
         self.sample: dict[int, torch.Tensor] = {}  # one example value per node, to infer shapes
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
@@ -275,7 +295,8 @@ _CONVERTERS: dict[str, Callable] = {
 def _fold_constant(b: _Builder, node: onnx.NodeProto) -> bool:
     """Evaluate a node whose inputs are all constants (or a Shape of a known tensor)."""
     if node.op_type == "Constant":
-        b.consts[node.output[0]] = numpy_helper.to_array(_attrs_raw(node))
+        value = numpy_helper.to_array(_attrs_raw(node))
+        b.consts[node.output[0]] = finite(value, f"{b.path}: Constant node '{node.name or node.output[0]}'")
         return True
     if node.op_type == "Shape" and node.input[0] in b.node_of:
         shape = (1,) + b.graph.nodes[b.node_of[node.input[0]]].shape
@@ -339,7 +360,7 @@ def load_onnx(path: str | os.PathLike) -> Graph:
         raise ModelError(f"{path}: the output '{out}' does not depend on the input")
     if b.node_of[out] != len(b.graph.nodes) - 1:
         raise ModelError(f"{path}: the output must be the last computed node")
-    return b.graph
+    return check_finite(b.graph)
 
 
 def load_model(path: str | os.PathLike) -> Graph:

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..bounds.ops import Affine, Conv, Flatten, Input, Linear, Relu, fold_affine_into
 from .graph import Graph
-from .onnx_loader import ModelError
+from .onnx_loader import ModelError, check_finite
 
 
 def _convert(module: nn.Module, x_shape: tuple[int, ...]):
@@ -45,4 +45,4 @@ def from_sequential(model: nn.Sequential, input_shape: tuple[int, ...]) -> Graph
             continue
         x = op.forward(x)
         g.add(name, op, (len(g.nodes) - 1,), x.shape[1:])
-    return g
+    return check_finite(g)
