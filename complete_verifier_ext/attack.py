@@ -234,7 +234,9 @@ def _diversify(
         if grad is None:
             break
         grad = torch.nan_to_num(grad, nan=0.0)  # an overflowing network gives no direction, never NaN points
-        x = torch.minimum(torch.maximum(x + (hi / 2 - lo / 2) * torch.sign(grad), lo), hi).detach()  # no overflow
+        x = torch.minimum(
+            torch.maximum(x + (hi / 2 - lo / 2) * torch.sign(grad), lo), hi
+        ).detach()  # no overflow
     return x
 
 

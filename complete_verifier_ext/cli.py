@@ -105,7 +105,12 @@ def run_instances(
             bar.close()
         if partial and comm.rank() == 0:
             with open(partial, "a") as f:
-                f.write(json.dumps(dict(results[-1].to_json(), onnx=inst.onnx, vnnlib=inst.vnnlib), allow_nan=False) + "\n")
+                f.write(
+                    json.dumps(
+                        dict(results[-1].to_json(), onnx=inst.onnx, vnnlib=inst.vnnlib), allow_nan=False
+                    )
+                    + "\n"
+                )
     return results
 
 
@@ -128,7 +133,9 @@ def write_outputs(
                 f.write(f"{inst.onnx},{inst.vnnlib},{res.verdict},{res.time_s:.3f}\n")
     if summary:
         data = [dict(r.to_json(), onnx=i.onnx, vnnlib=i.vnnlib) for i, r in zip(instances, results)]
-        Path(summary).write_text(json.dumps(data[0] if len(data) == 1 else {"instances": data}, indent=1, allow_nan=False))
+        Path(summary).write_text(
+            json.dumps(data[0] if len(data) == 1 else {"instances": data}, indent=1, allow_nan=False)
+        )
     for inst, res in zip(instances, results):
         line = f"{res.verdict:8s} {res.time_s:7.2f}s  {Path(inst.onnx).name} {Path(inst.vnnlib).name}"
         if not quiet or len(instances) == 1:

@@ -486,7 +486,9 @@ def _verify_instance(
                 verdict = "sat"
                 break
         if box_overflows(region):  # nothing can be proven; the attack (before or after) still runs
-            message = "the input box is wider than float32 can hold: no bound was computed (only an attack can decide it)"
+            message = (
+                "the input box is wider than float32 can hold: no bound computed (only an attack decides it)"
+            )
             verified, state, cb = False, None, np.full(len(region.clauses), -np.inf)
         else:
             verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)

@@ -158,7 +158,9 @@ def test_some_extreme_cases_are_still_proven(tmp_path):
     graph = load_onnx(onnx_path)
     with torch.no_grad():
         y = graph(torch.zeros(1, 3))[0].double().numpy()
-    spec = write_spec(tmp_path / "p.vnnlib", [-1e-3] * 3, [1e-3] * 3, [[f"(<= Y_0 {float(y[0]) - 0.05!r})"]], 3)
+    spec = write_spec(
+        tmp_path / "p.vnnlib", [-1e-3] * 3, [1e-3] * 3, [[f"(<= Y_0 {float(y[0]) - 0.05!r})"]], 3
+    )
     assert not sampled_counterexample(onnx_path, spec)
     assert run(onnx_path, spec, METHODS["crown"]) == "unsat"
 
@@ -212,7 +214,9 @@ def test_the_summary_is_strict_json_with_non_finite_bounds(tmp_path):
     spec = testing.write_vnnlib(tmp_path / "unit.vnnlib", [-1] * 4, [1] * 4, 0, 3)
     summary = tmp_path / "s.json"
     args = ["--model.onnx_path", onnx_path, "--specification.vnnlib_path", spec, "--summary", str(summary)]
-    code = main([*args, "--general.results_file", str(tmp_path / "r.txt"), "--quiet", *COMMON, *METHODS["crown"]])
+    code = main(
+        [*args, "--general.results_file", str(tmp_path / "r.txt"), "--quiet", *COMMON, *METHODS["crown"]]
+    )
     assert code == 0
     text = summary.read_text()
     assert "NaN" not in text and "Infinity" not in text
