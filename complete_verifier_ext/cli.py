@@ -17,8 +17,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .config import Config, ConfigError, load_config
 from .model.onnx_loader import ModelError
 from .parallel import comm, launch
@@ -87,31 +85,80 @@ def list_instances(cfg: Config) -> list[Instance]:
 
 
 def run_instances(
-    cfg: Config, instances: list[Instance], show_progress: bool, partial: str | None = None
+    cfg: Config,
+    instances: list[Instance],
+    show_progress: bool,
+    partial: str | None = None,
+    started: float | None = None,
+    quiet: bool = False,
 ) -> list[InstanceResult]:
     """Runs on every rank, in lockstep.  A user error in one instance of a list is that instance's
-    ``error`` verdict; a single instance re-raises it so that the CLI exits non-zero.  With
-    ``partial``, rank 0 appends one JSON line per finished instance there (long runs survive a kill)."""
+    ``error`` verdict; a single instance re-raises it so that the CLI exits non-zero.  The clock of a
+    single instance starts at ``started`` (the process start), so its timeout is a wall-clock limit.
+    For a list, rank 0 prints one line per finished instance and appends it to the results file at
+    once, and to ``partial`` (JSON lines for the summary): a run that is killed keeps what it did."""
     results = []
-    for inst in instances:
+    single = len(instances) == 1
+    for k, inst in enumerate(instances, 1):
         bar = Progress(show_progress and comm.rank() == 0, cfg.solver.alpha_crown.iteration)
         try:
-            results.append(verify_instance(cfg, inst.onnx, inst.vnnlib, inst.timeout, on_step=bar))
+            t0 = started if single else None
+            results.append(
+                verify_instance(cfg, inst.onnx, inst.vnnlib, inst.timeout, on_step=bar, started=t0)
+            )
         except USER_ERRORS as e:
-            if len(instances) == 1:
+            if single:
                 raise
             results.append(InstanceResult("error", 0.0, message=str(e)))
         finally:
             bar.close()
-        if partial and comm.rank() == 0:
+        if single or comm.rank() != 0:
+            continue
+        res = results[-1]
+        with open(cfg.general.results_file, "a") as f:
+            f.write(result_line(inst, res))
+        if partial:
             with open(partial, "a") as f:
                 f.write(
-                    json.dumps(
-                        dict(results[-1].to_json(), onnx=inst.onnx, vnnlib=inst.vnnlib), allow_nan=False
-                    )
+                    json.dumps(dict(res.to_json(), onnx=inst.onnx, vnnlib=inst.vnnlib), allow_nan=False)
                     + "\n"
                 )
+        if not quiet:
+            worst = min((min(v) for v in res.bounds.values()), default=None)
+            tail = f"  worst bound {worst:+.4g}" if worst is not None else ""
+            print(
+                f"[{k}/{len(instances)}] {res.verdict:8s} {res.time_s:7.2f}s  {_name(inst)}{tail}", flush=True
+            )
     return results
+
+
+def _name(inst: Instance) -> str:
+    return f"{Path(inst.onnx).name} {Path(inst.vnnlib).name}"
+
+
+def result_line(inst: Instance, res: InstanceResult) -> str:
+    """One line of a csv run's results file."""
+    return f"{inst.onnx},{inst.vnnlib},{res.verdict},{res.time_s:.3f}\n"
+
+
+def done_instances(results_file: str) -> dict[tuple[str, str], str]:
+    """(onnx, vnnlib) -> line, of the instances a csv run's results file already holds (``--resume``)."""
+    done = {}
+    if os.path.isfile(results_file):
+        for line in Path(results_file).read_text().splitlines():
+            parts = line.split(",")
+            if len(parts) >= 4:
+                done[(parts[0], parts[1])] = line + "\n"
+    return done
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a reader (or a
+    kill) never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def result_text(res: InstanceResult) -> str:
@@ -122,32 +169,40 @@ def result_text(res: InstanceResult) -> str:
 
 
 def write_outputs(
-    cfg: Config, instances: list[Instance], results: list[InstanceResult], summary: str | None, quiet: bool
+    cfg: Config,
+    instances: list[Instance],
+    results: list[InstanceResult],
+    summary: str | None,
+    quiet: bool,
+    earlier: dict[tuple[str, str], str] | None = None,
+    earlier_json: list[dict] | None = None,
 ) -> None:
+    """The results file (atomically; for a list, the lines of the ``earlier`` instances of a resumed
+    run first), the summary JSON and the readable summary on stdout."""
     results_file = cfg.general.results_file
-    if len(instances) == 1:
-        Path(results_file).write_text(result_text(results[0]))
+    if len(instances) == 1 and not earlier:
+        write_atomic(results_file, result_text(results[0]))
     else:
-        with open(results_file, "w") as f:
-            for inst, res in zip(instances, results):
-                f.write(f"{inst.onnx},{inst.vnnlib},{res.verdict},{res.time_s:.3f}\n")
-    if summary:
-        data = [dict(r.to_json(), onnx=i.onnx, vnnlib=i.vnnlib) for i, r in zip(instances, results)]
-        Path(summary).write_text(
-            json.dumps(data[0] if len(data) == 1 else {"instances": data}, indent=1, allow_nan=False)
+        write_atomic(
+            results_file, "".join((earlier or {}).values()) + "".join(map(result_line, instances, results))
         )
-    for inst, res in zip(instances, results):
-        line = f"{res.verdict:8s} {res.time_s:7.2f}s  {Path(inst.onnx).name} {Path(inst.vnnlib).name}"
-        if not quiet or len(instances) == 1:
-            print(line)
+    if summary:
+        data = (earlier_json or []) + [
+            dict(r.to_json(), onnx=i.onnx, vnnlib=i.vnnlib) for i, r in zip(instances, results)
+        ]
+        text = json.dumps(data[0] if len(data) == 1 else {"instances": data}, indent=1, allow_nan=False)
+        write_atomic(summary, text)
+    if len(instances) == 1:
+        res, inst = results[0], instances[0]
+        print(f"{res.verdict:8s} {res.time_s:7.2f}s  {_name(inst)}")
         if not quiet:
             for method, vals in res.bounds.items():
                 print(f"    {method:12s} worst clause bound {min(vals):+.6f}  ({len(vals)} clauses)")
             if res.peak_mb:
                 print("    peak MB per rank: " + " ".join(f"{p:.1f}" for p in res.peak_mb))
-            if res.message:
-                print("    " + res.message)
-    if len(instances) > 1:
+        if res.message:
+            print("    " + res.message)
+    else:
         counts = {
             v: sum(r.verdict == v for r in results) for v in ("sat", "unsat", "unknown", "timeout", "error")
         }
@@ -162,11 +217,15 @@ def _backend(cfg: Config) -> str:
 
 
 def _rank_main(
-    cfg: Config, instances: list[Instance], show_progress: bool, partial: str | None = None
+    cfg: Config,
+    instances: list[Instance],
+    show_progress: bool,
+    partial: str | None = None,
+    started: float | None = None,
+    quiet: bool = False,
 ) -> list[InstanceResult]:
-    if comm.world_size() > 1:  # share the cores instead of oversubscribing them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.world_size()))
-    return run_instances(cfg, instances, show_progress, partial)
+    launch.set_threads(cfg.parallel.threads, comm.world_size())
+    return run_instances(cfg, instances, show_progress, partial, started, quiet)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -176,55 +235,114 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--summary", help="write a JSON summary (verdict, time, bounds per method, peak MB per rank)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars, only the verdict line")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="csv runs: skip the instances the results file already holds (and keep their lines)",
+    )
     return p.parse_known_args(argv)
 
 
-def _error(cfg: Config | None, msg: str) -> int:
+def results_file_hint(config: str | None, overrides: list[str]) -> str | None:
+    """Where ``error`` goes when the config itself cannot be loaded: ``--general.results_file`` of the
+    command line, else ``general.results_file`` of the YAML if it can be read, else None."""
+    for i, item in enumerate(overrides[:-1]):
+        if item == "--general.results_file":
+            return overrides[i + 1]
+    for item in overrides:
+        if item.startswith("--general.results_file="):
+            return item.split("=", 1)[1]
+    try:
+        import yaml
+
+        with open(config or "", encoding="utf-8") as f:
+            value = (yaml.safe_load(f) or {}).get("general", {}).get("results_file")
+        return value if isinstance(value, str) else None
+    except Exception:  # noqa: BLE001 - an unreadable config is reported by load_config
+        return None
+
+
+def _error(results_file: str | None, writer: bool, msg: str) -> int:
+    """One line on stderr, ``error`` in the results file (when one is known), exit 1."""
     print(f"error: {msg}", file=sys.stderr)
-    if cfg is not None and cfg.model.onnx_path and cfg.specification.vnnlib_path and comm.rank() == 0:
+    if results_file and writer:
         try:
-            Path(cfg.general.results_file).write_text("error\n")
+            write_atomic(results_file, "error\n")
         except OSError:
             pass
     return 1
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = launch.process_start()  # the timeout of a single instance counts from here
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = None
+    writer = launch.is_rank0()  # decided before any group exists (under torchrun every rank returns)
+    results_file = results_file_hint(args.config, overrides)
+    instances: list[Instance] = []
+    n_done = 0
+    single = not args.resume  # a csv run keeps its results file: an error never overwrites its lines
     try:
         cfg, warnings = load_config(args.config, overrides)
+        results_file = cfg.general.results_file
         if cfg.parallel.exact_memory and argv is None and not mmap_threshold_env_ok():
             # glibc reads the threshold at start-up: re-exec so that freed tensors return to the OS and
             # the measured peak follows live tensors (see parallel/memory.py).
             env = {**os.environ, **MMAP_THRESHOLD_ENV}
             os.execve(sys.executable, [sys.executable, "-m", "complete_verifier_ext.cli", *sys.argv[1:]], env)
-        for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+        if writer:
+            for w in warnings:
+                print(f"warning: {w}", file=sys.stderr)
         instances = list_instances(cfg)
+        single = single and len(instances) == 1
+        for w in launch.check_world_size(cfg.parallel.world_size):
+            if writer:
+                print(f"warning: {w}", file=sys.stderr)
         show = not args.quiet and sys.stderr.isatty()
+        earlier: dict[tuple[str, str], str] = {}
+        earlier_json: list[dict] = []
         partial = None
-        if args.summary and len(instances) > 1:
-            partial = args.summary + ".partial.jsonl"
-            Path(partial).unlink(missing_ok=True)
+        if len(instances) > 1:
+            if args.resume:
+                earlier = done_instances(results_file)
+                instances = [i for i in instances if (i.onnx, i.vnnlib) not in earlier]
+            elif writer:
+                Path(results_file).write_text("")
+            n_done = len(earlier)
+            if args.summary:
+                partial = args.summary + ".partial.jsonl"
+                if args.resume and os.path.isfile(partial):
+                    lines = Path(partial).read_text().splitlines()
+                    earlier_json = [
+                        d for d in map(json.loads, filter(None, lines)) if (d["onnx"], d["vnnlib"]) in earlier
+                    ]
+                elif writer:
+                    Path(partial).unlink(missing_ok=True)
         t0 = time.monotonic()
+        if not instances:
+            print(f"nothing to do: the {len(earlier)} instances are all in {results_file}")
+            return 0
         results = launch.run(
             _rank_main,
             cfg.parallel.world_size,
-            (cfg, instances, show, partial),
+            (cfg, instances, show, partial, started, args.quiet),
             backend=_backend(cfg),
             exact_memory=cfg.parallel.exact_memory,
         )
-        if comm.rank() != 0:  # torchrun: every rank got the result, rank 0 alone reports
+        if not writer:  # torchrun: every rank got the result, rank 0 alone reports
             return 0
-        write_outputs(cfg, instances, results, args.summary, args.quiet)
+        write_outputs(cfg, instances, results, args.summary, args.quiet, earlier, earlier_json)
         if len(instances) > 1 and not args.quiet:
             print(f"wall time {time.monotonic() - t0:.1f}s")
         return 0
     except USER_ERRORS as e:
-        return _error(cfg, str(e))
+        return _error(results_file if single else None, writer, str(e))
     except launch.RankFailure as e:
-        return _error(cfg, str(e).splitlines()[0])
+        return _error(results_file if single else None, writer, str(e).splitlines()[0])
+    except KeyboardInterrupt:
+        if writer:
+            kept = f"; the finished instances are in {results_file}" if n_done or len(instances) > 1 else ""
+            print(f"interrupted{kept}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

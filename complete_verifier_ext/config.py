@@ -404,6 +404,8 @@ class ParallelConfig:
             ends, so that a round costs no collective but its agreement.  The domains stay split either
             way; replicating adds one copy of the weights per rank (on mnist-net_256x6, 1.5 MB against
             ~14 KB per queued domain).  ``tp`` never holds a full layer, so it only allows ``sharded``.
+        threads: torch threads per rank; 0 (the default) divides the cores available to the process
+            (its CPU affinity) among the ranks on the host, at least 1 each.
     """
 
     mode: str = _opt("none", choices=("none", "fsdp", "tp"))
@@ -411,6 +413,7 @@ class ParallelConfig:
     backend: str = _opt("auto", choices=("auto", "gloo", "nccl"))
     exact_memory: bool = _opt(False)
     bab_weights: str = _opt("sharded", choices=("sharded", "replicated"))
+    threads: int = _opt(0, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -1019,7 +1022,10 @@ def _read_yaml(path: str) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {what}") from None
 
 
 def load_config(path: str | None, overrides: Sequence[str] = ()) -> tuple[Config, list[str]]:

@@ -458,11 +458,23 @@ def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph,
     return graph, spec
 
 
+END_RESERVE_S = 1.0  # of a wall-clock timeout: for writing the results and ending the processes
+
+
 def verify_instance(
-    cfg: Config, onnx_path: str, vnnlib_path: str, timeout: float, on_step: Callable | None = None
+    cfg: Config,
+    onnx_path: str,
+    vnnlib_path: str,
+    timeout: float,
+    on_step: Callable | None = None,
+    started: float | None = None,
 ) -> InstanceResult:
-    """Verify one (model, spec) pair on this rank; every rank must call it with the same arguments."""
+    """Verify one (model, spec) pair on this rank; every rank must call it with the same arguments.
+    The clock starts at ``started`` (``time.monotonic()`` of the process start, so that start-up
+    counts as in VNN-COMP, and ``END_RESERVE_S`` is kept for the results), else now."""
     t0 = time.monotonic()
+    if started is not None:
+        t0, timeout = started, max(0.0, timeout - END_RESERVE_S)
     graph, spec = load_instance(cfg, onnx_path, vnnlib_path)  # on the host; only shards move
     with torch.device(compute_device(cfg)):  # factory functions create tensors on the compute device
         return _verify_instance(cfg, graph, spec, onnx_path, timeout, t0, on_step)

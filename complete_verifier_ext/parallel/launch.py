@@ -45,7 +45,7 @@ import torch.multiprocessing as mp
 from . import comm
 from .memory import MMAP_THRESHOLD_ENV
 
-__all__ = ["RankFailure", "run"]
+__all__ = ["RankFailure", "check_world_size", "is_rank0", "process_start", "run", "set_threads"]
 
 T = TypeVar("T")
 
@@ -74,6 +74,74 @@ class RankFailure(RuntimeError):
         self.failures = failures or [failure]
         message = f"rank {failure.rank} {failure.reason}"
         super().__init__(f"{message}\n{failure.details}".rstrip() if failure.details else message)
+
+
+RANK_MB = 400  # resident memory of one idle rank (Python, torch, the package), measured here: ~350 MB
+
+
+def process_start() -> float:
+    """``time.monotonic()`` at the moment this process started (the kernel's start time, so that the
+    imports before any of our code ran count too); now where /proc is not there."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+        return time.monotonic() - age
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
+
+
+def is_rank0() -> bool:
+    """Whether this process is the one that reports: not started by torchrun, or torchrun's rank 0.
+    Decided from the environment, before (and after) any process group exists."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def check_world_size(world_size: int) -> list[str]:
+    """Warnings for a world size that will run slowly (more ranks than cores); a ``ValueError`` for one
+    that cannot run here at all: more ranks than the memory available holds (``RANK_MB`` each)."""
+    if world_size <= 1 or "RANK" in os.environ:  # torchrun placed the ranks itself
+        return []
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        avail_mb = int(info["MemAvailable"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        avail_mb = float("inf")
+    if world_size * RANK_MB > avail_mb:
+        raise ValueError(
+            f"parallel.world_size {world_size} needs about {world_size * RANK_MB} MB for the ranks alone "
+            f"({RANK_MB} MB each), but {avail_mb:.0f} MB are available"
+        )
+    cores = available_cores()
+    if world_size > cores:
+        return [f"parallel.world_size {world_size} exceeds the {cores} cores available: ranks share them"]
+    return []
+
+
+def set_threads(threads: int, world_size: int) -> int:
+    """Set this rank's torch threads: ``threads``, or for 0 the cores available divided among the
+    ranks on this host (at least 1); one inter-op thread (the engine runs no parallel graph ops).
+    Returns the number set."""
+    n = threads if threads > 0 else max(1, available_cores() // max(1, _local_world(world_size)))
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
+        torch.set_num_interop_threads(1)
+    return n
+
+
+def _local_world(world_size: int) -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
 
 def run(
