@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import os
 import pickle
+import re
 import signal
 import socket
 import time
@@ -172,10 +173,25 @@ def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str
     if comm.world_size() > 1:
         return fn(*args)
     comm.init_from_env(backend, timeout_s)
+    rank = comm.rank()
     try:
         return fn(*args)
+    except RuntimeError as e:  # gloo and NCCL raise plain RuntimeErrors when a peer is gone
+        if not (isinstance(e, torch.distributed.DistError) or _is_transport_error(e)):
+            raise
+        first = re.sub(r"^\[[^\]]*\] ", "", (str(e).strip() or type(e).__name__).splitlines()[0])
+        first = first.split(". This is typically")[0]  # gloo's advice, a line long
+        raise RankFailure(_Failure(rank, f"lost a peer rank (it died or hung): {first}")) from None
     finally:
-        comm.shutdown()
+        with contextlib.suppress(Exception):  # a group whose peer is gone may not shut down cleanly
+            comm.shutdown()
+
+
+def _is_transport_error(e: BaseException) -> bool:
+    text = str(e)
+    return any(
+        w in text for w in ("gloo", "Gloo", "NCCL", "Connection reset", "Connection closed", "timed out")
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
