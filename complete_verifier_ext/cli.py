@@ -16,15 +16,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .config import Config, ConfigError, load_config
-from .model.onnx_loader import ModelError
-from .parallel import comm, launch
-from .parallel.memory import MMAP_THRESHOLD_ENV, mmap_threshold_env_ok
-from .spec import SpecError
-from .verify import InstanceResult, verify_instance
+from .config import Config, ConfigError, key_table, load_config
 
-USER_ERRORS = (ConfigError, ModelError, SpecError, FileNotFoundError, ValueError)
+if TYPE_CHECKING:
+    from .verify import InstanceResult
+
+# torch, onnx and the engine are imported only once the command line is parsed: ``--help`` needs none
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that are the user's mistake (config, model, spec): one line, no traceback."""
+    from .model.onnx_loader import ModelError
+    from .spec import SpecError
+
+    return (ConfigError, ModelError, SpecError, FileNotFoundError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -35,19 +42,33 @@ class Instance:
 
 
 class Progress:
-    """α-CROWN progress bar (tqdm), shown on a terminal only, on rank 0, after 2 s."""
+    """The progress of the whole run, on rank 0: instance k of N and what its current stage says
+    (PGD, each bound method, α-CROWN steps, BaB rounds with domains left, worst bound and domains/s).
+    On a terminal, one tqdm line rewritten in place (at most 5 times a second); with
+    ``general.verbose``, every status on its own line of stderr, terminal or not; ``--quiet``: nothing."""
 
-    def __init__(self, enabled: bool, total: int):
-        self.bar = None
-        if enabled:
+    def __init__(self, enabled: bool, verbose: bool, total: int):
+        self.verbose, self.bar, self.last, self.name = verbose and enabled, None, 0.0, ""
+        if enabled and not verbose and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="alpha-CROWN", leave=False, delay=2.0, file=sys.stderr)
+            fmt = "{n_fmt}/{total_fmt} instances {elapsed} {postfix}"
+            self.bar = tqdm(total=total, file=sys.stderr, leave=False, bar_format=fmt, dynamic_ncols=True)
 
-    def __call__(self, it: int, best) -> None:
+    def start(self, inst: Instance) -> None:
+        self.name = _name(inst)
+        self("start")
+
+    def __call__(self, status: str) -> None:
+        if self.verbose:
+            print(f"{self.name}: {status}", file=sys.stderr, flush=True)
+        elif self.bar is not None and time.monotonic() - self.last > 0.2:
+            self.last = time.monotonic()
+            self.bar.set_postfix_str(f"{self.name}: {status}")
+
+    def done(self) -> None:
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(worst=f"{float(best.min()):.4g}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -97,21 +118,23 @@ def run_instances(
     single instance starts at ``started`` (the process start), so its timeout is a wall-clock limit.
     For a list, rank 0 prints one line per finished instance and appends it to the results file at
     once, and to ``partial`` (JSON lines for the summary): a run that is killed keeps what it did."""
+    from .parallel import comm
+    from .verify import InstanceResult, verify_instance
+
     results = []
     single = len(instances) == 1
+    progress = Progress(show_progress and comm.rank() == 0, cfg.general.verbose, len(instances))
     for k, inst in enumerate(instances, 1):
-        bar = Progress(show_progress and comm.rank() == 0, cfg.solver.alpha_crown.iteration)
+        progress.start(inst)
         try:
             t0 = started if single else None
-            results.append(
-                verify_instance(cfg, inst.onnx, inst.vnnlib, inst.timeout, on_step=bar, started=t0)
-            )
-        except USER_ERRORS as e:
+            results.append(verify_instance(cfg, inst.onnx, inst.vnnlib, inst.timeout, progress, started=t0))
+        except user_errors() as e:
             if single:
+                progress.close()
                 raise
             results.append(InstanceResult("error", 0.0, message=str(e)))
-        finally:
-            bar.close()
+        progress.done()
         if single or comm.rank() != 0:
             continue
         res = results[-1]
@@ -199,7 +222,12 @@ def write_outputs(
             for method, vals in res.bounds.items():
                 print(f"    {method:12s} worst clause bound {min(vals):+.6f}  ({len(vals)} clauses)")
             if res.peak_mb:
-                print("    peak MB per rank: " + " ".join(f"{p:.1f}" for p in res.peak_mb))
+                note = (
+                    ""
+                    if res.peak_exact
+                    else "  (an upper bound: parallel.exact_memory: true gives the exact peak)"
+                )
+                print("    peak MB per rank: " + " ".join(f"{p:.1f}" for p in res.peak_mb) + note)
         if res.message:
             print("    " + res.message)
     else:
@@ -224,23 +252,42 @@ def _rank_main(
     started: float | None = None,
     quiet: bool = False,
 ) -> list[InstanceResult]:
+    from .parallel import comm, launch
+
     launch.set_threads(cfg.parallel.threads, comm.world_size())
     return run_instances(cfg, instances, show_progress, partial, started, quiet)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="abcrown", description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p = argparse.ArgumentParser(
+        prog="abcrown",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        epilog=keys_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", help="α,β-CROWN-style YAML file")
     p.add_argument(
         "--summary", help="write a JSON summary (verdict, time, bounds per method, peak MB per rank)"
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bars, only the verdict line")
+    p.add_argument("--quiet", action="store_true", help="no progress, only the verdict line")
     p.add_argument(
         "--resume",
         action="store_true",
         help="csv runs: skip the instances the results file already holds (and keep their lines)",
     )
     return p.parse_known_args(argv)
+
+
+def keys_help() -> str:
+    """Every config key with its default and its doc (from the config dataclasses)."""
+    import textwrap
+
+    out = ["config keys: set them in the YAML file (section: {key: value}) or as --section.key VALUE", ""]
+    for key, default, doc in key_table():
+        out.append(f"  {key} = {'null' if default is None else default}")
+        text = doc.replace("``", "")
+        out += textwrap.wrap(text, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(out)
 
 
 def results_file_hint(config: str | None, overrides: list[str]) -> str | None:
@@ -274,8 +321,13 @@ def _error(results_file: str | None, writer: bool, msg: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    started = launch.process_start()  # the timeout of a single instance counts from here
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    from .parallel import launch
+    from .parallel.memory import MMAP_THRESHOLD_ENV, mmap_threshold_env_ok
+
+    # the timeout of a single instance counts from the process start (imports too); a call from Python
+    # (``main(argv)``) counts from the call
+    started = launch.process_start() if argv is None else time.monotonic()
     writer = launch.is_rank0()  # decided before any group exists (under torchrun every rank returns)
     results_file = results_file_hint(args.config, overrides)
     instances: list[Instance] = []
@@ -297,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in launch.check_world_size(cfg.parallel.world_size):
             if writer:
                 print(f"warning: {w}", file=sys.stderr)
-        show = not args.quiet and sys.stderr.isatty()
+        show = not args.quiet
         earlier: dict[tuple[str, str], str] = {}
         earlier_json: list[dict] = []
         partial = None
@@ -334,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(instances) > 1 and not args.quiet:
             print(f"wall time {time.monotonic() - t0:.1f}s")
         return 0
-    except USER_ERRORS as e:
+    except user_errors() as e:
         return _error(results_file if single else None, writer, str(e))
     except launch.RankFailure as e:
         return _error(results_file if single else None, writer, str(e).splitlines()[0])

@@ -145,7 +145,9 @@ class GeneralConfig:
             or ``skip`` (stop after incomplete verification).
         deterministic: use deterministic torch kernels.
         double_fp: compute in float64.
-        verbose: print per-iteration progress (alpha-CROWN losses, BaB rounds).
+        verbose: print what every stage does on its own line of stderr (PGD, each bound method, every
+            alpha-CROWN step with its worst clause bound, every BaB round with domains left, worst bound
+            and domains/s, the refinement's layers); without it, a terminal shows one progress line.
     """
 
     device: str = _opt("cpu", check=_is_device, expected="cpu, cuda or cuda:N")
@@ -405,7 +407,8 @@ class ParallelConfig:
             way; replicating adds one copy of the weights per rank (on mnist-net_256x6, 1.5 MB against
             ~14 KB per queued domain).  ``tp`` never holds a full layer, so it only allows ``sharded``.
         threads: torch threads per rank; 0 (the default) divides the cores available to the process
-            (its CPU affinity) among the ranks on the host, at least 1 each.
+            (its CPU affinity) less one among the ranks on the host, at least 1 each (2 threads on 2
+            cores are no faster alone and several times slower beside another busy process).
     """
 
     mode: str = _opt("none", choices=("none", "fsdp", "tp"))
@@ -1068,3 +1071,40 @@ def config_to_dict(cfg: Any) -> dict:
             value = list(value)
         out[_yaml_key(f)] = value
     return out
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """``name -> text`` from the ``Attributes:`` section of a dataclass's docstring (continuation lines
+    joined), the one place each key is documented."""
+    docs: dict[str, str] = {}
+    lines = (
+        (cls.__doc__ or "").split("Attributes:", 1)[-1].splitlines()
+        if "Attributes:" in (cls.__doc__ or "")
+        else []
+    )
+    name = None
+    for line in lines:
+        m = re.match(r"^ {8}([A-Za-z_][\w-]*): (.*)$", line)
+        if m:
+            name = m.group(1)
+            docs[name] = m.group(2).strip()
+        elif name and line.startswith(" " * 12):
+            docs[name] += " " + line.strip()
+        elif line.strip():
+            name = None
+    return docs
+
+
+def key_table(cfg: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """``(dotted key, default, doc)`` for every key of the config, in schema order: what ``--help``
+    prints and what the README's key table is generated from."""
+    cfg = Config() if cfg is None else cfg
+    docs = _attribute_docs(type(cfg))
+    rows: list[tuple[str, Any, str]] = []
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), prefix + _yaml_key(f)
+        if dataclasses.is_dataclass(value):
+            rows += key_table(value, key + ".")
+        else:
+            rows.append((key, value, docs.get(f.name, docs.get(_yaml_key(f), ""))))
+    return rows

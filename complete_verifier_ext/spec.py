@@ -182,7 +182,12 @@ class _Context(NamedTuple):
     declared: dict[str, _Var]
 
 
+_NON_FINITE = frozenset({"nan", "inf", "infinity"})
+
+
 def _parse_number(tok: _Tok, ctx: _Context) -> float:
+    if tok.text.lower().lstrip("+-") in _NON_FINITE:
+        raise ctx.src.error(tok.pos, f"{tok.text!r} is not a finite number: bounds must be finite")
     if not _NUMBER_RE.fullmatch(tok.text):
         raise ctx.src.error(tok.pos, f"malformed number {tok.text!r}")
     return float(tok.text)
@@ -197,7 +202,7 @@ def _head(node: _List, ctx: _Context) -> str:
 def _linear(node: _Node, ctx: _Context) -> _Lin:
     """Evaluate a linear arithmetic expression."""
     if isinstance(node, _Tok):
-        if node.text[0] in _NUMBER_START:
+        if node.text[0] in _NUMBER_START or node.text.lower() in _NON_FINITE:
             return {}, _parse_number(node, ctx)
         var = ctx.declared.get(node.text)
         if var is None:
@@ -271,6 +276,10 @@ def _make_row(small: _Lin, large: _Lin, node: _List, ctx: _Context) -> _Row:
     """The row for ``small <= large``."""
     coefs, const = _lin_sum([small, _lin_scale(large, -1.0)])
     coefs = {var: c for var, c in coefs.items() if c != 0.0}
+    if not coefs and (small[0] or large[0]):
+        raise ctx.src.error(
+            node.pos, "the variables cancel out: the comparison is always true or always false"
+        )
     if not coefs:
         raise ctx.src.error(node.pos, "comparison does not involve any variable")
     kinds = {var[0] for var in coefs}
@@ -389,19 +398,20 @@ class _BoxBuilder:
     def __init__(self, n_inputs: int) -> None:
         self.lower = np.full(n_inputs, -np.inf)
         self.upper = np.full(n_inputs, np.inf)
+        self.pos: dict[int, int] = {}  # input -> position of the last assert that tightened its bounds
 
     def copy(self) -> _BoxBuilder:
         other = _BoxBuilder(0)
-        other.lower, other.upper = self.lower.copy(), self.upper.copy()
+        other.lower, other.upper, other.pos = self.lower.copy(), self.upper.copy(), dict(self.pos)
         return other
 
     def add(self, row: _Row) -> None:
         (_, index), coef = next(iter(row.coefs.items()))
         value = row.bound / coef
-        if coef > 0:
-            self.upper[index] = min(self.upper[index], value)
-        else:
-            self.lower[index] = max(self.lower[index], value)
+        if coef > 0 and value < self.upper[index]:
+            self.upper[index], self.pos[index] = value, row.pos
+        elif coef < 0 and value > self.lower[index]:
+            self.lower[index], self.pos[index] = value, row.pos
 
 
 def _clause(rows: list[_Row], n_outputs: int) -> Clause:
@@ -427,7 +437,8 @@ def _finish_box(
     empty = np.flatnonzero(box.lower > box.upper)
     if empty.size:
         i = int(empty[0])
-        raise src.error(pos, f"input variable X_{i} has empty bounds [{box.lower[i]}, {box.upper[i]}]")
+        where = box.pos.get(i, pos)  # the assert that emptied the interval
+        raise src.error(where, f"input variable X_{i} has empty bounds [{box.lower[i]}, {box.upper[i]}]")
     return box.lower, box.upper
 
 

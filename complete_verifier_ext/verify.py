@@ -44,6 +44,7 @@ class InstanceResult:
     peak_mb: list[float] = field(default_factory=list)  # per rank
     message: str = ""
     bab: dict[str, int | list[int]] = field(default_factory=dict)  # domains, rounds, max_queue per rank
+    peak_exact: bool = True  # False: peak_mb is an upper bound (the CPU allocator's kept blocks count too)
 
     def to_json(self) -> dict:
         """Strict JSON: a bound that is not finite is written as the string ``"-inf"``, ``"inf"`` or
@@ -53,6 +54,7 @@ class InstanceResult:
             "time_s": round(self.time_s, 4),
             "bounds": {k: [json_number(v) for v in vals] for k, vals in self.bounds.items()},
             "peak_mb": [round(p, 2) for p in self.peak_mb],
+            "peak_mb_exact": self.peak_exact,
             "message": self.message,
             **({"bab": self.bab} if self.bab else {}),
         }
@@ -70,14 +72,24 @@ def box_overflows(region: Region) -> bool:
         return not np.isfinite(hi - lo).all()
 
 
+def _quiet(_: str) -> None:
+    pass
+
+
 @dataclass
 class Clock:
-    """Deadline whose expiry every rank agrees on (one all-reduce per question)."""
+    """Deadline whose expiry every rank agrees on (one all-reduce per question), and where the stages
+    say what they are doing (``say``: a one-line status; the CLI shows it as progress)."""
 
     deadline: float
+    say: Callable[[str], None] = _quiet
 
     def expired(self) -> bool:
         return comm.all_reduce_flag(time.monotonic() > self.deadline, "or")
+
+    def within(self, deadline: float) -> Clock:
+        """A clock with an earlier deadline that reports to the same place."""
+        return Clock(deadline, self.say)
 
 
 def spec_rows(region: Region) -> tuple[Tensor, np.ndarray, np.ndarray]:
@@ -106,6 +118,7 @@ def input_box(region: Region, graph: Graph) -> tuple[Tensor, Tensor]:
 
 def attack(graph: Graph, region: Region, cfg: Config, clock: Clock, onnx_path: str) -> str | None:
     """PGD; returns the formatted counterexample, re-checked on the model and onnxruntime."""
+    clock.say("PGD attack")
     with torch.enable_grad():
         x = pgd_attack(
             lambda v: graph(comm.reduce_grad(v)),  # the full input gradient on every rank
@@ -128,7 +141,6 @@ def bound_region(
     cfg: Config,
     clock: Clock,
     bounds: dict[str, list[float]],
-    on_step: Callable | None = None,
 ) -> tuple[bool, CrownState | None, np.ndarray]:
     """Run IBP, then CROWN, then α-CROWN (up to ``solver.bound_prop_method``).
 
@@ -138,12 +150,14 @@ def bound_region(
     n = len(region.clauses)
     box = input_box(region, graph)
     method = cfg.solver.bound_prop_method
+    clock.say("IBP")
     with torch.no_grad():
         lb, _ = ibp(graph, box, C)
     cb = clause_bounds(lb, d, owner, n)
     bounds.setdefault("ibp", []).extend(cb.tolist())
     if (cb > 0).all() or method == "ibp":
         return bool((cb > 0).all()), None, cb
+    clock.say(f"CROWN (IBP worst {cb.min():+.4g})")
     lb, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
     cb = clause_bounds(lb, d, owner, n)
     bounds.setdefault("crown", []).extend(cb.tolist())
@@ -151,17 +165,15 @@ def bound_region(
         return bool((cb > 0).all()), state, cb
     a = cfg.solver.alpha_crown
     opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
-    lb, state = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=on_step)
+    clock.say(f"α-CROWN (CROWN worst {cb.min():+.4g})")
+
+    def step(it: int, best: Tensor) -> None:
+        clock.say(f"α-CROWN {it + 1}/{a.iteration}: worst {clause_bounds(best, d, owner, n).min():+.4g}")
+
+    lb, state = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=step)
     cb = np.maximum(clause_bounds(lb, d, owner, n), cb)
     bounds.setdefault("alpha_crown", []).extend(cb.tolist())
     return bool((cb > 0).all()), state, cb
-
-
-def progress_log(cfg: Config) -> Callable[[str], None]:
-    """Where the stages print their progress: stderr on rank 0 with ``general.verbose``, else nowhere."""
-    if cfg.general.verbose and comm.rank() == 0:
-        return lambda s: print(s, file=sys.stderr)
-    return lambda s: None
 
 
 def refine_region(
@@ -181,7 +193,7 @@ def refine_region(
     m = cfg.solver.mip
     budget = m.refine_neuron_time_percentage * max(0.0, clock.deadline - time.monotonic())
     deadline = time.monotonic() + budget
-    log = progress_log(cfg)
+    log = clock.say
     box = input_box(region, graph)
     pre = pre_activation_nodes(graph)
     C, d, owner = spec_rows(region)
@@ -266,7 +278,7 @@ def output_milp(
     clause bounds with what the MILPs proved).  A network that is not a chain of Linear and ReLU
     layers is left to BaB (with a warning)."""
     budget = share * max(0.0, clock.deadline - time.monotonic())
-    log = progress_log(cfg)
+    log = clock.say
     C, d, owner = spec_rows(region)
     todo = [int(i) for i in np.argsort(cb, kind="stable") if cb[i] <= 0]
     C64 = C.double().cpu().numpy()
@@ -346,7 +358,9 @@ def complete(
         one = Region(region.lower, region.upper, (region.clauses[i],))
         slot = clock
         if share_time:
-            slot = Clock(time.monotonic() + max(0.0, clock.deadline - time.monotonic()) / (len(todo) - n))
+            slot = clock.within(
+                time.monotonic() + max(0.0, clock.deadline - time.monotonic()) / (len(todo) - n)
+            )
         res = complete_clause(graph, one, cfg, slot, clause_state(state, owner == i))
         total.add_work(res)
         if res.verdict == "unsat":
@@ -378,9 +392,11 @@ def complete_clause(
         with torch.no_grad():
             _, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
 
-    def report(rounds: int, left: int, worst: float) -> None:
-        if cfg.general.verbose and comm.rank() == 0:
-            print(f"  bab round {rounds}: {left} domains, worst margin {worst:+.5f}", file=sys.stderr)
+    t0 = time.monotonic()
+
+    def report(rounds: int, left: int, worst: float, domains: int) -> None:
+        rate = domains / max(1e-9, time.monotonic() - t0)
+        clock.say(f"BaB round {rounds}: {left} domains left, worst {worst:+.5f}, {rate:.0f} domains/s")
 
     replicate = cfg.parallel.bab_weights == "replicated" and cfg.parallel.mode == "fsdp"
     with graph.replicated() if replicate else contextlib.nullcontext():
@@ -410,7 +426,9 @@ def complete_region(
         return complete(graph, region, cfg, clock, state, cb)[0]
     work = BabResult("timeout", domains=0, rounds=0)
     if m.quick_bab_percentage > 0:
-        quick = Clock(time.monotonic() + m.quick_bab_percentage * max(0.0, clock.deadline - time.monotonic()))
+        quick = clock.within(
+            time.monotonic() + m.quick_bab_percentage * max(0.0, clock.deadline - time.monotonic())
+        )
         res, cb = complete(graph, region, cfg, quick, state, cb, share_time=True)
         bounds.setdefault("quick_bab", []).extend(cb.tolist())
         if res.verdict in ("unsat", "sat") or clock.expired():
@@ -458,7 +476,7 @@ def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph,
     return graph, spec
 
 
-END_RESERVE_S = 1.0  # of a wall-clock timeout: for writing the results and ending the processes
+END_RESERVE_S = 2.0  # of a wall-clock timeout: for writing the results and ending the processes
 
 
 def verify_instance(
@@ -466,25 +484,32 @@ def verify_instance(
     onnx_path: str,
     vnnlib_path: str,
     timeout: float,
-    on_step: Callable | None = None,
+    progress: Callable[[str], None] | None = None,
     started: float | None = None,
 ) -> InstanceResult:
     """Verify one (model, spec) pair on this rank; every rank must call it with the same arguments.
     The clock starts at ``started`` (``time.monotonic()`` of the process start, so that start-up
-    counts as in VNN-COMP, and ``END_RESERVE_S`` is kept for the results), else now."""
+    counts as in VNN-COMP, and ``END_RESERVE_S`` is kept for the results), else now.  ``progress``
+    receives a one-line status from every stage (PGD, each bound method, α-CROWN steps, BaB rounds)."""
     t0 = time.monotonic()
     if started is not None:
         t0, timeout = started, max(0.0, timeout - END_RESERVE_S)
     graph, spec = load_instance(cfg, onnx_path, vnnlib_path)  # on the host; only shards move
     with torch.device(compute_device(cfg)):  # factory functions create tensors on the compute device
-        return _verify_instance(cfg, graph, spec, onnx_path, timeout, t0, on_step)
+        return _verify_instance(cfg, graph, spec, onnx_path, timeout, t0, progress)
 
 
 def _verify_instance(
-    cfg: Config, graph: Graph, spec: Spec, onnx_path: str, timeout: float, t0: float, on_step: Callable | None
+    cfg: Config,
+    graph: Graph,
+    spec: Spec,
+    onnx_path: str,
+    timeout: float,
+    t0: float,
+    progress: Callable | None,
 ) -> InstanceResult:
     torch.manual_seed(cfg.general.seed)
-    clock = Clock(t0 + timeout)
+    clock = Clock(t0 + timeout, progress or _quiet)
     memory = PeakMemory(compute_device(cfg))
     memory.start()
     bounds: dict[str, list[float]] = {}
@@ -503,7 +528,7 @@ def _verify_instance(
             )
             verified, state, cb = False, None, np.full(len(region.clauses), -np.inf)
         else:
-            verified, state, cb = bound_region(graph, region, cfg, clock, bounds, on_step)
+            verified, state, cb = bound_region(graph, region, cfg, clock, bounds)
         if not verified and cfg.general.complete_verifier != "skip" and not clock.expired() and not message:
             res = complete_region(graph, region, cfg, clock, state, cb, bounds)
             work = work or BabResult("unsat")
@@ -525,5 +550,6 @@ def _verify_instance(
     if verdict == "unknown" and clock.expired():
         verdict = "timeout"
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
+    exact = comm.all_reduce_flag(memory.exact, "and")
     bab = {} if work is None else dict(domains=work.domains, rounds=work.rounds, max_queue=work.max_queue)
-    return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), message, bab)
+    return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), message, bab, exact)

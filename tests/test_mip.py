@@ -82,8 +82,9 @@ def test_time_limited_solves_stay_sound():
 
 
 def test_a_stopped_solve_still_gives_its_dual_bound():
-    """A MILP stopped by its time limit before any feasible point (no heuristics run) reports HiGHS's
-    dual bound: finite, at least the LP relaxation's, and below the exact minimum."""
+    """A MILP stopped by its limit (one node: no test of time, so machine load cannot change it)
+    before any feasible point (no heuristics run) reports HiGHS's dual bound: finite, at least the LP
+    relaxation's, and below the exact minimum."""
     sizes = (10, 40, 40, 40, 2)
     net, graph, box, state, lo, hi = _case(7, sizes, width=1.0)
     layers, _ = mip.chain_layers(graph)
@@ -100,7 +101,7 @@ def test_a_stopped_solve_still_gives_its_dual_bound():
         z = net.double()[:5](x)  # the third pre-activation layer
     for j in range(4):
         w = layers[2].M[j]
-        stopped, lp = model.minimum(w, 0.05), relaxed.minimum(w, 30.0)
+        stopped, lp = model.minimum(w, 300.0, node_limit=1), relaxed.minimum(w, 300.0)
         assert np.isfinite(stopped) and np.isfinite(lp)
         assert stopped >= lp - 1e-6 * (1 + abs(lp))
         assert stopped + layers[2].c[j] <= float(z[:, j].min()) + 1e-6
@@ -184,7 +185,7 @@ def test_output_milp_stops_at_its_deadline():
     c = np.eye(2)[0] - np.eye(2)[1]
     t0 = time.monotonic()
     (res,) = _prove(graph, box, state, [(c[None], np.array([-1e3]))], timeout=0.2)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 120  # a hang detector, not a speed test
     assert res.status in ("proven", "unknown")
 
 
@@ -252,8 +253,10 @@ def test_split_milp_skips_the_milp_when_split_verifies(tmp_path, capsys):
         args = ["--general.complete_verifier", "bab-refine", "--solver.alpha-crown.iteration", "2"]
         args += ["--attack.pgd_order", "skip", "--solver.mip.quick_bab_percentage", "0"]
         args += ["--general.verbose", "true", "--solver.mip.refine_method", method]
-        res = verify_instance(load_config(None, args)[0], onnx_path, str(tmp_path / "p.vnnlib"), timeout=60)
-        return res, capsys.readouterr().err.count("refine node")
+        said: list[str] = []
+        cfg = load_config(None, args)[0]
+        res = verify_instance(cfg, onnx_path, str(tmp_path / "p.vnnlib"), timeout=60, progress=said.append)
+        return res, sum("refine node" in line for line in said)
 
     res, _ = run("split", 100.0)  # unreachable bound: sat after the refinement; read its bounds
     a, r = res.bounds["alpha_crown"][0] + 100.0, res.bounds["refined"][0] + 100.0

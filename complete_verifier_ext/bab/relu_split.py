@@ -449,7 +449,7 @@ class ReluSplitBab:
             self.max_queue = max(self.max_queue, len(self.queue))
             rounds += 1
             if on_round is not None:
-                on_round(rounds, left, gworst)
+                on_round(rounds, left, gworst, total)
 
     def _max_queues(self) -> list[int]:
         return [int(v) for v in comm.all_gather_cat(torch.tensor([self.max_queue]), 0).tolist()]
@@ -469,5 +469,6 @@ def relu_split_bab(
     """Complete verification of one region by ReLU splitting, from the incomplete run's ``state``.
 
     ``box`` is the outward-rounded float32 box used for bounds; ``lower``/``upper`` the real box
-    (counterexample candidates are moved into its inward-rounded float32 version)."""
+    (counterexample candidates are moved into its inward-rounded float32 version).  ``on_round(rounds,
+    domains left, worst bound, domains bounded)`` is called after every round on every rank."""
     return ReluSplitBab(graph, box, problem, opts, lower, upper).run(state, expired, on_round)

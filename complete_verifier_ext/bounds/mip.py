@@ -230,8 +230,9 @@ class ChainMilp:
             self.highs.setOptionValue(key, value)
         self.highs.passModel(lp)
 
-    def minimum(self, w: np.ndarray, time_limit: float) -> float:
-        """A sound lower bound of ``w · v`` (v: the inputs of layer ``upto``), or -inf."""
+    def minimum(self, w: np.ndarray, time_limit: float, node_limit: int | None = None) -> float:
+        """A sound lower bound of ``w · v`` (v: the inputs of layer ``upto``), or -inf.  The solve
+        stops at ``time_limit`` seconds or after ``node_limit`` branch-and-bound nodes."""
         keep = self.prev >= 0
         obj = np.zeros(self.n_var)
         obj[self.prev[keep]] = w[keep]
@@ -239,12 +240,14 @@ class ChainMilp:
         h.clearSolver()  # every solve starts afresh: no state of the previous objective is trusted
         h.changeColsCost(self.n_var, np.arange(self.n_var, dtype=np.int32), obj)
         h.setOptionValue("time_limit", max(time_limit, 0.01))
+        h.setOptionValue("mip_max_nodes", node_limit if node_limit is not None else highspy.kHighsIInf)
         h.run()
         status, info = h.getModelStatus(), h.getInfo()
         if not self.integrality.any():  # an LP: only its optimum is a bound (no dual bound is kept)
             optimal = status == highspy.HighsModelStatus.kOptimal
             return float(info.objective_function_value) if optimal else -np.inf
-        if status in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+        stopped = (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kSolutionLimit)
+        if status == highspy.HighsModelStatus.kOptimal or status in stopped:
             bound = float(info.mip_dual_bound)
             return bound if np.isfinite(bound) else -np.inf
         return -np.inf
@@ -260,6 +263,7 @@ class ChainMilp:
         # that no point has t <= cutoff, and a dual bound D < cutoff of this model bounds t everywhere
         h.changeColBounds(self.n_var - 1, -np.inf, cutoff)
         h.setOptionValue("time_limit", max(time_limit, 0.01))
+        h.setOptionValue("mip_max_nodes", highspy.kHighsIInf)
         h.run()
         status, info = h.getModelStatus(), h.getInfo()
         S = highspy.HighsModelStatus

@@ -26,6 +26,8 @@ class ModelError(ValueError):
 
 def read_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     path = os.fspath(path)
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        raise ModelError(f"{path}: the file is empty")
     try:
         if path.endswith(".gz"):
             with gzip.open(path, "rb") as f:

@@ -99,6 +99,13 @@ class PeakMemory:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def exact(self) -> bool:
+        """Whether ``peak_mb`` is the peak of live memory (CUDA; CPU with the high-water mark reset
+        and ``MALLOC_MMAP_THRESHOLD_`` set at start-up) rather than an upper bound of it (freed blocks
+        that glibc keeps for reuse count too)."""
+        return self.is_cuda or (self.reset_ok and mmap_threshold_env_ok())
+
     def start(self) -> None:
         """Reset the high-water mark and record the current level as the baseline."""
         if self.is_cuda:
