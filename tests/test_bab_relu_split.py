@@ -119,7 +119,7 @@ def _solve(
         calls[0] += 1
         return expire_after is not None and calls[0] >= expire_after
 
-    def on_round(rounds: int, left: int, worst: float) -> None:
+    def on_round(rounds: int, left: int, worst: float, domains: int) -> None:
         if kill_rank_at_round is not None and (comm.rank(), rounds) == kill_rank_at_round:
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -248,6 +248,7 @@ def _child(
     _die_with_parent()
     try:
         comm.init(backend, rank, world_size, addr, port, timeout_s)
+        conn.send(("joined",))
         result = fn(*args)
         message: tuple = ("ok", pickle.dumps(result, pickle.HIGHEST_PROTOCOL) if rank == 0 else None)
     except BaseException as exc:  # everything, KeyboardInterrupt included, goes back to the parent
@@ -294,6 +295,8 @@ def _poll(rank: int, proc: Any, conn: Connection) -> tuple[str, Any] | None:
     if conn.poll():
         with contextlib.suppress(EOFError, OSError):
             message = conn.recv()
+    if message is not None and message[0] == "joined":
+        return "joined", None
     if message is not None and message[0] == "ok":
         return "ok", message[1]
     if message is not None:
@@ -306,16 +309,34 @@ def _poll(rank: int, proc: Any, conn: Connection) -> tuple[str, Any] | None:
     return "failed", _Failure(rank, reason, died=True)
 
 
+def start_limit_s(world_size: int) -> float:
+    """How long the ranks get to start and join the group: generous (imports on a loaded machine),
+    but never a hang."""
+    return 60.0 + 5.0 * world_size
+
+
 def _collect(procs: list[Any], conns: list[Connection]) -> bytes:
-    """Wait until every rank reported success (return rank 0's pickled result) or one failed (raise)."""
+    """Wait until every rank reported success (return rank 0's pickled result) or one failed (raise);
+    a rank that has not joined the group within ``start_limit_s`` fails too."""
     pending = set(range(len(procs)))
+    joined: set[int] = set()
+    start_deadline = time.monotonic() + start_limit_s(len(procs))
     payload: bytes | None = None
     while pending:
         wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=_POLL_S)
+        if len(joined) < len(procs) and time.monotonic() > start_deadline:
+            late = min(set(range(len(procs))) - joined)
+            limit = start_limit_s(len(procs))
+            reason = f"did not start and join the group within {limit:.0f} s (too many ranks here?)"
+            _raise_root_cause(_Failure(late, reason), procs, conns, pending - {late})
         for rank in sorted(pending):
             seen = _poll(rank, procs[rank], conns[rank])
+            while seen is not None and seen[0] == "joined":
+                joined.add(rank)
+                seen = _poll(rank, procs[rank], conns[rank])
             if seen is None:
                 continue
+            joined.add(rank)
             if seen[0] == "failed":
                 _raise_root_cause(seen[1], procs, conns, pending - {rank})
             pending.discard(rank)
