@@ -84,8 +84,9 @@ class Clock:
     deadline: float
     say: Callable[[str], None] = _quiet
 
-    def expired(self) -> bool:
-        return comm.all_reduce_flag(time.monotonic() > self.deadline, "or")
+    def expired(self, ahead: float = 0.0) -> bool:
+        """Whether the deadline has passed (or will have, ``ahead`` seconds from now), on any rank."""
+        return comm.all_reduce_flag(time.monotonic() + ahead > self.deadline, "or")
 
     def within(self, deadline: float) -> Clock:
         """A clock with an earlier deadline that reports to the same place."""
@@ -392,16 +393,31 @@ def complete_clause(
         with torch.no_grad():
             _, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
 
-    t0 = time.monotonic()
+    t0 = last = time.monotonic()
+    # a round starts only if twice the last one still fits: a batch is at most twice the last one
+    # (every domain has two children), and a round's time grows with its batch
+    round_s = [0.0]
 
     def report(rounds: int, left: int, worst: float, domains: int) -> None:
-        rate = domains / max(1e-9, time.monotonic() - t0)
+        nonlocal last
+        now = time.monotonic()
+        round_s[0], last = now - last, now
+        rate = domains / max(1e-9, now - t0)
         clock.say(f"BaB round {rounds}: {left} domains left, worst {worst:+.5f}, {rate:.0f} domains/s")
 
     replicate = cfg.parallel.bab_weights == "replicated" and cfg.parallel.mode == "fsdp"
     with graph.replicated() if replicate else contextlib.nullcontext():
         return relu_split_bab(
-            graph, box, problem, state, opts, clock.expired, region.lower, region.upper, report
+            graph,
+            box,
+            problem,
+            state,
+            opts,
+            clock.expired,
+            region.lower,
+            region.upper,
+            report,
+            round_expired=lambda: clock.expired(ahead=2 * round_s[0]),
         )
 
 
@@ -513,7 +529,7 @@ def _verify_instance(
     memory = PeakMemory(compute_device(cfg))
     memory.start()
     bounds: dict[str, list[float]] = {}
-    verdict, cex, message = "unsat", None, ""
+    verdict, cex, message, out_of_time = "unsat", None, "", False
     work: BabResult | None = None  # what the searches did, all regions together
     order = cfg.attack.pgd_order
     for region in spec.regions:
@@ -531,6 +547,7 @@ def _verify_instance(
             verified, state, cb = bound_region(graph, region, cfg, clock, bounds)
         if not verified and cfg.general.complete_verifier != "skip" and not clock.expired() and not message:
             res = complete_region(graph, region, cfg, clock, state, cb, bounds)
+            out_of_time = out_of_time or res.verdict == "timeout"  # also a search that left a round out
             work = work or BabResult("unsat")
             work.add_work(res)
             if res.verdict == "unsat":
@@ -547,7 +564,7 @@ def _verify_instance(
                 break
         if not verified:
             verdict = "unknown"
-    if verdict == "unknown" and clock.expired():
+    if verdict == "unknown" and (out_of_time or clock.expired()):
         verdict = "timeout"
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
     exact = comm.all_reduce_flag(memory.exact, "and")

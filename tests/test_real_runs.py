@@ -194,3 +194,13 @@ def test_torchrun_a_dead_peer_ends_the_run_with_error(tmp_path):
     assert (tmp_path / "node0" / "results.txt").read_text() == "error\n"
     ours = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(ours) == 1 and "peer" in ours[0]
+
+
+def test_an_impossible_world_size_is_refused_at_once(tmp_path):
+    """1000 ranks cannot fit in this machine's memory: one line and ``error``, not a hang."""
+    results = tmp_path / "r.txt"
+    cmd = [*CLI, "--config", str(EXAMPLE), "--parallel.mode", "fsdp", "--parallel.world_size", "1000",
+           "--general.results_file", str(results)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and results.read_text() == "error\n"
+    assert "parallel.world_size 1000 needs about" in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -419,7 +419,11 @@ class ReluSplitBab:
             self.queue.extend(moving)
 
     def run(
-        self, state: CrownState, expired: Callable[[], bool], on_round: Callable | None = None
+        self,
+        state: CrownState,
+        expired: Callable[[], bool],
+        on_round: Callable | None = None,
+        round_expired: Callable[[], bool] | None = None,
     ) -> BabResult:
         rounds = 0
         self.expired = expired
@@ -429,7 +433,9 @@ class ReluSplitBab:
         total = int(comm.all_reduce(torch.tensor([float(n)]), "sum")[0])
         while True:
             worst = min((d.worst for d in self.queue), default=np.inf)
-            found, left, gworst, out_of_time = agree_round(cex is not None, len(self.queue), worst, expired)
+            found, left, gworst, out_of_time = agree_round(
+                cex is not None, len(self.queue), worst, round_expired or expired
+            )
             if found:  # the candidates were gathered: every rank holds the same counterexample
                 return BabResult("sat", cex, total, rounds, self._max_queues())
             if comm.all_reduce_flag(self.stuck or len(self.queue) > self.opts.max_domains, "or"):
@@ -465,10 +471,13 @@ def relu_split_bab(
     lower: np.ndarray,
     upper: np.ndarray,
     on_round: Callable | None = None,
+    round_expired: Callable[[], bool] | None = None,
 ) -> BabResult:
     """Complete verification of one region by ReLU splitting, from the incomplete run's ``state``.
 
     ``box`` is the outward-rounded float32 box used for bounds; ``lower``/``upper`` the real box
     (counterexample candidates are moved into its inward-rounded float32 version).  ``on_round(rounds,
-    domains left, worst bound, domains bounded)`` is called after every round on every rank."""
-    return ReluSplitBab(graph, box, problem, opts, lower, upper).run(state, expired, on_round)
+    domains left, worst bound, domains bounded)`` is called after every round on every rank;
+    ``round_expired`` (default ``expired``), asked before each round, decides whether one starts (a
+    wall-clock limit asks whether a round would still fit)."""
+    return ReluSplitBab(graph, box, problem, opts, lower, upper).run(state, expired, on_round, round_expired)
