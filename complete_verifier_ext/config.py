@@ -42,6 +42,7 @@ __all__ = [
     "BetaCrownConfig",
     "BranchingConfig",
     "Config",
+    "CrownConfig",
     "ConfigError",
     "GeneralConfig",
     "InputSplitConfig",
@@ -284,6 +285,20 @@ _BOUND_PROP_LEGACY = {
 
 
 @dataclass(frozen=True)
+class CrownConfig:
+    """``solver.crown``: CROWN's intermediate bounds.
+
+    Attributes:
+        batch_size: neurons of a layer back-substituted together (alpha-beta-CROWN's key); the
+            A-matrices in flight are at most ``(2 batch_size, B, n)`` whatever the layer's width.  0
+            (the default) picks the largest that keeps them within an eighth of the memory available;
+            the summary's ``crown_batch_size`` says what was used.
+    """
+
+    batch_size: int = _opt(0, minimum=0)
+
+
+@dataclass(frozen=True)
 class SolverConfig:
     """``solver``: the bound propagation used on the whole box and on BaB domains.
 
@@ -293,6 +308,7 @@ class SolverConfig:
         alpha_crown: ``solver.alpha-crown`` settings.
         beta_crown: ``solver.beta-crown`` settings.
         mip: ``solver.mip`` settings (``bab-refine``).
+        crown: ``solver.crown`` settings.
         intersect_ibp: keep a neuron's IBP bound where it is tighter than CROWN's (sound; much tighter
             on deep networks).  ``false`` reproduces auto_LiRPA's CROWN bounds exactly.
     """
@@ -305,6 +321,7 @@ class SolverConfig:
     alpha_crown: AlphaCrownConfig = _section(AlphaCrownConfig, key="alpha-crown")
     beta_crown: BetaCrownConfig = _section(BetaCrownConfig, key="beta-crown")
     mip: MipConfig = _section(MipConfig)
+    crown: CrownConfig = _section(CrownConfig)
 
 
 @dataclass(frozen=True)
@@ -441,7 +458,6 @@ _IGNORED_SECTIONS = frozenset(
         "data",
         "debug",
         "find_feasible_solution",
-        "solver.crown",
         "solver.forward",
         "solver.intermediate_refinement",
         "solver.invprop",
@@ -476,6 +492,7 @@ _IGNORED_KEYS_BY_SECTION = {
     "solver.alpha-crown": """alpha alpha_dtype apply_output_constraints_to disable_optimization
         full_conv_alpha input_split_alpha_iteration input_split_lr_alpha matmul_share_alphas max_coeff_mul
         max_time no_joint_opt share_alphas share_slopes""",
+    "solver.crown": "max_crown_size activation_bound_option compare_crown_with_ibp",
     "solver.beta-crown": "all_node_split_LP beta beta_warmup enable_opt_interm_bounds optimizer",
     "bab": """backing_up_max_domain batched_domain_list decision_thresh dfs_percent get_upper_bound
         hugetensor_allocator initial_max_domains interm_transfer max_iterations optimized_interm

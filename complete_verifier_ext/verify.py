@@ -7,6 +7,9 @@ is taken from replicated values or through a collective.  World size 1 is the sa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +32,7 @@ from .config import Config
 from .model.graph import Graph
 from .model.onnx_loader import load_model
 from .parallel import comm
-from .parallel.memory import PeakMemory
+from .parallel.memory import PeakMemory, available_mb
 from .spec import Region, Spec, load_vnnlib
 
 VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
@@ -45,6 +48,7 @@ class InstanceResult:
     message: str = ""
     bab: dict[str, int | list[int]] = field(default_factory=dict)  # domains, rounds, max_queue per rank
     peak_exact: bool = True  # False: peak_mb is an upper bound (the CPU allocator's kept blocks count too)
+    crown_batch_size: int = 0  # neurons per CROWN back-substitution pass (solver.crown.batch_size, resolved)
 
     def to_json(self) -> dict:
         """Strict JSON: a bound that is not finite is written as the string ``"-inf"``, ``"inf"`` or
@@ -55,6 +59,7 @@ class InstanceResult:
             "bounds": {k: [json_number(v) for v in vals] for k, vals in self.bounds.items()},
             "peak_mb": [round(p, 2) for p in self.peak_mb],
             "peak_mb_exact": self.peak_exact,
+            "crown_batch_size": self.crown_batch_size,
             "message": self.message,
             **({"bab": self.bab} if self.bab else {}),
         }
@@ -159,13 +164,13 @@ def bound_region(
     if (cb > 0).all() or method == "ibp":
         return bool((cb > 0).all()), None, cb
     clock.say(f"CROWN (IBP worst {cb.min():+.4g})")
-    lb, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
+    lb, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp, chunk=cfg.solver.crown.batch_size)
     cb = clause_bounds(lb, d, owner, n)
     bounds.setdefault("crown", []).extend(cb.tolist())
     if (cb > 0).all() or method == "crown":
         return bool((cb > 0).all()), state, cb
     a = cfg.solver.alpha_crown
-    opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
+    opts = alpha_options(cfg)
     clock.say(f"α-CROWN (CROWN worst {cb.min():+.4g})")
 
     def step(it: int, best: Tensor) -> None:
@@ -206,8 +211,7 @@ def refine_region(
         back_substitute(graph, out, A, state.bounds, box, record=record)
     weight = {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
     refined = {k: state.bounds[k] for k in pre}
-    a = cfg.solver.alpha_crown
-    opts = AlphaOptions(iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay)
+    opts = alpha_options(cfg)
 
     def recheck(refined: Bounds) -> tuple[bool, CrownState, np.ndarray]:  # α-CROWN on the new bounds
         lb, new = alpha_crown(
@@ -307,6 +311,30 @@ def output_milp(
     return (BabResult("unsat") if (cb > 0).all() else None), cb
 
 
+def alpha_options(cfg: Config) -> AlphaOptions:
+    a = cfg.solver.alpha_crown
+    return AlphaOptions(
+        iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay, chunk=cfg.solver.crown.batch_size
+    )
+
+
+A_MATRICES_IN_FLIGHT = 4  # A-matrices of one width alive at once in a back-substitution (measured: 3-4)
+
+
+def crown_chunk(cfg: Config, graph: Graph, batch: int = 1) -> int:
+    """``solver.crown.batch_size``, or for 0 the most neurons per pass whose A-matrices (``2 chunk ×
+    batch × widest layer`` floats, ``A_MATRICES_IN_FLIGHT`` of them) fit in an eighth of the memory
+    available to each rank of this host; the same on every rank (a pass issues collectives)."""
+    if cfg.solver.crown.batch_size > 0:
+        return cfg.solver.crown.batch_size
+    widest = max(math.prod(node.shape) for node in graph.nodes)
+    per_neuron = 2 * batch * widest * 4 * A_MATRICES_IN_FLIGHT
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size()))  # ranks sharing this host
+    budget = available_mb(compute_device(cfg)) * 2**20 / 8 / max(1, local)
+    chunk = max(1, int(min(budget / per_neuron, 2**31 - 1)))
+    return int(comm.all_reduce(torch.tensor([float(chunk)], dtype=torch.float64), "min")[0])
+
+
 def bab_options(cfg: Config) -> BabOptions:
     b, beta = cfg.bab.branching, cfg.solver.beta_crown
     return BabOptions(
@@ -391,7 +419,9 @@ def complete_clause(
         return input_split_bab(graph, box, problem, opts, clock.expired, method)
     if state is None:
         with torch.no_grad():
-            _, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp)
+            _, state = crown(
+                graph, box, C, intersect=cfg.solver.intersect_ibp, chunk=cfg.solver.crown.batch_size
+            )
 
     t0 = last = time.monotonic()
     # a round starts only if twice the last one still fits: a batch is at most twice the last one
@@ -526,6 +556,11 @@ def _verify_instance(
 ) -> InstanceResult:
     torch.manual_seed(cfg.general.seed)
     clock = Clock(t0 + timeout, progress or _quiet)
+    chunk = crown_chunk(cfg, graph)  # resolved once: every stage reads it from the config
+    cfg = dataclasses.replace(
+        cfg,
+        solver=dataclasses.replace(cfg.solver, crown=dataclasses.replace(cfg.solver.crown, batch_size=chunk)),
+    )
     memory = PeakMemory(compute_device(cfg))
     memory.start()
     bounds: dict[str, list[float]] = {}
@@ -569,4 +604,6 @@ def _verify_instance(
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
     exact = comm.all_reduce_flag(memory.exact, "and")
     bab = {} if work is None else dict(domains=work.domains, rounds=work.rounds, max_queue=work.max_queue)
-    return InstanceResult(verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), message, bab, exact)
+    return InstanceResult(
+        verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), message, bab, exact, chunk
+    )

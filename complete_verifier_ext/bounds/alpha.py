@@ -35,6 +35,7 @@ class AlphaOptions:
     lr_alpha: float = 0.1
     lr_decay: float = 0.98
     early_stop: bool = True  # stop once every output row is positive
+    chunk: int | None = None  # neurons per back-substitution pass of an intermediate layer (None: all)
 
 
 def init_alphas(graph: Graph, state: CrownState, n_rows: dict[int, int]) -> dict[int, Alphas]:
@@ -78,7 +79,7 @@ def alpha_crown(
     last = state
     ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
     for it in range(opts.iteration):
-        cur = sweep(graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True)
+        cur = sweep(graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True, chunk=opts.chunk)
         for k in state.rows:
             ref[k] = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
         lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), grad=True)  # (B, S), (S_r, B)

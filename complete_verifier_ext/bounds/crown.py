@@ -87,11 +87,22 @@ def ancestors_relus(graph: Graph, k: int) -> list[int]:
 
 
 def neuron_rows(
-    graph: Graph, k: int, idx: Tensor, bounds: Bounds, box: Box, alphas: Alphas | None, grad: bool
+    graph: Graph,
+    k: int,
+    idx: Tensor,
+    bounds: Bounds,
+    box: Box,
+    alphas: Alphas | None,
+    grad: bool,
+    chunk: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """CROWN lower and upper bounds of neurons ``idx`` of node k, this rank's share computed here.
 
-    Rows ``[+e_i; -e_i]`` for the local share of idx go back in one pass; the gathered result is
+    Rows ``[+e_i; -e_i]`` of the local share of idx go back together, at most ``chunk`` neurons
+    (``2 chunk`` A-matrix rows) at a time (``solver.crown.batch_size``; None: all in one pass), so
+    the A-matrices in flight never exceed ``(2 chunk, B, n)`` however wide the layer.  Every rank
+    makes the same number of passes (the largest share decides; a rank with fewer rows passes empty
+    ones), since a pass issues the collectives of sharded weights.  The gathered result is
     ``(lower (B, R), upper (B, R), gathered)``.
     """
     r0, r1 = comm.shard_range(len(idx))
@@ -99,14 +110,30 @@ def neuron_rows(
     r = len(local)
     B = box[0].shape[0]
     n = bounds[k][0][0].numel()
-    C = torch.zeros(2 * r, B, n)  # (2r, B, n)
-    ar = torch.arange(r)
-    C[ar, :, local] = 1.0
-    C[ar + r, :, local] = -1.0
-    lb = back_substitute(graph, k, C.view(2 * r, B, *graph.nodes[k].shape), bounds, box, alphas)  # (2r, B)
-    both = torch.stack([lb[:r].T, -lb[r:].T])  # (2, B, r)
+    most = max(comm.shard_sizes(len(idx)))
+    step = max(1, min(chunk or most, most))
+    lower, upper = [], []
+    for c0 in range(0, max(most, 1), step):
+        part = local[c0 : c0 + step]
+        m = len(part)
+        C = torch.zeros(2 * m, B, n)  # (2m, B, n)
+        ar = torch.arange(m)
+        C[ar, :, part] = 1.0
+        C[ar + m, :, part] = -1.0
+        a = None if alphas is None else {j: _alpha_rows(t, r, c0, m) for j, t in alphas.items()}
+        lb = back_substitute(graph, k, C.view(2 * m, B, *graph.nodes[k].shape), bounds, box, a)  # (2m, B)
+        lower.append(lb[:m])
+        upper.append(lb[m:])
+    both = torch.stack([torch.cat(lower).T, -torch.cat(upper).T])  # (2, B, r)
     gathered = gather_rows(both, 2, grad, len(idx))  # (2, B, R)
     return gathered[0], gathered[1], gathered
+
+
+def _alpha_rows(alpha: Tensor, r: int, c0: int, m: int) -> Tensor:
+    """The α of rows ``c0 .. c0 + m`` of a start node's ``[+e; -e]`` layout of ``2 r`` rows."""
+    if m == r:
+        return alpha
+    return torch.cat([alpha[c0 : c0 + m], alpha[r + c0 : r + c0 + m]])
 
 
 def _straight_through(fresh: Tensor, value: Tensor) -> Tensor:
@@ -144,13 +171,15 @@ def sweep(
     alphas: dict[int, Alphas] | None = None,
     grad: bool = False,
     intersect: bool = True,
+    chunk: int | None = None,
 ) -> CrownState:
     """IBP for every node, CROWN for every pre-activation node.
 
     ``reference``: bounds to intersect with (e.g. CROWN's, inside α-CROWN); ``rows``: fixed neuron
     sets per pre-activation node (else the unstable ones); ``alphas[k]``: α of start node k;
     ``intersect``: keep the IBP bound of a neuron where it is tighter than CROWN's (sound, and much
-    tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN).
+    tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN); ``chunk``: neurons per
+    back-substitution pass (see :func:`neuron_rows`).
     """
     bounds: Bounds = {0: box}
     pre = set(pre_activation_nodes(graph))
@@ -173,7 +202,7 @@ def sweep(
         if len(idx) == 0:  # every rank knows: nothing to refine
             continue
         lo_rows, hi_rows, g = neuron_rows(
-            graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad
+            graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad, chunk
         )
         gathered.append(g)
         bounds[k] = tighten(bounds[k], idx, lo_rows, hi_rows, intersect)
@@ -226,8 +255,11 @@ def ibp(graph: Graph, box: Box, C: Tensor) -> tuple[Tensor, Bounds]:
 
 
 @torch.no_grad()
-def crown(graph: Graph, box: Box, C: Tensor, intersect: bool = True) -> tuple[Tensor, CrownState]:
-    """CROWN with CROWN intermediate bounds and the adaptive lower ReLU slope: (lb (B, S), state)."""
-    state = sweep(graph, box, intersect=intersect)
+def crown(
+    graph: Graph, box: Box, C: Tensor, intersect: bool = True, chunk: int | None = None
+) -> tuple[Tensor, CrownState]:
+    """CROWN with CROWN intermediate bounds and the adaptive lower ReLU slope: (lb (B, S), state).
+    ``chunk``: neurons per back-substitution pass of an intermediate layer (None: all at once)."""
+    state = sweep(graph, box, intersect=intersect, chunk=chunk)
     lb, _ = final_bounds(graph, state, box, C)
     return lb, state

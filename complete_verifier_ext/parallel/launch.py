@@ -44,7 +44,7 @@ import torch
 import torch.multiprocessing as mp
 
 from . import comm
-from .memory import MMAP_THRESHOLD_ENV
+from .memory import MMAP_THRESHOLD_ENV, available_mb
 
 __all__ = ["RankFailure", "check_world_size", "is_rank0", "process_start", "run", "set_threads"]
 
@@ -113,12 +113,7 @@ def check_world_size(world_size: int) -> list[str]:
     that cannot run here at all: more ranks than the memory available holds (``RANK_MB`` each)."""
     if world_size <= 1 or "RANK" in os.environ:  # torchrun placed the ranks itself
         return []
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        avail_mb = int(info["MemAvailable"].split()[0]) / 1024
-    except (OSError, KeyError, ValueError):
-        avail_mb = float("inf")
+    avail_mb = available_mb()
     if world_size * RANK_MB > avail_mb:
         raise ValueError(
             f"parallel.world_size {world_size} needs about {world_size * RANK_MB} MB for the ranks alone "

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["MMAP_THRESHOLD_ENV", "PeakMemory", "mmap_threshold_env_ok", "rss_mb", "hwm_mb"]
+__all__ = ["MMAP_THRESHOLD_ENV", "PeakMemory", "available_mb", "mmap_threshold_env_ok", "rss_mb", "hwm_mb"]
 
 MMAP_THRESHOLD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
@@ -76,6 +76,21 @@ def hwm_mb() -> float:
     """Resident-set high-water mark of this process, MiB."""
     kb = _status_kb("VmHWM")
     return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
+def available_mb(device: torch.device | str = "cpu") -> float:
+    """Memory a computation may still take on ``device``, MiB: free GPU memory on CUDA, else the
+    kernel's ``MemAvailable`` (inf where neither is known)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] / _MIB
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return float("inf")
 
 
 def _reset_hwm() -> bool:
