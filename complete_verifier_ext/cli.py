@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import Config, ConfigError, key_table, load_config
+from .errors import UserError
 
 if TYPE_CHECKING:
     from .verify import InstanceResult
@@ -26,12 +27,9 @@ if TYPE_CHECKING:
 # torch, onnx and the engine are imported only once the command line is parsed: ``--help`` needs none
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions that are the user's mistake (config, model, spec): one line, no traceback."""
-    from .model.onnx_loader import ModelError
-    from .spec import SpecError
-
-    return (ConfigError, ModelError, SpecError, FileNotFoundError, ValueError)
+USER_ERRORS = (UserError, FileNotFoundError)
+"""The user's mistakes (config, model, spec, a path that does not exist): one line, ``error``, exit 1.
+Anything else is a bug and keeps its traceback."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +127,7 @@ def run_instances(
         try:
             t0 = started if single else None
             results.append(verify_instance(cfg, inst.onnx, inst.vnnlib, inst.timeout, progress, started=t0))
-        except user_errors() as e:
+        except USER_ERRORS as e:
             if single:
                 progress.close()
                 raise
@@ -386,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(instances) > 1 and not args.quiet:
             print(f"wall time {time.monotonic() - t0:.1f}s")
         return 0
-    except user_errors() as e:
+    except USER_ERRORS as e:
         return _error(results_file if single else None, writer, str(e))
     except launch.RankFailure as e:
         return _error(results_file if single else None, writer, str(e).splitlines()[0])

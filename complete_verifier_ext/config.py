@@ -35,6 +35,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from .errors import UserError
+
 __all__ = [
     "AlphaCrownConfig",
     "AttackConfig",
@@ -61,7 +63,7 @@ COMMAND_LINE = "command line"
 """The source name used in messages for values given as ``--section.key value`` overrides."""
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user error in a config file or override; the message names the source and the dotted key."""
 
 

@@ -29,6 +29,8 @@ from typing import NamedTuple, Union
 
 import numpy as np
 
+from .errors import UserError
+
 __all__ = ["Clause", "Region", "Spec", "SpecError", "load_vnnlib"]
 
 _CACHE_FORMAT_VERSION = 1
@@ -43,7 +45,7 @@ _COMPARISONS = frozenset({"<=", ">=", "<", ">", "="})
 _IGNORED_COMMANDS = frozenset({"check-sat", "get-model", "exit", "set-logic", "set-info", "set-option"})
 
 
-class SpecError(ValueError):
+class SpecError(UserError):
     """Malformed or unsupported VNN-LIB file; the message starts with ``"<file>:<line>: "``."""
 
 

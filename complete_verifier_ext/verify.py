@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .attack import check_counterexample, float32_box, format_counterexample, pgd_attack
+from .attack import EmptyFloat32BoxError, check_counterexample, float32_box, format_counterexample, pgd_attack
 from .bab.common import BabOptions, BabResult, Problem
 from .bab.relu_split import relu_split_bab
 from .bounds import mip, split_refine
@@ -29,6 +29,7 @@ from .bounds.mip import MipOptions, UnsupportedForMip
 from .bounds.split_refine import SplitOptions
 from .bounds.walk import Bounds, back_substitute, margin
 from .config import Config
+from .errors import UserError
 from .model.graph import Graph
 from .model.onnx_loader import load_model
 from .parallel import comm
@@ -301,7 +302,10 @@ def output_milp(
     for i, r in zip(todo, found):
         cb[i] = max(cb[i], r.bound)
     bounds.setdefault("output_milp", []).extend(cb.tolist())
-    lo, hi = float32_box(region.lower, region.upper, inward=True)
+    try:
+        lo, hi = float32_box(region.lower, region.upper, inward=True)
+    except EmptyFloat32BoxError:  # no float32 point in the box: nothing found can be a counterexample
+        found = [r for r in found if r.status != "found"]
     for r in found:
         if r.status == "found":  # within the solver's tolerances: only the network decides
             x = np.clip(r.point, lo, hi).astype(np.float32)
@@ -509,9 +513,9 @@ def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph,
     spec = load_vnnlib(vnnlib_path)
     n_in = int(np.prod(graph.input_shape))
     if spec.n_inputs != n_in:
-        raise ValueError(f"{vnnlib_path}: declares {spec.n_inputs} inputs, but {onnx_path} takes {n_in}")
+        raise UserError(f"{vnnlib_path}: declares {spec.n_inputs} inputs, but {onnx_path} takes {n_in}")
     if spec.n_outputs != graph.output_size:
-        raise ValueError(
+        raise UserError(
             f"{vnnlib_path}: declares {spec.n_outputs} outputs, but {onnx_path} has {graph.output_size}"
         )
     if cfg.parallel.world_size > 1:

@@ -203,3 +203,16 @@ def test_killed_launcher_takes_its_ranks_along(tmp_path):
         ]
         time.sleep(0.2)
     assert not alive, f"ranks {alive} outlived their launcher"
+
+
+def test_an_internal_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only user mistakes (UserError) are one line and exit 1: a ValueError from inside the engine is a
+    bug and propagates with its traceback."""
+    import complete_verifier_ext.verify as verify
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal inconsistency")
+
+    monkeypatch.setattr(verify, "verify_instance", broken)
+    with pytest.raises(ValueError, match="internal inconsistency"):
+        _run(tmp_path)

@@ -17,10 +17,11 @@ import torch
 from onnx import numpy_helper
 
 from ..bounds.ops import Add, Affine, Conv, Flatten, Input, Linear, Relu, fold_affine_into
+from ..errors import UserError
 from .graph import Graph
 
 
-class ModelError(ValueError):
+class ModelError(UserError):
     """A model the verifier cannot read; the message names the file and the node."""
 
 

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 import torch
 import torch.multiprocessing as mp
 
+from ..errors import UserError
 from . import comm
 from .memory import MMAP_THRESHOLD_ENV, available_mb
 
@@ -115,7 +116,7 @@ def check_world_size(world_size: int) -> list[str]:
         return []
     avail_mb = available_mb()
     if world_size * RANK_MB > avail_mb:
-        raise ValueError(
+        raise UserError(
             f"parallel.world_size {world_size} needs about {world_size * RANK_MB} MB for the ranks alone "
             f"({RANK_MB} MB each), but {avail_mb:.0f} MB are available"
         )
@@ -258,7 +259,7 @@ def _run_spawned(
     fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float, exact_memory: bool
 ) -> T:
     if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks, {torch.cuda.device_count()} GPUs")
+        raise UserError(f"nccl needs one GPU per rank: {world_size} ranks, {torch.cuda.device_count()} GPUs")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else _free_port(addr)
     ctx = mp.get_context("spawn")
