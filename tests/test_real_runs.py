@@ -24,10 +24,20 @@ EX = REPO / "complete_verifier_ext" / "examples"
 CLI = [sys.executable, "-m", "complete_verifier_ext.cli"]
 
 
-def _csv(tmp_path: Path, n: int) -> Path:
-    """A list of ``n`` runs of the bundled example (each one a few seconds of α-CROWN)."""
+LONG = ["--attack.pgd_order", "skip", "--solver.alpha-crown.iteration", "100000",
+        "--solver.alpha-crown.lr_alpha", "0"]  # fmt: skip
+"""α-CROWN that never proves the example: an instance then runs until its csv timeout."""
+
+
+def _csv(tmp_path: Path, timeouts: list[float]) -> Path:
+    """A list of runs of the bundled example, each under its own name (a copy of the network) and
+    with its own csv timeout: with ``LONG``, an instance ends exactly at its timeout."""
+    rows = []
+    for i, t in enumerate(timeouts):
+        shutil.copy(EX / "example.onnx", tmp_path / f"net{i}.onnx")
+        rows.append(f"net{i}.onnx,{EX / 'example.vnnlib'},{t}\n")
     path = tmp_path / "list.csv"
-    path.write_text("".join(f"{EX / 'example.onnx'},{EX / 'example.vnnlib'},60\n" for _ in range(n)))
+    path.write_text("".join(rows))
     return path
 
 
@@ -50,35 +60,35 @@ def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, limit_s: float =
 
 
 def test_a_killed_csv_run_keeps_its_lines_and_resume_finishes_it(tmp_path):
-    # the list has distinct rows (the same files under two names), so that every line names its instance
-    for i in range(4):
-        shutil.copy(EX / "example.onnx", tmp_path / f"net{i}.onnx")
-    (tmp_path / "list.csv").write_text("".join(f"net{i}.onnx,{EX / 'example.vnnlib'},60\n" for i in range(4)))
+    _csv(tmp_path, [2, 2, 600, 600])  # two that end at their timeout, then one still running when killed
     results = tmp_path / "results.csv"
-    proc = subprocess.Popen(_csv_run(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        _csv_run(tmp_path, *LONG), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     _wait_for_lines(results, 2, proc)
     proc.kill()
     proc.wait()
     kept = _lines(results)
-    assert 2 <= len(kept) < 4 and all(line.split(",")[2] == "unsat" for line in kept)
+    assert [line.split(",")[2] for line in kept] == ["timeout", "timeout"]
     out = subprocess.run(_csv_run(tmp_path, "--resume"), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     final = _lines(results)
-    assert final[: len(kept)] == kept and len(final) == 4
-    assert sorted(Path(line.split(",")[0]).name for line in final) == [f"net{i}.onnx" for i in range(4)]
-    assert sum(line.startswith("[") for line in out.stdout.splitlines()) == 4 - len(kept)  # one per instance
+    assert final[:2] == kept and [line.split(",")[2] for line in final[2:]] == ["unsat", "unsat"]
+    assert [Path(line.split(",")[0]).name for line in final] == [f"net{i}.onnx" for i in range(4)]
+    assert sum(line.startswith("[") for line in out.stdout.splitlines()) == 2  # one line per instance
 
 
 def test_ctrl_c_ends_a_csv_run_with_one_line_and_exit_130(tmp_path):
-    _csv(tmp_path, 6)
+    _csv(tmp_path, [2, 600, 600])
     results = tmp_path / "results.csv"
-    proc = subprocess.Popen(_csv_run(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd = _csv_run(tmp_path, *LONG)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _wait_for_lines(results, 1, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert err.strip().splitlines() == [f"interrupted; the finished instances are in {results}"]
-    assert len(_lines(results)) >= 1
+    assert len(_lines(results)) == 1
 
 
 @pytest.mark.parametrize(
