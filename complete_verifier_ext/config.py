@@ -141,13 +141,14 @@ class GeneralConfig:
         csv_name: VNN-COMP ``instances.csv`` (``onnx,vnnlib,timeout`` per line) in ``root_path``; None to
             verify the single instance ``model.onnx_path`` x ``specification.vnnlib_path``.
         results_file: where the VNN-COMP result (``sat``/``unsat``/``unknown``/``timeout``/``error``) goes.
-        enable_incomplete_verification: run IBP/CROWN/alpha-CROWN on the whole box before BaB.
+        enable_incomplete_verification: run IBP/CROWN/alpha-CROWN on the whole box before BaB
+            (``false``: straight to BaB, which starts from CROWN's bounds).
         complete_verifier: ``bab`` (branch and bound), ``bab-refine`` (first tighten the intermediate
             bounds, ``solver.mip``, then branch and bound), ``mip`` (the same refinement, then a MILP
             of the whole network per open clause for all the time left, as alpha-beta-CROWN's ``mip``)
             or ``skip`` (stop after incomplete verification).
-        deterministic: use deterministic torch kernels.
-        double_fp: compute in float64.
+        deterministic: use deterministic torch kernels (``torch.use_deterministic_algorithms``).
+        double_fp: compute in float64 (not implemented: a value other than false is warned and ignored).
         verbose: print what every stage does on its own line of stderr (PGD, each bound method, every
             alpha-CROWN step with its worst clause bound, every BaB round with domains left, worst bound
             and domains/s, the refinement's layers); without it, a terminal shows one progress line.
@@ -172,9 +173,10 @@ class ModelConfig:
     Attributes:
         onnx_path: ONNX model of a single instance (absolute after loading), or None.
         onnx_path_prefix: prefix added to the ONNX paths of ``general.csv_name`` entries.
-        input_shape: shape of the model input, e.g. ``[-1, 1, 28, 28]`` (``-1`` = batch); None = from ONNX.
-        name: name of a torch model (alpha-beta-CROWN's model zoo; may be unsupported by the loader).
-        path: checkpoint of the torch model ``name``.
+        input_shape: shape of the model input, e.g. ``[-1, 1, 28, 28]`` (not implemented: the shape
+            comes from the ONNX model; a value is warned and ignored).
+        name: alpha-beta-CROWN's torch model zoo name (not implemented: ONNX models only; warned).
+        path: checkpoint of the torch model ``name`` (not implemented; warned).
     """
 
     onnx_path: str | None = _opt(None)
@@ -205,8 +207,9 @@ class AlphaCrownConfig:
         iteration: optimisation steps.
         lr_alpha: Adam learning rate of alpha.
         lr_decay: per-step multiplicative learning-rate decay.
-        early_stop_patience: stop after this many steps without improvement (alpha-beta-CROWN spells the
-            key ``solver.early_stop_patience``; both spellings are accepted).
+        early_stop_patience: alpha-beta-CROWN's patience (also spelled ``solver.early_stop_patience``);
+            not implemented: alpha-CROWN stops early only once every row is proven, and a value other
+            than 10 is warned.
     """
 
     iteration: int = _opt(100, minimum=0)
@@ -342,7 +345,9 @@ class BranchingConfig:
     """``bab.branching``: how a BaB domain is split.
 
     Attributes:
-        method: ReLU branching heuristic: ``babsr``, ``fsb``, ``kfsb``, ``sb`` or ``naive``.
+        method: ReLU branching heuristic: ``babsr`` or ``fsb``/``kfsb`` (one method here: the
+            ``candidates`` best neurons by BaBSR's score, per domain, bounded exactly; alpha-beta-CROWN's
+            ``sb``, ``naive`` and ``random`` run ``babsr``, with a warning).
         candidates: candidates scored exactly by ``fsb``/``kfsb``.
         reduceop: how the scores of the two children are combined: ``min`` or ``max``.
         input_split: ``bab.branching.input_split`` settings.
@@ -350,11 +355,13 @@ class BranchingConfig:
 
     method: str = _opt(
         "kfsb",
-        choices=("babsr", "fsb", "kfsb", "sb", "naive"),
+        choices=("babsr", "fsb", "kfsb"),
         legacy={
             "kfsb-intercept-only": "kfsb",
             "intercept": "babsr",
-            "random": "naive",
+            "sb": "babsr",
+            "naive": "babsr",
+            "random": "babsr",
             "brute-force": "fsb",
             "nonlinear": "kfsb",
         },
@@ -1018,7 +1025,25 @@ def _assemble(data: Any, source: str, overrides: Sequence[str]) -> tuple[Config,
     notes: list[str] = []
     cfg = _build(Config, flat, notes)
     _validate(cfg, flat)
-    return cfg, flat, _warning(source, ignored + over_ignored, notes)
+    unread = [k for k in _DECLARED_NOT_IMPLEMENTED if _value(cfg, k) != _value(Config(), k)]
+    return cfg, flat, _warning(source, ignored + over_ignored + unread, notes)
+
+
+_DECLARED_NOT_IMPLEMENTED = (
+    "general.double_fp",  # computation is float32
+    "solver.alpha-crown.early_stop_patience",  # α-CROWN stops early only when every row is proven
+    "model.input_shape",  # the shape comes from the ONNX model
+    "model.name",  # α,β-CROWN's torch model zoo: ONNX models only here
+    "model.path",
+)
+"""Keys of α,β-CROWN's schema that we parse (and type-check) but do not act on: a value other than the
+default is reported with the ignored keys, in the one warning."""
+
+
+def _value(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part.replace("-", "_"))
+    return cfg
 
 
 def config_from_dict(

@@ -559,6 +559,7 @@ def _verify_instance(
     progress: Callable | None,
 ) -> InstanceResult:
     torch.manual_seed(cfg.general.seed)
+    torch.use_deterministic_algorithms(cfg.general.deterministic)
     clock = Clock(t0 + timeout, progress or _quiet)
     chunk = crown_chunk(cfg, graph)  # resolved once: every stage reads it from the config
     cfg = dataclasses.replace(
@@ -581,6 +582,8 @@ def _verify_instance(
             message = (
                 "the input box is wider than float32 can hold: no bound computed (only an attack decides it)"
             )
+            verified, state, cb = False, None, np.full(len(region.clauses), -np.inf)
+        elif not cfg.general.enable_incomplete_verification:  # straight to BaB (from CROWN's bounds)
             verified, state, cb = False, None, np.full(len(region.clauses), -np.inf)
         else:
             verified, state, cb = bound_region(graph, region, cfg, clock, bounds)

@@ -303,7 +303,9 @@ def test_interior_counterexample_is_found():
     r, _ = _solve(**spec)
     assert r.verdict == "sat"
     _assert_counterexample(spec, r.counterexample)
-    r, _ = _solve(**spec, opts={"pgd_steps": 0})  # corners only: never unsat, but cannot find it
+    r, _ = _solve(
+        **spec, opts={"iteration": 20, "pgd_steps": 0}
+    )  # corners only: never unsat, but cannot find it
     assert r.verdict in ("unknown", "timeout"), r
 
 

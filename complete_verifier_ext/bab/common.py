@@ -10,21 +10,24 @@ import torch
 from torch import Tensor
 
 from ..bounds.walk import margin
+from ..config import Config
 from ..parallel import comm
+
+_DEFAULT = Config()  # the one source of the defaults below: the config's
 
 
 @dataclass(frozen=True)
 class BabOptions:
-    batch_size: int = 64  # domains bounded together per rank per round
-    max_domains: int = 200_000  # per rank; beyond this the search gives up with "unknown"
-    branching: str = "kfsb"  # babsr | fsb | kfsb
-    candidates: int = 3
-    reduceop: str = "min"  # how FSB scores a split from its two children: min | max
-    iteration: int = 20  # β-CROWN optimisation steps per round
-    lr_alpha: float = 0.01
-    lr_beta: float = 0.05
-    lr_decay: float = 0.98
-    input_split: bool = False
+    batch_size: int = _DEFAULT.solver.batch_size  # domains bounded together per rank per round
+    max_domains: int = _DEFAULT.bab.max_domains  # all ranks together; beyond this: "unknown"
+    branching: str = _DEFAULT.bab.branching.method  # babsr | fsb | kfsb
+    candidates: int = _DEFAULT.bab.branching.candidates
+    reduceop: str = _DEFAULT.bab.branching.reduceop  # how FSB scores a split from its two children
+    iteration: int = _DEFAULT.solver.beta_crown.iteration  # β-CROWN optimisation steps per round
+    lr_alpha: float = _DEFAULT.solver.beta_crown.lr_alpha
+    lr_beta: float = _DEFAULT.solver.beta_crown.lr_beta
+    lr_decay: float = _DEFAULT.solver.beta_crown.lr_decay
+    input_split: bool = _DEFAULT.bab.branching.input_split.enable
     pgd_steps: int = 10  # sign-gradient steps from the candidate points of each round (0: corners only)
     pgd_points: int = 256  # how many candidates (lowest bounds first) take those steps
 

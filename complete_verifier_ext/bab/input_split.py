@@ -15,9 +15,9 @@ linear lower bound ``a·x + c`` of its worst spec row. Each round:
    differ by more than one batch, one rebalancing all-gather.
 
 Verdicts: a counterexample -> ``sat`` (a flat float32 numpy input inside the original box, which the
-caller re-checks); no domain left on any rank -> ``unsat``; ``expired()`` -> ``timeout``; some rank's
-queue above ``opts.max_domains`` -> ``unknown``. The checks come in that order, all from collectively
-agreed numbers, so every rank returns the same result.
+caller re-checks); no domain left on any rank -> ``unsat``; ``expired()`` -> ``timeout``; the queues of
+all ranks together above ``opts.max_domains`` -> ``unknown``. The checks come in that order, all from
+collectively agreed numbers, so every rank returns the same result.
 
 Branching heuristic: bisect dimension ``argmax_j width_j · (|a_j| + 0.01·max_k |a_k|)``, where ``a`` is
 the input coefficient vector of the domain's worst row's CROWN linear lower bound (computed once per
@@ -359,7 +359,7 @@ def input_split_bab(
             verdict = "timeout"
         else:
             sizes = [int(s) for s in comm.all_gather_cat(torch.tensor([len(queue)], dtype=torch.int64), 0)]
-            if max(sizes) > opts.max_domains:
+            if sum(sizes) > opts.max_domains:  # all ranks together
                 verdict = "unknown"
             elif max(sizes) - min(sizes) > opts.batch_size:
                 queue = rebalance(queue, sizes, n)

@@ -438,7 +438,7 @@ class ReluSplitBab:
             )
             if found:  # the candidates were gathered: every rank holds the same counterexample
                 return BabResult("sat", cex, total, rounds, self._max_queues())
-            if comm.all_reduce_flag(self.stuck or len(self.queue) > self.opts.max_domains, "or"):
+            if comm.all_reduce_flag(self.stuck, "or") or left > self.opts.max_domains:  # all ranks together
                 return BabResult("unknown", None, total, rounds, self._max_queues())
             if left == 0:  # every leaf verified: the least leaf bound bounds the margin on the region
                 least = float(comm.all_reduce(torch.tensor([self.proven], dtype=torch.float64), "min")[0])
