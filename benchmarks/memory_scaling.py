@@ -126,7 +126,7 @@ def table(rows: list[dict]) -> str:
         tratio = f"{r['time_s'] / b['time_s']:.2f}" if b else "-"
         diff = "-"
         if b:
-            diff = max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(r["lb"], b["lb"]))
+            diff = max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(r["lb"], b["lb"], strict=True))
             diff = f"{diff:.1e}"
         per_rank = "/".join(f"{p:.0f}" for p in r["peak_mb"])
         lines.append(

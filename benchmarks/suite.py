@@ -120,7 +120,7 @@ def consistency(P: int, base: dict, other: dict) -> str:
     rel = 0.0
     for k in common:
         for method, vals in other[k]["bounds"].items():
-            for a, b in zip(vals, base[k]["bounds"].get(method, [])):
+            for a, b in zip(vals, base[k]["bounds"].get(method, []), strict=False):
                 rel = max(rel, abs(a - b) / max(abs(b), 1e-6))
     return (
         f"P = {P} against the smallest P, {len(common)} instances: {len(differ)} different verdicts"

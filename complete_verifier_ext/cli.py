@@ -209,7 +209,7 @@ def write_outputs(
         )
     if summary:
         data = (earlier_json or []) + [
-            dict(r.to_json(), onnx=i.onnx, vnnlib=i.vnnlib) for i, r in zip(instances, results)
+            dict(r.to_json(), onnx=i.onnx, vnnlib=i.vnnlib) for i, r in zip(instances, results, strict=True)
         ]
         text = json.dumps(data[0] if len(data) == 1 else {"instances": data}, indent=1, allow_nan=False)
         write_atomic(summary, text)
@@ -303,7 +303,7 @@ def results_file_hint(config: str | None, overrides: list[str]) -> str | None:
         with open(config or "", encoding="utf-8") as f:
             value = (yaml.safe_load(f) or {}).get("general", {}).get("results_file")
         return value if isinstance(value, str) else None
-    except Exception:  # noqa: BLE001 - an unreadable config is reported by load_config
+    except Exception:
         return None
 
 

@@ -61,10 +61,6 @@ class Clause:
     C: np.ndarray  # (k, n_outputs) float64
     d: np.ndarray  # (k,) float64
 
-    def holds(self, y: np.ndarray, tol: float = 0.0) -> bool:
-        """Whether the output vector ``y`` satisfies every row (up to ``tol``)."""
-        return bool(np.all(self.C @ np.asarray(y, dtype=np.float64) <= self.d + tol))
-
 
 @dataclass(frozen=True)
 class Region:
@@ -81,12 +77,6 @@ class Region:
         index = np.repeat(np.arange(len(self.clauses)), [len(c.d) for c in self.clauses])
         return C, d, index
 
-    def is_counterexample(self, x: np.ndarray, y: np.ndarray, tol: float = 0.0) -> bool:
-        """Whether ``x`` lies in the box (up to ``tol``) and ``y`` satisfies some clause."""
-        x = np.asarray(x, dtype=np.float64).reshape(-1)
-        in_box = bool(np.all(x >= self.lower - tol) and np.all(x <= self.upper + tol))
-        return in_box and any(c.holds(np.asarray(y).reshape(-1), tol) for c in self.clauses)
-
 
 @dataclass(frozen=True)
 class Spec:
@@ -96,15 +86,6 @@ class Spec:
     n_inputs: int
     n_outputs: int
     regions: tuple[Region, ...]
-
-    def clause_rows(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per region, the stacked ``(C, d, clause_index)`` arrays (see :meth:`Region.stacked`)."""
-        return [region.stacked() for region in self.regions]
-
-    @property
-    def n_clauses(self) -> int:
-        """Total number of clauses over all regions."""
-        return sum(len(r.clauses) for r in self.regions)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -549,7 +530,7 @@ def _save_disk(spec: Spec, file: Path) -> None:
         with open(tmp, "wb") as handle:
             np.savez(handle, **arrays)
         os.replace(tmp, file)
-    except Exception:  # noqa: BLE001 - the cache is best effort
+    except Exception:
         with contextlib.suppress(Exception):
             tmp.unlink(missing_ok=True)
 
@@ -565,15 +546,15 @@ def _load_disk(file: Path) -> Spec | None:
             C, d = data["C"], data["d"]
             clauses = [
                 _freeze(Clause(C[end - k : end], d[end - k : end]))
-                for k, end in zip(data["rows_per_clause"], row_ends)
+                for k, end in zip(data["rows_per_clause"], row_ends, strict=True)
             ]
             clause_ends = np.cumsum(data["clauses_per_region"])
             regions = [
                 (data["lower"][i], data["upper"][i], clauses[end - k : end])
-                for i, (k, end) in enumerate(zip(data["clauses_per_region"], clause_ends))
+                for i, (k, end) in enumerate(zip(data["clauses_per_region"], clause_ends, strict=True))
             ]
             return _make_spec(str(data["path"]), n_inputs, n_outputs, regions)
-    except Exception:  # noqa: BLE001 - a corrupt or missing cache entry just means re-parsing
+    except Exception:
         return None
 
 
@@ -594,11 +575,6 @@ class _MemoryCache:
 
 
 _MEMORY = _MemoryCache(_MEMORY_CACHE_SIZE)
-
-
-def parse_vnnlib_text(text: str, file: str = "<string>") -> Spec:
-    """Parse VNN-LIB source text; ``file`` is used in error messages and as :attr:`Spec.path`."""
-    return _build_spec(text, file, file)
 
 
 def load_vnnlib(path: str | os.PathLike, cache: bool = True) -> Spec:

@@ -71,7 +71,7 @@ def mlp(sizes: Sequence[int], seed: int) -> nn.Sequential:
         raise ValueError(f"an MLP needs at least an input and an output size, got {list(sizes)}")
     gen = _gen(seed)
     layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         if i:
             layers.append(nn.ReLU())
         layers.append(_init(nn.Linear(n_in, n_out), gen))
@@ -248,7 +248,7 @@ def write_vnnlib(path: str | os.PathLike, lower, upper, label: int, n_outputs: i
     lines = [f"; robustness of label {label} on a box of {lo.size} inputs"]
     lines += [f"(declare-const X_{i} Real)" for i in range(lo.size)]
     lines += [f"(declare-const Y_{j} Real)" for j in range(n_outputs)]
-    for i, (a, b) in enumerate(zip(lo, hi)):
+    for i, (a, b) in enumerate(zip(lo, hi, strict=True)):
         lines += [f"(assert (>= X_{i} {float(a)!r}))", f"(assert (<= X_{i} {float(b)!r}))"]
     clauses = " ".join(f"(and (>= Y_{j} Y_{label}))" for j in range(n_outputs) if j != label)
     lines.append(f"(assert (or {clauses}))")
@@ -304,17 +304,17 @@ def exact_min_linear(net: nn.Sequential, lower, upper, c) -> tuple[float, np.nda
     lo = np.asarray(lower, dtype=np.float64).reshape(-1)
     hi = np.asarray(upper, dtype=np.float64).reshape(-1)
     c = np.asarray(c, dtype=np.float64).reshape(-1)
-    box = list(zip(lo.tolist(), hi.tolist()))
+    box = list(zip(lo.tolist(), hi.tolist(), strict=True))
 
     def value(x: np.ndarray) -> np.ndarray:  # c · net(x) in float64, x: (N, n)
-        for i, (W, b) in enumerate(zip(Ws, bs)):
+        for i, (W, b) in enumerate(zip(Ws, bs, strict=True)):
             x = x @ W.T + b
             x = np.maximum(x, 0) if i < len(Ws) - 1 else x
         return x @ c
 
     def ibp_min(layer: int, zlo: np.ndarray, zhi: np.ndarray) -> float:
         # interval lower bound of c · y from bounds of the pre-activation of layer `layer`
-        for W, b in zip(Ws[layer + 1 :], bs[layer + 1 :]):
+        for W, b in zip(Ws[layer + 1 :], bs[layer + 1 :], strict=True):
             hlo, hhi = np.maximum(zlo, 0), np.maximum(zhi, 0)
             zlo, zhi = _affine_range(W, b, hlo, hhi)
         return float(_affine_range(c[None], np.zeros(1), zlo, zhi)[0][0])

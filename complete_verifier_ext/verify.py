@@ -36,8 +36,6 @@ from .parallel import comm
 from .parallel.memory import PeakMemory, available_mb
 from .spec import Region, Spec, load_vnnlib
 
-VERDICTS = ("sat", "unsat", "unknown", "timeout", "error")
-
 
 @dataclass
 class InstanceResult:
@@ -100,10 +98,8 @@ class Clock:
 
 
 def spec_rows(region: Region) -> tuple[Tensor, np.ndarray, np.ndarray]:
-    """All clause rows stacked: C (S, n_out) float32, d (S,), clause index of every row (S,)."""
-    C = np.concatenate([c.C for c in region.clauses])
-    d = np.concatenate([c.d for c in region.clauses])
-    owner = np.concatenate([np.full(len(c.d), i) for i, c in enumerate(region.clauses)])
+    """All clause rows stacked (``Region.stacked``): C (S, n_out) float32, d (S,), clause of every row."""
+    C, d, owner = region.stacked()
     return torch.tensor(C, dtype=torch.float32), d, owner
 
 
@@ -299,7 +295,7 @@ def output_milp(
             print(f"warning: output milp: {graph.source}: {e}; left to BaB", file=sys.stderr)
         return None, cb
     cb = cb.copy()
-    for i, r in zip(todo, found):
+    for i, r in zip(todo, found, strict=True):
         cb[i] = max(cb[i], r.bound)
     bounds.setdefault("output_milp", []).extend(cb.tolist())
     try:

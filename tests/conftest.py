@@ -9,10 +9,10 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(1)
 

@@ -68,7 +68,7 @@ def _case(name: str) -> tuple[int, Problem]:
     of some clause."""
     dim = 2 if name.endswith("2") else 3
     mins, errs, _ = _grid(dim)
-    below = [m - 1.5 * e for m, e in zip(mins, errs)]
+    below = [m - 1.5 * e for m, e in zip(mins, errs, strict=True)]
     if name == "unsat2":
         d = [below[0]]
     elif name == "sat2":
@@ -222,7 +222,7 @@ def _single(name: str) -> tuple:
 
 
 def _check_parallel(jobs: list[dict], results: list[list[tuple]], world: int) -> None:
-    for job, per_rank in zip(jobs, results):
+    for job, per_rank in zip(jobs, results, strict=True):
         assert len(per_rank) == world
         verdict, cex, domains, rounds, max_queue = per_rank[0]
         for other in per_rank[1:]:  # every rank returns the same result

@@ -276,7 +276,9 @@ def test_the_quick_search_proves_the_easy_clauses_first(share_time):
     m = [_exact(tuple(sizes), seed, lo, hi, tuple(c))[:2] for c in rows]
     d = [m[0][0] - 2 * m[0][1], m[1][0] - MARGIN * m[1][1]]  # clause 0: far below its minimum
     region = Region(
-        np.array(lo), np.array(hi), tuple(Clause(np.array([c]), np.array([t])) for c, t in zip(rows, d))
+        np.array(lo),
+        np.array(hi),
+        tuple(Clause(np.array([c]), np.array([t])) for c, t in zip(rows, d, strict=True)),
     )
     graph = from_sequential(testing.mlp(sizes, seed), (n,))
     C = torch.tensor(rows, dtype=torch.float32)
@@ -418,7 +420,7 @@ def _job(which: str, mode: str) -> dict:
 
 
 def _check(jobs: list[dict], results: list[list[tuple]], world: int) -> None:
-    for job, per_rank in zip(jobs, results):
+    for job, per_rank in zip(jobs, results, strict=True):
         assert len(per_rank) == world
         verdict, cex, domains, rounds, max_queue, calls = per_rank[0]
         for other in per_rank[1:]:  # lockstep: every rank returns the same result

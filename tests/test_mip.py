@@ -142,7 +142,7 @@ def test_output_milp_proves_exactly_the_clauses_that_hold(seed, threads):
     net, graph, box, state, lo, hi = _case(seed, (3, 6, 6, 2))  # 12 ReLUs: enumerable
     c = np.eye(2)[0] - np.eye(2)[1]
     exact, _ = testing.exact_min_linear(net.double(), lo, hi, c)
-    cut = lambda v: mip.SAFETY * (1 + abs(v))  # noqa: E731
+    cut = lambda v: mip.SAFETY * (1 + abs(v))
     below, above = exact - 0.05, exact + 0.05
     rows = np.stack([c, -c])
     pair_lo, pair_hi = exact - 1.0, -exact - 1.0  # c·y <= exact - 1: never; -c·y <= -exact - 1: never

@@ -93,10 +93,10 @@ def test_factories_are_deterministic(tmp_path: Path) -> None:
     b = testing.residual_onnx(tmp_path / "b.onnx", seed=1)
     c = testing.residual_onnx(tmp_path / "c.onnx", seed=2)
     inits = [[numpy_helper.to_array(t) for t in onnx.load(p).graph.initializer] for p in (a, b, c)]
-    assert all(np.array_equal(u, v) for u, v in zip(inits[0], inits[1]))
-    assert not all(np.array_equal(u, v) for u, v in zip(inits[0], inits[2]))
+    assert all(np.array_equal(u, v) for u, v in zip(inits[0], inits[1], strict=True))
+    assert not all(np.array_equal(u, v) for u, v in zip(inits[0], inits[2], strict=True))
     m1, m2 = testing.cnn(4), testing.cnn(4)
-    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters(), strict=True))
 
 
 def test_gzipped_onnx_loads(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def write_spec(path: Path, lower, upper, clauses: list[list[str]], n_out: int) -
     """A VNN-LIB file: the box, then ``(or (and rows...) ...)`` with rows such as ``(>= Y_1 Y_0)``."""
     lines = [f"(declare-const X_{i} Real)" for i in range(len(lower))]
     lines += [f"(declare-const Y_{j} Real)" for j in range(n_out)]
-    for i, (a, b) in enumerate(zip(lower, upper)):
+    for i, (a, b) in enumerate(zip(lower, upper, strict=True)):
         lines += [f"(assert (>= X_{i} {float(a)!r}))", f"(assert (<= X_{i} {float(b)!r}))"]
     lines.append("(assert (or " + " ".join("(and " + " ".join(c) + ")" for c in clauses) + "))")
     path.write_text("\n".join(lines) + "\n")
@@ -93,7 +93,7 @@ def sampled_counterexample(onnx_path: str, vnnlib_path: str, n: int = 4096, seed
     region = load_vnnlib(vnnlib_path).regions[0]
     lo = np.asarray(region.lower, dtype=np.float64)
     hi = np.asarray(region.upper, dtype=np.float64)
-    corners = np.array(list(itertools.product(*zip(lo, hi))))
+    corners = np.array(list(itertools.product(*zip(lo, hi, strict=True))))
     rand = lo + (hi - lo) * np.random.default_rng(seed).random((n, lo.size))
     pts = np.clip(np.concatenate([corners, (lo / 2 + hi / 2)[None], rand]), lo, hi).astype(np.float32)
     pts = pts[(pts.astype(np.float64) >= lo).all(1) & (pts.astype(np.float64) <= hi).all(1)]

@@ -141,6 +141,6 @@ def test_two_ranks_share_the_targets_and_agree_with_one():
     two = launch.run(_ranks_worker, 2, ("fsdp",), backend="gloo")
     assert two[0].keys() == one[0].keys()
     for k in one[0]:
-        for a, b in zip(one[0][k], two[0][k]):
+        for a, b in zip(one[0][k], two[0][k], strict=True):
             np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-5)
     assert 0 < two[1] < one[1]  # rank 0 bounded only its share of the targets

@@ -47,7 +47,9 @@ class BabResult:
         self.domains += other.domains
         self.rounds += other.rounds
         if other.max_queue:
-            self.max_queue = [max(a, b) for a, b in zip(self.max_queue or other.max_queue, other.max_queue)]
+            self.max_queue = [
+                max(a, b) for a, b in zip(self.max_queue or other.max_queue, other.max_queue, strict=True)
+            ]
 
 
 def _nan_to(m: Tensor, value: float) -> Tensor:

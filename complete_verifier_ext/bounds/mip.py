@@ -138,7 +138,7 @@ class _Rows:
 
     def matrix(self, n_var: int) -> tuple[sp.csc_matrix, np.ndarray, np.ndarray]:
         """The rows as a column-wise sparse matrix, with their lower and upper sides."""
-        cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros(0, dtype)  # noqa: E731
+        cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros(0, dtype)
         A = sp.csc_matrix((cat(self.v, float), (cat(self.r, int), cat(self.c, int))), shape=(self.n, n_var))
         return A, cat(self.lo, float), cat(self.hi, float)
 

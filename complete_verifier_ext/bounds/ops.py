@@ -18,8 +18,6 @@ optional slope tensor ``alpha`` (α-CROWN).  Weights of ``Linear``/``Conv`` live
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -35,9 +33,8 @@ def _fold(A: Tensor) -> tuple[Tensor, tuple[int, int]]:
 
 
 class Op:
-    """Base class. ``n_inputs`` says how many graph inputs the operator reads."""
+    """Base class of the bound operators."""
 
-    n_inputs = 1
     is_relu = False
 
     def forward(self, *xs: Tensor) -> Tensor:
@@ -51,7 +48,7 @@ class Op:
 
 
 class Input(Op):
-    n_inputs = 0
+    pass
 
 
 class Linear(Op):
@@ -286,7 +283,3 @@ def fold_affine_into(prev: Op, aff: Affine) -> bool:
     prev.weight = ShardedWeight(W, "none")
     prev.bias = b
     return True
-
-
-def numel(shape) -> int:
-    return math.prod(shape)

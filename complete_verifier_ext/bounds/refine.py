@@ -63,7 +63,7 @@ def refine_in_order(
         allv = comm.all_gather_cat(torch.tensor(found, dtype=torch.float64), 0, sizes=sizes).numpy()
         dealt = [tasks[t] for q in range(P) for t in range(q, n, P)]  # the order of the gathered values
         new_l, new_u = l.copy(), u.copy()
-        for (j, side), v in zip(dealt, allv):
+        for (j, side), v in zip(dealt, allv, strict=True):
             if not np.isfinite(v):
                 continue
             v = v - margin(v)  # a lower bound of side * z_j

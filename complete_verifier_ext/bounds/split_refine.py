@@ -82,7 +82,8 @@ def bound_targets(
     unstable = (lo < 0) & (hi > 0)
     gap = torch.where(unstable, -lo * hi / (hi - lo).clamp(min=1e-12), torch.zeros_like(lo))
     reach = [
-        record[r][0].reshape(T, -1).abs() if r in record else torch.zeros(T, m) for r, m in zip(relus, sizes)
+        record[r][0].reshape(T, -1).abs() if r in record else torch.zeros(T, m)
+        for r, m in zip(relus, sizes, strict=True)
     ]
     score = torch.where(unstable, torch.cat(reach, 1) * gap, -1.0) if ins else torch.zeros(T, 0)
     d = min(opts.depth, int(unstable.sum()))
@@ -99,12 +100,15 @@ def bound_targets(
     split[rows[act], cols[act]], split[rows[~act], cols[~act]] = 1.0, -1.0
 
     def per_node(t: Tensor) -> dict[int, Tensor]:  # (B, N) -> every earlier node's (B, *shape)
-        return {q: v.reshape(B, *graph.nodes[q].shape) for q, v in zip(ins, torch.split(t, sizes, 1))}
+        return {
+            q: v.reshape(B, *graph.nodes[q].shape) for q, v in zip(ins, torch.split(t, sizes, 1), strict=True)
+        }
 
     lo_q, hi_q, split_q = per_node(lo_b), per_node(hi_b), per_node(split)
     bb = {q: (lo_q[q], hi_q[q]) for q in ins}
     alpha = {
-        r: Relu.relaxation(*bb[q])[2].unsqueeze(0).clone().requires_grad_(True) for r, q in zip(relus, ins)
+        r: Relu.relaxation(*bb[q])[2].unsqueeze(0).clone().requires_grad_(True)
+        for r, q in zip(relus, ins, strict=True)
     }
     beta = {q: torch.zeros(1, B, *graph.nodes[q].shape, requires_grad=True) for q in ins}
     A_b, box_b = A.repeat_interleave(L, 1), (_expand(box[0], B), _expand(box[1], B))

@@ -101,7 +101,7 @@ def back_substitute(
             A_in, b = node.op.backward(A_k, *(graph.nodes[i].shape for i in node.inputs))
         del A_k
         bias = bias + b
-        for i, Ai in zip(node.inputs, A_in):
+        for i, Ai in zip(node.inputs, A_in, strict=True):
             if Ai is not None:
                 pending[i] = Ai if i not in pending else pending[i] + Ai
     A0 = pending.pop(0, None)

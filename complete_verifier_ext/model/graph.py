@@ -54,13 +54,6 @@ class Graph:
     def relu_nodes(self) -> list[int]:
         return [i for i, n in enumerate(self.nodes) if n.op.is_relu]
 
-    def consumers(self) -> list[list[int]]:
-        users: list[list[int]] = [[] for _ in self.nodes]
-        for i, n in enumerate(self.nodes):
-            for j in n.inputs:
-                users[j].append(i)
-        return users
-
     def to(self, device: torch.device | str) -> Graph:
         """Move every operator's tensors (weight shards, biases, constants) to ``device``, in place.
         Call after ``shard`` so that only this rank's shards reach the device."""

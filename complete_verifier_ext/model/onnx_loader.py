@@ -36,7 +36,7 @@ def read_onnx(path: str | os.PathLike) -> onnx.ModelProto:
         return onnx.load(path)
     except FileNotFoundError:
         raise ModelError(f"{path}: no such file") from None
-    except Exception as e:  # noqa: BLE001 - protobuf raises many kinds
+    except Exception as e:
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
 
 
@@ -318,9 +318,9 @@ def _fold_constant(b: _Builder, node: onnx.NodeProto) -> bool:
     m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", b.opset)])
     try:
         outs = ReferenceEvaluator(m).run(None, {n: b.consts[n] for n in node.input if n})
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise b.error(node, f"cannot evaluate constant node ({e})") from None
-    for name, val in zip(node.output, outs):
+    for name, val in zip(node.output, outs, strict=True):
         b.consts[name] = np.asarray(val)
     return True
 
