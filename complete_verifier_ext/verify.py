@@ -34,6 +34,7 @@ from .model.graph import Graph
 from .model.onnx_loader import load_model
 from .parallel import comm
 from .parallel.memory import PeakMemory, available_mb
+from .parallel.sharded import release_gather_buffers
 from .spec import Region, Spec, load_vnnlib
 
 
@@ -541,8 +542,11 @@ def verify_instance(
     if started is not None:
         t0, timeout = started, max(0.0, timeout - END_RESERVE_S)
     graph, spec = load_instance(cfg, onnx_path, vnnlib_path)  # on the host; only shards move
-    with torch.device(compute_device(cfg)):  # factory functions create tensors on the compute device
-        return _verify_instance(cfg, graph, spec, onnx_path, timeout, t0, progress)
+    try:
+        with torch.device(compute_device(cfg)):  # factory functions create tensors on the compute device
+            return _verify_instance(cfg, graph, spec, onnx_path, timeout, t0, progress)
+    finally:
+        release_gather_buffers()  # the next instance's layers have other shapes
 
 
 def _verify_instance(

@@ -150,6 +150,9 @@ class Relu(Op):
 
     is_relu = True
 
+    def __init__(self) -> None:
+        self._relax_cache: tuple | None = None  # see _cached_relaxation
+
     def forward(self, x: Tensor) -> Tensor:
         return torch.relu(x)
 
@@ -181,7 +184,7 @@ class Relu(Op):
         if lower.requires_grad or upper.requires_grad:
             return self.relaxation(lower, upper)
         key = (lower, upper, lower._version, upper._version)
-        cached = getattr(self, "_relax_cache", None)
+        cached = self._relax_cache
         if (
             cached is not None
             and cached[0][0] is lower
