@@ -12,6 +12,7 @@ import argparse
 import csv
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -319,6 +320,8 @@ def _error(results_file: str | None, writer: bool, msg: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # Ctrl-C (SIGINT) ends the run cleanly even where it was started with SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job of a script)
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     from .parallel import launch
     from .parallel.memory import MMAP_THRESHOLD_ENV, mmap_threshold_env_ok
