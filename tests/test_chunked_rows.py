@@ -4,6 +4,8 @@ the chunk the pipeline picks is recorded in the summary."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -24,11 +26,11 @@ def _problem(kind: str, tmp: str | None = None):
         graph, shape = from_sequential(testing.mlp([6, 40, 40, 40, 4], seed=3), (6,)), (6,)
     elif kind == "conv":
         graph, shape = from_sequential(testing.cnn(seed=4), testing.CNN_INPUT_SHAPE), testing.CNN_INPUT_SHAPE
-    else:
-        graph, shape = (
-            load_onnx(testing.residual_onnx(f"{tmp}/res.onnx", seed=5)),
-            testing.RESIDUAL_INPUT_SHAPE,
-        )
+    else:  # written once, by the first (one-process) call: ranks only read it
+        path = Path(tmp) / "res.onnx"
+        if not path.exists():
+            testing.residual_onnx(path, seed=5)
+        graph, shape = load_onnx(path), testing.RESIDUAL_INPUT_SHAPE
     x0 = torch.rand(1, *shape, generator=torch.Generator().manual_seed(0))
     box = (x0 - 0.2, x0 + 0.2)
     n = graph.output_size
