@@ -170,9 +170,28 @@ def _torchrun_nodes(tmp_path: Path, *extra: str) -> list[subprocess.Popen]:
     return procs
 
 
+def _finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]] | None:
+    """Both nodes' (stdout, stderr), or None (both killed) if they have not ended within ``timeout``."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+            p.communicate()
+        return None
+
+
 def test_torchrun_two_nodes_report_once(tmp_path):
+    """(torchrun's static rendezvous once stalled for minutes on this loaded 2-core machine, before our
+    code ran: a stalled start is tried once more on a fresh port before the test fails.)"""
     procs = _torchrun_nodes(tmp_path)
-    outs = [p.communicate(timeout=240) for p in procs]
+    outs = _finish(procs, 180)
+    if outs is None:
+        shutil.rmtree(tmp_path / "node0")
+        shutil.rmtree(tmp_path / "node1")
+        procs = _torchrun_nodes(tmp_path)
+        outs = _finish(procs, 180)
+    assert outs is not None, "two torchrun nodes did not finish twice in a row"
     assert [p.returncode for p in procs] == [0, 0], outs
     assert (tmp_path / "node0" / "results.txt").read_text() == "unsat\n"
     assert (tmp_path / "node0" / "summary.json").exists()

@@ -349,7 +349,7 @@ def _raise_root_cause(first: _Failure, procs: list[Any], conns: list[Connection]
         wait([conns[r] for r in others] + [procs[r].sentinel for r in others], timeout=0.1)
         for rank in sorted(others):
             seen = _poll(rank, procs[rank], conns[rank])
-            if seen is not None:
+            if seen is not None and seen[0] != "joined":  # a rank that only joined may still fail
                 others.discard(rank)
                 if seen[0] == "failed":
                     failures.append(seen[1])
