@@ -308,6 +308,26 @@ def results_file_hint(config: str | None, overrides: list[str]) -> str | None:
         return None
 
 
+def engine_of(config: str | None, overrides: list[str]) -> str:
+    """``general.engine`` from the command line (``--general.engine X``; α,β-CROWN's ``--engine X``),
+    else from the YAML, else ``native``. Read before the config is loaded: with ``abcrown`` the YAML is
+    α,β-CROWN's, which our loader does not check."""
+    for i, item in enumerate(overrides):
+        for flag in ("--general.engine", "--engine"):
+            if item == flag and i + 1 < len(overrides):
+                return overrides[i + 1]
+            if item.startswith(flag + "="):
+                return item.split("=", 1)[1]
+    try:
+        import yaml
+
+        with open(config or "", encoding="utf-8") as f:
+            value = ((yaml.safe_load(f) or {}).get("general") or {}).get("engine")
+        return value if isinstance(value, str) else "native"
+    except Exception:
+        return "native"  # our loader reports the unreadable file
+
+
 def _error(results_file: str | None, writer: bool, msg: str) -> int:
     """One line on stderr, ``error`` in the results file (when one is known), exit 1."""
     print(f"error: {msg}", file=sys.stderr)
@@ -323,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # Ctrl-C (SIGINT) ends the run cleanly even where it was started with SIGINT ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job of a script)
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if engine_of(args.config, overrides) == "abcrown":
+        from .abcrown_plugin.runner import main as abcrown_main
+
+        return abcrown_main(args.config, overrides, args.summary, args.quiet)
     from .parallel import launch
     from .parallel.memory import MMAP_THRESHOLD_ENV, mmap_threshold_env_ok
 

@@ -152,6 +152,9 @@ class GeneralConfig:
         verbose: print what every stage does on its own line of stderr (PGD, each bound method, every
             alpha-CROWN step with its worst clause bound, every BaB round with domains left, worst bound
             and domains/s, the refinement's layers); without it, a terminal shows one progress line.
+        engine: ``native`` (this package's engine) or ``abcrown`` (a real alpha-beta-CROWN checkout named
+            by ``$ABCROWN_PATH``, sharded at runtime; the YAML then goes to alpha-beta-CROWN as it is, see
+            docs/abcrown_plugin.md).
     """
 
     device: str = _opt("cpu", check=_is_device, expected="cpu, cuda or cuda:N")
@@ -164,6 +167,7 @@ class GeneralConfig:
     deterministic: bool = _opt(False)
     double_fp: bool = _opt(False)
     verbose: bool = _opt(False)
+    engine: str = _opt("native", choices=("native", "abcrown"))
 
 
 @dataclass(frozen=True)

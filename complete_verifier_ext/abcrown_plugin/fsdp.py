@@ -1,0 +1,268 @@
+"""FSDP weights inside auto_LiRPA: every rank keeps 1/P of the rows (dim 0) of each Linear, MatMul and
+Conv weight, and a layer is gathered only while one of its methods runs.
+
+After α,β-CROWN builds a ``LiRPANet``, :func:`shard_net` replaces the ``param`` of every ``BoundParams``
+that is the weight (input 1) of a ``BoundLinear``/``BoundMatMul``/``BoundConv`` by its local rows, and
+does the same to the parameters of ``model_ori`` (the PyTorch model it keeps for PGD and for the
+output of the clean input; they share storage with the ``BoundParams``): after loading no rank holds a
+full weight. The op's ``forward``, ``interval_propagate``, ``bound_backward`` and ``build_solver``
+are wrapped (class attributes, no subclass): the wrapper all-gathers the weight into a fresh tensor,
+hands it to the original method in place of the shard, and drops it when the method returns. Autograd
+never keeps it: a ``saved_tensors_hooks`` pair saves a token instead and gathers again in backward
+(the TP/FSDP paper's fork kept every gathered weight alive through the α-CROWN graph).
+
+``model_ori``'s ``nn.Linear``/``nn.Conv*d`` gather in a forward pre-hook and drop the full weight in a
+forward hook (PGD's graph keeps it only until its backward). Before a ``LiRPANet`` is built from an
+already sharded ``model_ori`` (BaB without incomplete verification builds a second one), the model
+is gathered back for the build and sharded again after it.
+
+Every rank must call each wrapped method in the same order: α,β-CROWN's control flow is replicated
+(same inputs, same seed, the synced clock of :mod:`.patches`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..parallel import comm
+
+
+class Shard:
+    """The local rows of one weight and how to gather the whole."""
+
+    def __init__(self, full: Tensor) -> None:
+        self.shape = full.shape
+        self.sizes = comm.shard_sizes(full.shape[0])
+        lo, hi = comm.shard_range(full.shape[0])
+        self.local = full.detach()[lo:hi].clone()
+
+    def gather(self) -> Tensor:
+        return comm.all_gather_cat(self.local, 0, sizes=self.sizes)
+
+
+_SHARDS: weakref.WeakKeyDictionary[nn.Module, Shard] = weakref.WeakKeyDictionary()  # BoundParams -> Shard
+_MODEL_SHARDS: weakref.WeakKeyDictionary[nn.Module, Shard] = weakref.WeakKeyDictionary()  # nn.Linear/Conv
+
+
+def _shardable(t: Tensor) -> bool:
+    return t.dim() >= 2 and t.shape[0] >= comm.world_size()
+
+
+def shard_net(net) -> None:
+    """Shard the weights of ``LiRPANet`` ``net``: its BoundedModule's and its ``model_ori``'s."""
+    from auto_LiRPA.operators import BoundConv, BoundLinear, BoundMatMul, BoundParams
+
+    for node in net.net.nodes():
+        if type(node) not in (BoundLinear, BoundMatMul, BoundConv) or len(node.inputs) < 2:
+            continue
+        w = node.inputs[1]
+        if type(w) is not BoundParams or w in _SHARDS or not _shardable(w.param):
+            continue
+        shard = Shard(w.param)
+        _SHARDS[w] = shard
+        w.param = nn.Parameter(shard.local, requires_grad=w.param.requires_grad)
+        for attr in ("_lower", "_upper", "forward_value", "interval"):  # stale full values, if any
+            if getattr(w, attr, None) is not None:
+                setattr(w, attr, None)
+    shard_model(net.model_ori)
+
+
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def shard_model(model: nn.Module) -> None:
+    for m in model.modules():
+        if not isinstance(m, _LAYERS) or m in _MODEL_SHARDS or not _shardable(m.weight):
+            continue
+        shard = Shard(m.weight)
+        _MODEL_SHARDS[m] = shard
+        del m.weight
+        m.weight = shard.local  # a plain tensor attribute: the pre-hook swaps in the gathered one
+        m.register_forward_pre_hook(_gather_hook)
+        m.register_forward_hook(_release_hook)
+
+
+def _gather_hook(m: nn.Module, _args: Any) -> None:
+    m.weight = _MODEL_SHARDS[m].gather()
+
+
+def _release_hook(m: nn.Module, _args: Any, _out: Any) -> None:
+    m.weight = _MODEL_SHARDS[m].local
+
+
+def unshard_model(model: nn.Module) -> list[nn.Module]:
+    """Put full weights back into ``model`` (for tracing a new BoundedModule); returns what to re-shard."""
+    done = []
+    for m in model.modules():
+        shard = _MODEL_SHARDS.get(m)
+        if shard is not None:
+            m.weight = nn.Parameter(shard.gather(), requires_grad=False)
+            done.append(m)
+    return done
+
+
+def reshard_model(modules: list[nn.Module]) -> None:
+    for m in modules:
+        del m.weight
+        m.weight = _MODEL_SHARDS[m].local
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The op wrappers
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Token:
+    __slots__ = ("shard", "size", "stride", "offset")
+
+    def __init__(self, shard: Shard, t: Tensor, full: Tensor) -> None:
+        self.shard, self.size, self.stride = shard, t.size(), t.stride()
+        self.offset = t.storage_offset() - full.storage_offset()
+
+
+class _NoFullWeightSaved:
+    """Autograd saves a token for the gathered weight (or any view of it) and gathers it again when the
+    backward pass needs it."""
+
+    def __init__(self, shard: Shard, full: Tensor) -> None:
+        self.shard, self.full = shard, full
+        self.ptr = full.untyped_storage().data_ptr()
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def pack(self, t: Tensor) -> Any:
+        if t.device == self.full.device and t.untyped_storage().data_ptr() == self.ptr:
+            return _Token(self.shard, t, self.full)
+        return t
+
+    @staticmethod
+    def unpack(saved: Any) -> Tensor:
+        if isinstance(saved, _Token):
+            full = saved.shard.gather()
+            return full.as_strided(saved.size, saved.stride, full.storage_offset() + saved.offset)
+        return saved
+
+    def __enter__(self) -> None:
+        self.hooks.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.hooks.__exit__(*exc)
+        self.full = None  # type: ignore[assignment]
+
+
+def _weight_node(op) -> tuple[Any, Shard | None]:
+    if len(op.inputs) < 2:
+        return None, None
+    w = op.inputs[1]
+    return w, _SHARDS.get(w)
+
+
+def _with_full_node(w, full: Tensor):
+    """Context: the weight node's ``lower``/``upper``/``forward_value``/``interval`` are the gathered
+    weight while the original method runs, then the shard's again."""
+
+    class _Ctx:
+        def __enter__(self_inner):
+            self_inner.saved = {
+                a: getattr(w, a, None) for a in ("_lower", "_upper", "forward_value", "interval")
+            }
+            w._lower = w._upper = w.forward_value = full
+            from auto_LiRPA.operators.base import Interval
+
+            w.interval = Interval(full, full)
+
+        def __exit__(self_inner, *exc):
+            for a, v in self_inner.saved.items():
+                setattr(w, a, v)
+
+    return _Ctx()
+
+
+def wrap_positional(orig):
+    """``forward(self, x, w, ...)`` / ``build_solver(self, *v, ...)``: argument 1 is the weight."""
+
+    def wrapper(self, *args, **kwargs):
+        w, shard = _weight_node(self)
+        if shard is None or len(args) < 2:
+            return orig(self, *args, **kwargs)
+        full = shard.gather()
+        args = (args[0], full, *args[2:])
+        with _NoFullWeightSaved(shard, full):
+            return orig(self, *args, **kwargs)
+
+    wrapper.__wrapped__ = orig
+    return wrapper
+
+
+def wrap_interval(orig):
+    """``interval_propagate(self, *v, ...)``: ``v[1]`` is the weight's interval."""
+
+    def wrapper(self, *v, **kwargs):
+        w, shard = _weight_node(self)
+        if shard is None or len(v) < 2:
+            return orig(self, *v, **kwargs)
+        from auto_LiRPA.operators.base import Interval
+
+        full = shard.gather()
+        v = (v[0], Interval(full, full), *v[2:])
+        with _NoFullWeightSaved(shard, full):
+            return orig(self, *v, **kwargs)
+
+    wrapper.__wrapped__ = orig
+    return wrapper
+
+
+def wrap_node_args(orig):
+    """``bound_backward(self, last_lA, last_uA, *x, ...)``: the weight is read from the node ``x[1]``."""
+
+    def wrapper(self, last_lA, last_uA, *x, **kwargs):
+        w, shard = _weight_node(self)
+        if shard is None:
+            return orig(self, last_lA, last_uA, *x, **kwargs)
+        full = shard.gather()
+        with _with_full_node(w, full), _NoFullWeightSaved(shard, full):
+            return orig(self, last_lA, last_uA, *x, **kwargs)
+
+    wrapper.__wrapped__ = orig
+    return wrapper
+
+
+WRAPPED = {
+    "auto_LiRPA.operators.BoundLinear.forward": wrap_positional,
+    "auto_LiRPA.operators.BoundLinear.bound_backward": wrap_node_args,
+    "auto_LiRPA.operators.BoundLinear.interval_propagate": wrap_interval,
+    "auto_LiRPA.operators.BoundLinear.build_solver": wrap_positional,
+    "auto_LiRPA.operators.BoundMatMul.forward": wrap_positional,
+    "auto_LiRPA.operators.BoundMatMul.bound_backward": wrap_node_args,
+    "auto_LiRPA.operators.BoundMatMul.interval_propagate": wrap_interval,
+    "auto_LiRPA.operators.BoundConv.forward": wrap_positional,
+    "auto_LiRPA.operators.BoundConv.bound_backward": wrap_node_args,
+    "auto_LiRPA.operators.BoundConv.interval_propagate": wrap_interval,
+    "auto_LiRPA.operators.BoundConv.build_solver": wrap_positional,
+}
+
+
+def install(p) -> None:
+    for dotted, make in WRAPPED.items():
+        p.wrap(dotted, make)
+
+    def lirpanet_init(orig):
+        def __init__(self, model_ori, in_size, c=None, device=None):
+            regather = unshard_model(model_ori)
+            try:
+                orig(self, model_ori, in_size, c, device)
+            finally:
+                reshard_model(regather)
+            shard_net(self)
+
+        return __init__
+
+    p.wrap("beta_CROWN_solver.LiRPANet.__init__", lirpanet_init)
+
+
+def full_weight_shapes() -> set[tuple[int, ...]]:
+    """The shapes of every sharded weight (for the live-tensor audit of the tests)."""
+    return {tuple(s.shape) for s in list(_SHARDS.values()) + list(_MODEL_SHARDS.values())}

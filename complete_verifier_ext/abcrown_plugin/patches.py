@@ -1,0 +1,327 @@
+"""What is patched into α,β-CROWN and auto_LiRPA at runtime, and how it is undone.
+
+Every patch sets a class or module attribute (never a subclass: upstream checks ``type(x) ==
+BoundLinear``) and :func:`install` checks the signature of every callable it wraps *before* setting
+any of them, so an unknown upstream is refused with one line instead of half-patched.
+:func:`uninstall` puts every original back.
+
+* **probe** (always): records what α,β-CROWN computed (the initial CROWN bounds, the α-CROWN bounds,
+  each instance's verdict and time) for our ``--summary``.
+* **spec cache** (always): α,β-CROWN caches a parsed VNN-LIB file as ``<spec>.compiled`` beside the
+  spec; each rank reads a copy in its own cache folder instead (inputs may be read-only, and P ranks
+  would race on one file).
+* **clock** (P > 1): ``time`` in α-CROWN's optimiser and in BaB is the all-reduced maximum of the
+  ranks' clocks, so every time-limit decision is the same on every rank.
+* **fsdp** (``parallel.mode: fsdp``): :mod:`.fsdp`, weights kept as 1/P row shards.
+* **rows** (P > 1): :mod:`.rows`, the unstable neurons of each bounded layer dealt over the ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import shutil
+import time as _time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .locate import PluginError
+
+# the parameter names of every callable we wrap, as in α,β-CROWN 8250d5f / auto_LiRPA 0.7.0
+SIGNATURES: dict[str, tuple[str, ...]] = {
+    "utils.Logger.summarize_results": ("self", "verified_status", "index"),
+    "auto_LiRPA.BoundedModule.init_alpha": (
+        "self",
+        "x",
+        "share_alphas",
+        "method",
+        "c",
+        "bound_lower",
+        "bound_upper",
+        "final_node_name",
+        "interm_bounds",
+        "reference_alphas",
+        "skip_bound_compute",
+    ),
+    "auto_LiRPA.BoundedModule._get_optimized_bounds": (
+        "self",
+        "x",
+        "aux",
+        "C",
+        "IBP",
+        "forward",
+        "method",
+        "bound_side",
+        "reuse_ibp",
+        "return_A",
+        "average_A",
+        "final_node_name",
+        "interm_bounds",
+        "reference_bounds",
+        "aux_reference_bounds",
+        "needed_A_dict",
+        "cutter",
+        "decision_thresh",
+        "epsilon_over_decision_thresh",
+    ),
+    "beta_CROWN_solver.LiRPANet.__init__": ("self", "model_ori", "in_size", "c", "device"),
+    "beta_CROWN_solver.LiRPANet.build": (
+        "self",
+        "x",
+        "c",
+        "rhs",
+        "stop_criterion",
+        "bounding_method",
+        "vnnlib_handler",
+        "interm_bounds",
+        "return_A",
+        "or_spec_size",
+        "full_alpha_info",
+    ),
+    "read_vnnlib.read_vnnlib": ("vnnlib_filename", "regression"),
+    "auto_LiRPA.BoundedModule.batched_backward": (
+        "self",
+        "node",
+        "C",
+        "unstable_idx",
+        "batch_size",
+        "bound_lower",
+        "bound_upper",
+        "return_A",
+    ),
+    "auto_LiRPA.BoundedModule._compute_bounds_main": (
+        "self",
+        "C",
+        "method",
+        "IBP",
+        "bound_lower",
+        "bound_upper",
+        "reuse_ibp",
+        "reuse_alpha",
+        "average_A",
+        "alpha_idx",
+        "need_A_only",
+        "update_mask",
+    ),
+    "auto_LiRPA.operators.BoundLinear.forward": ("self", "x", "w", "b"),
+    "auto_LiRPA.operators.BoundLinear.bound_backward": (
+        "self",
+        "last_lA",
+        "last_uA",
+        "x",
+        "start_node",
+        "reduce_bias",
+        "kwargs",
+    ),
+    "auto_LiRPA.operators.BoundLinear.interval_propagate": ("self", "v", "C", "w"),
+    "auto_LiRPA.operators.BoundLinear.build_solver": ("self", "v", "model", "C", "model_type", "solver_pkg"),
+    "auto_LiRPA.operators.BoundMatMul.forward": ("self", "x", "y"),
+    "auto_LiRPA.operators.BoundMatMul.bound_backward": (
+        "self",
+        "last_lA",
+        "last_uA",
+        "x",
+        "start_node",
+        "kwargs",
+    ),
+    "auto_LiRPA.operators.BoundMatMul.interval_propagate": ("self", "v", "C"),
+    "auto_LiRPA.operators.BoundConv.forward": ("self", "x"),
+    "auto_LiRPA.operators.BoundConv.bound_backward": ("self", "last_lA", "last_uA", "x", "kwargs"),
+    "auto_LiRPA.operators.BoundConv.interval_propagate": ("self", "v", "C"),
+    "auto_LiRPA.operators.BoundConv.build_solver": ("self", "v", "model", "C", "model_type", "solver_pkg"),
+}
+
+
+def resolve(dotted: str) -> tuple[Any, str]:
+    """``"mod.Class.attr"`` -> (owner object, attribute name); the module part is imported."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for p in parts[cut:-1]:
+            owner = getattr(owner, p)
+        return owner, parts[-1]
+    raise PluginError(f"cannot import {dotted}")
+
+
+def check_signature(dotted: str) -> None:
+    owner, name = resolve(dotted)
+    fn = inspect.getattr_static(owner, name, None)
+    if fn is None:
+        raise PluginError(f"{dotted} does not exist in this alpha-beta-CROWN: not the supported release")
+    got = tuple(inspect.signature(fn).parameters)
+    if got != SIGNATURES[dotted]:
+        raise PluginError(
+            f"{dotted}{got} differs from the supported release's {SIGNATURES[dotted]}: refusing to patch"
+        )
+
+
+@dataclass
+class Patcher:
+    """Sets attributes and remembers the originals, so that :meth:`undo` restores them all."""
+
+    saved: list[tuple[Any, str, Any]] = field(default_factory=list)
+
+    def original(self, dotted: str) -> Callable:
+        owner, name = resolve(dotted)
+        return inspect.getattr_static(owner, name)
+
+    def wrap(self, dotted: str, make: Callable[[Callable], Callable]) -> None:
+        owner, name = resolve(dotted)
+        orig = inspect.getattr_static(owner, name)
+        self.set(owner, name, make(orig))
+
+    def set(self, owner: Any, name: str, value: Any) -> None:
+        self.saved.append((owner, name, inspect.getattr_static(owner, name)))
+        setattr(owner, name, value)
+
+    def undo(self) -> None:
+        while self.saved:
+            owner, name, value = self.saved.pop()
+            setattr(owner, name, value)
+
+
+@dataclass
+class Record:
+    """What α,β-CROWN computed for one instance, as it computed it."""
+
+    verdict: str = "unknown"
+    time_s: float = 0.0
+    crown: list[float] = field(default_factory=list)
+    alpha_crown: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Probe:
+    records: list[Record] = field(default_factory=list)
+    current: Record = field(default_factory=Record)
+    optimized: bool = False  # α-CROWN ran since the last init_alpha
+
+    def next_instance(self, verdict: str, time_s: float) -> None:
+        self.current.verdict, self.current.time_s = verdict, time_s
+        self.records.append(self.current)
+        self.current = Record()
+
+
+def _bounds(t) -> list[float]:
+    return [float(v) for v in t.detach().flatten().tolist()]
+
+
+def install_probe(p: Patcher, probe: Probe) -> None:
+    def summarize(orig):
+        def summarize_results(self, verified_status, index):
+            # α,β-CROWN's own mapping of its statuses to VNN-COMP words (single-instance mode)
+            s = str(verified_status)
+            if "unknown" in s or "timeout" in s or "timed out" in s:
+                verdict = "timeout"
+            elif "unsafe" in s:
+                verdict = "sat"
+            elif "safe" in s:
+                verdict = "unsat"
+            else:
+                verdict = s
+            probe.next_instance(verdict, _time.time() - self.start_time)
+            return orig(self, verified_status, index)
+
+        return summarize_results
+
+    def init_alpha(orig):
+        def wrapper(self, x, *args, **kwargs):
+            ret = orig(self, x, *args, **kwargs)
+            probe.optimized = False
+            if isinstance(ret, tuple) and ret and ret[0] is not None:
+                probe.current.crown += _bounds(ret[0])
+            return ret
+
+        return wrapper
+
+    def optimized(orig):
+        def wrapper(self, *args, **kwargs):
+            probe.optimized = True
+            return orig(self, *args, **kwargs)
+
+        return wrapper
+
+    def build(orig):
+        def wrapper(self, *args, **kwargs):
+            probe.optimized = False
+            global_lb, result = orig(self, *args, **kwargs)
+            method = kwargs.get("bounding_method")
+            lower = (result or {}).get("lower_bounds") or {}
+            if probe.optimized and method in (None, "alpha-crown") and self.final_name in lower:
+                probe.current.alpha_crown += _bounds(lower[self.final_name])
+            return global_lb, result
+
+        return wrapper
+
+    p.wrap("utils.Logger.summarize_results", summarize)
+    p.wrap("auto_LiRPA.BoundedModule.init_alpha", init_alpha)
+    p.wrap("auto_LiRPA.BoundedModule._get_optimized_bounds", optimized)
+    p.wrap("beta_CROWN_solver.LiRPANet.build", build)
+
+
+def install_spec_cache(p: Patcher, cache_dir: str) -> None:
+    """``read_vnnlib`` reads a copy of the spec in ``cache_dir`` (named by its content), where its
+    ``.compiled`` cache then lives too."""
+    import read_vnnlib as rv
+
+    orig = rv.read_vnnlib
+
+    def read_vnnlib(vnnlib_filename, regression=False):
+        data = Path(vnnlib_filename).read_bytes()
+        os.makedirs(cache_dir, exist_ok=True)
+        copy = os.path.join(cache_dir, hashlib.sha256(data).hexdigest()[:32] + ".vnnlib")
+        if not os.path.exists(copy):
+            tmp = f"{copy}.{os.getpid()}.tmp"
+            shutil.copyfile(vnnlib_filename, tmp)
+            os.replace(tmp, copy)
+        return orig(copy, regression)
+
+    import abcrown
+    import loading
+
+    for mod in (rv, loading, abcrown):
+        p.set(mod, "read_vnnlib", read_vnnlib)
+
+
+class SyncedTime(types.ModuleType):
+    """A stand-in for the ``time`` module whose ``time()`` is the maximum over the ranks (one all-reduce
+    per call: α,β-CROWN calls it at the same points on every rank, since all else is replicated)."""
+
+    def __init__(self) -> None:
+        super().__init__("time")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_time, name)
+
+    def time(self) -> float:
+        import torch
+
+        from ..parallel import comm
+
+        t = torch.tensor([_time.time()], dtype=torch.float64, device=comm.device())
+        return float(comm.all_reduce(t, "max").item())
+
+
+# every module whose clock feeds a time-limit decision (the BaB and α/β optimisation limits, the time
+# left for BaB after the incomplete phase, the per-instance start)
+CLOCK_MODULES = ("abcrown", "utils", "complete_verifier_func", "bab", "auto_LiRPA.optimized_bounds")
+
+
+def install_clock(p: Patcher) -> None:
+    import importlib
+
+    clock = SyncedTime()
+    for name in CLOCK_MODULES:
+        mod = importlib.import_module(name)
+        if getattr(mod, "time", None) is not _time:
+            raise PluginError(f"{name}.time is not the time module: not the supported release")
+        p.set(mod, "time", clock)

@@ -1,0 +1,201 @@
+"""``abcrown --general.engine abcrown``: α,β-CROWN's own ``ABCROWN(args).main()`` on every rank, with
+our patches installed; rank 0 alone prints and writes.
+
+The parent checks the config with α,β-CROWN's own parser first (a typo key is α,β-CROWN's error, one
+line), then starts the ranks with the native engine's launcher (``parallel/launch.py``: spawned
+gloo/NCCL ranks or torchrun; a rank that dies ends the run with ``error``). Ranks other than 0 write
+α,β-CROWN's files into a scratch folder and their stdout to a log there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import UserError
+from . import bridge, locate
+from .locate import PluginError
+
+DEFAULT_CROWN_BATCH = 1_000_000_000  # α,β-CROWN's default solver.crown.batch_size (rows never chunked)
+SHARDED_CROWN_BATCH = 512  # what P > 1 uses when the config leaves it at the default
+
+
+def _import_abcrown(checkout: locate.Checkout):
+    """Activate the checkout and import its ``arguments`` with our keys registered (α,β-CROWN prints a
+    line on import; it goes to stderr here)."""
+    locate.activate(checkout)
+    with contextlib.redirect_stdout(sys.stderr):
+        import arguments
+    bridge.register(arguments.Config)
+    return arguments
+
+
+def check_config(checkout: locate.Checkout, args: list[str], config_path: str | None) -> dict:
+    """Parse the config with α,β-CROWN's own parser; its complaints become one-line errors."""
+    arguments = _import_abcrown(checkout)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            arguments.Config.parse_config(list(args), verbose=False)
+    except SystemExit:  # argparse: an unknown flag or a bad value
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        raise PluginError(f"alpha-beta-CROWN: {lines[-1] if lines else 'bad command line'}") from None
+    except ValueError as e:  # "Config key [...] not found!"
+        raise PluginError(f"{config_path or 'config'}: alpha-beta-CROWN: {e}") from None
+    return arguments.Config.all_args
+
+
+def _crown_batch_args(all_args: dict, world_size: int) -> tuple[list[str], int]:
+    size = int(all_args["solver"]["crown"]["batch_size"])
+    if world_size > 1 and size == DEFAULT_CROWN_BATCH:
+        return ["--crown_batch_size", str(SHARDED_CROWN_BATCH)], SHARDED_CROWN_BATCH
+    return [], size
+
+
+def _rank_main(
+    checkout: locate.Checkout, args: list[str], par: bridge.Parallel, scratch: str, quiet: bool
+) -> dict:
+    import torch
+
+    from ..parallel import comm, launch
+    from ..parallel.memory import PeakMemory
+    from . import fsdp, patches, rows
+
+    rank, world = comm.rank(), comm.world_size()
+    launch.set_threads(par.threads, world)
+    arguments = _import_abcrown(checkout)
+    if torch.cuda.is_available() and comm.backend() == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    p = patches.Patcher()
+    probe = patches.Probe()
+    log = open(os.path.join(scratch, f"rank{rank}.log"), "w") if rank != 0 or quiet else None
+    try:
+        with contextlib.ExitStack() as quiet_ctx:
+            if log:
+                quiet_ctx.enter_context(contextlib.redirect_stdout(log))
+                if rank != 0:
+                    quiet_ctx.enter_context(contextlib.redirect_stderr(log))
+            for dotted in patches.SIGNATURES:  # all checked before any is set: never half-patched
+                patches.check_signature(dotted)
+            import abcrown
+
+            patches.install_probe(p, probe)
+            patches.install_spec_cache(p, os.path.join(_cache_root(), f"rank{rank}"))
+            if world > 1:
+                patches.install_clock(p)
+                rows.install(p)
+            if par.mode == "fsdp" and world > 1:
+                fsdp.install(p)
+            meter = PeakMemory(comm.device())
+            meter.start()
+            abcrown.ABCROWN(args=bridge.rank_args(args[0], args[1:], rank, scratch)).main()
+            peak = meter.peak_mb()
+    finally:
+        p.undo()
+        if log:
+            log.close()
+    peaks = comm.all_gather_cat(torch.tensor([peak], dtype=torch.float64, device=comm.device()), 0)
+    return {
+        "records": [vars(r) for r in probe.records],
+        "peak_mb": [float(v) for v in peaks.cpu().tolist()],
+        "peak_mb_exact": meter.exact,
+        "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
+    }
+
+
+def _cache_root() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "complete_verifier_ext", "abcrown_specs")
+
+
+def _json_number(v: float):
+    import math
+
+    return v if math.isfinite(v) else str(float(v))
+
+
+def summary_json(result: dict, par: bridge.Parallel) -> dict:
+    """Our summary schema (as the native engine's) plus ``engine``; bounds as α,β-CROWN computed them."""
+    out = []
+    for rec in result["records"]:
+        bounds = {k: [_json_number(v) for v in rec[k]] for k in ("crown", "alpha_crown") if rec[k]}
+        out.append(
+            {
+                "engine": "abcrown",
+                "verdict": rec["verdict"],
+                "time_s": round(rec["time_s"], 4),
+                "bounds": bounds,
+                "peak_mb": [round(v, 2) for v in result["peak_mb"]],
+                "peak_mb_exact": result["peak_mb_exact"],
+                "crown_batch_size": result["crown_batch_size"],
+                "parallel": {"mode": par.mode, "world_size": par.world_size},
+                "message": "",
+            }
+        )
+    return out[0] if len(out) == 1 else {"instances": out}
+
+
+def main(config: str | None, overrides: list[str], summary: str | None, quiet: bool) -> int:
+    """The ``abcrown`` command with ``general.engine: abcrown``. Returns the exit code."""
+    from ..parallel import launch
+
+    writer = launch.is_rank0()
+    scratch = tempfile.mkdtemp(prefix="cve_abcrown_")
+    results_file = None
+    try:
+        checkout = locate.find()
+        yaml_path, flat, data = bridge.merged_yaml(config, overrides, scratch)
+        results_file = (data.get("general") or {}).get("results_file")
+        par = bridge.parallel_of(data, flat)
+        all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
+        results_file = all_args["general"]["results_file"]
+        extra, _ = _crown_batch_args(all_args, par.world_size)
+        for w in launch.check_world_size(par.world_size):
+            if writer:
+                print(f"warning: {w}", file=sys.stderr)
+        backend = par.backend
+        if backend == "auto" and all_args["general"]["device"] == "cpu":
+            backend = "gloo"
+        result = launch.run(
+            _rank_main,
+            par.world_size,
+            (checkout, [yaml_path, *flat, *extra], par, scratch, quiet),
+            backend=backend,
+            exact_memory=par.exact_memory,
+        )
+        if not writer:
+            return 0
+        if summary:
+            text = json.dumps(summary_json(result, par), indent=1, allow_nan=False)
+            tmp = f"{summary}.{os.getpid()}.tmp"
+            Path(tmp).write_text(text)
+            os.replace(tmp, summary)
+        if not quiet:
+            print("peak MB per rank: " + " ".join(f"{v:.1f}" for v in result["peak_mb"]), file=sys.stderr)
+        return 0
+    except (UserError, FileNotFoundError) as e:
+        return _error(results_file, writer, str(e))
+    except launch.RankFailure as e:
+        return _error(results_file, writer, str(e).splitlines()[0])
+    except KeyboardInterrupt:
+        if writer:
+            print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _error(results_file: str | None, writer: bool, msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    if results_file and writer:
+        with contextlib.suppress(OSError):
+            tmp = f"{results_file}.{os.getpid()}.tmp"
+            Path(tmp).write_text("error\n")
+            os.replace(tmp, results_file)
+    return 1
