@@ -204,6 +204,7 @@ class Probe:
     records: list[Record] = field(default_factory=list)
     current: Record = field(default_factory=Record)
     optimized: bool = False  # α-CROWN ran since the last init_alpha
+    on_build: Callable[[bool], None] | None = None  # called at the start (True) and end (False) of build
 
     def next_instance(self, verdict: str, time_s: float) -> None:
         self.current.verdict, self.current.time_s = verdict, time_s
@@ -253,11 +254,20 @@ def install_probe(p: Patcher, probe: Probe) -> None:
     def build(orig):
         def wrapper(self, *args, **kwargs):
             probe.optimized = False
+            if probe.on_build:
+                probe.on_build(True)
             global_lb, result = orig(self, *args, **kwargs)
-            method = kwargs.get("bounding_method")
+            if probe.on_build:
+                probe.on_build(False)
+            import arguments
+
+            method = kwargs.get("bounding_method") or arguments.Config["solver"]["bound_prop_method"]
             lower = (result or {}).get("lower_bounds") or {}
-            if probe.optimized and method in (None, "alpha-crown") and self.final_name in lower:
-                probe.current.alpha_crown += _bounds(lower[self.final_name])
+            if self.final_name in lower:
+                if method == "crown" and not probe.current.crown:
+                    probe.current.crown += _bounds(lower[self.final_name])
+                elif method == "alpha-crown" and probe.optimized:
+                    probe.current.alpha_crown += _bounds(lower[self.final_name])
             return global_lb, result
 
         return wrapper

@@ -92,18 +92,32 @@ def _rank_main(
                 rows.install(p)
             if par.mode == "fsdp" and world > 1:
                 fsdp.install(p)
-            meter = PeakMemory(comm.device())
+            meter, phase = PeakMemory(comm.device()), PeakMemory(comm.device())
+            peaks = {"run": 0.0, "bounds": 0.0}
+
+            def on_build(start: bool) -> None:
+                # the incomplete phase (LiRPANet.build: CROWN, alpha-CROWN) measured on its own; the
+                # high-water mark is reset for it, so the run's peak so far is kept first
+                peaks["run"] = max(peaks["run"], meter.peak_total_mb() - meter.baseline_mb)
+                if start:
+                    phase.start()
+                else:
+                    peaks["bounds"] = max(peaks["bounds"], phase.peak_mb())
+
+            probe.on_build = on_build
             meter.start()
             abcrown.ABCROWN(args=bridge.rank_args(args[0], args[1:], rank, scratch)).main()
-            peak = meter.peak_mb()
+            peaks["run"] = max(peaks["run"], meter.peak_mb())
     finally:
         p.undo()
         if log:
             log.close()
-    peaks = comm.all_gather_cat(torch.tensor([peak], dtype=torch.float64, device=comm.device()), 0)
+    mine = torch.tensor([[peaks["run"], peaks["bounds"]]], dtype=torch.float64, device=comm.device())
+    every = comm.all_gather_cat(mine, 0).cpu()
     return {
         "records": [vars(r) for r in probe.records],
-        "peak_mb": [float(v) for v in peaks.cpu().tolist()],
+        "peak_mb": [float(v) for v in every[:, 0].tolist()],
+        "peak_mb_bounds": [float(v) for v in every[:, 1].tolist()],
         "peak_mb_exact": meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
     }
@@ -132,6 +146,7 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
                 "time_s": round(rec["time_s"], 4),
                 "bounds": bounds,
                 "peak_mb": [round(v, 2) for v in result["peak_mb"]],
+            "peak_mb_bounds": [round(v, 2) for v in result["peak_mb_bounds"]],
                 "peak_mb_exact": result["peak_mb_exact"],
                 "crown_batch_size": result["crown_batch_size"],
                 "parallel": {"mode": par.mode, "world_size": par.world_size},
