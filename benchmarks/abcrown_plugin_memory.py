@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER = "the paper's FSDP (its fork, one GPU per rank): peak +26% to +34% above one GPU (h = 1024 to 8192, d = 4)"
+PAPER = (
+    "the paper's FSDP (its fork, one GPU per rank): peak +26% to +34% above one GPU (h = 1024 to 8192, d = 4)"
+)
 
 
 def make_instance(folder: Path, h: int) -> tuple[str, str]:
@@ -77,8 +79,9 @@ attack:
 """
 
 
-def run_one(engine: str, method: str, onnx: str, spec: str, world: int, chunk: int | None, tmp: Path,
-            timeout: float) -> dict:
+def run_one(
+    engine: str, method: str, onnx: str, spec: str, world: int, chunk: int | None, tmp: Path, timeout: float
+) -> dict:
     m = {"crown": "crown", "alpha": "alpha-crown"}[method]
     cfg = tmp / f"{engine}-{method}.yaml"
     cfg.write_text((ABCROWN_YAML if engine == "abcrown" else NATIVE_YAML).format(method=m))
@@ -90,8 +93,14 @@ def run_one(engine: str, method: str, onnx: str, spec: str, world: int, chunk: i
         if chunk:
             cmd += ["--crown_batch_size", str(chunk)]
     else:
-        cmd += ["--model.onnx_path", onnx, "--specification.vnnlib_path", spec,
-                "--general.results_file", str(tmp / "out.txt")]
+        cmd += [
+            "--model.onnx_path",
+            onnx,
+            "--specification.vnnlib_path",
+            spec,
+            "--general.results_file",
+            str(tmp / "out.txt"),
+        ]
     if world > 1:
         cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(world)]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -106,8 +115,13 @@ def run_one(engine: str, method: str, onnx: str, spec: str, world: int, chunk: i
     s = json.loads(summary.read_text())
     key = "alpha_crown" if method == "alpha" else "crown"
     lb = s["bounds"].get(key) or s["bounds"].get("crown")
-    return {"peak_mb": s.get("peak_mb_bounds") or s["peak_mb"], "peak_mb_run": s["peak_mb"], "wall_s": round(wall, 2), "lb": lb,
-            "crown_batch_size": s.get("crown_batch_size")}
+    return {
+        "peak_mb": s.get("peak_mb_bounds") or s["peak_mb"],
+        "peak_mb_run": s["peak_mb"],
+        "wall_s": round(wall, 2),
+        "lb": lb,
+        "crown_batch_size": s.get("crown_batch_size"),
+    }
 
 
 def rel_diff(a: list, b: list) -> float:
@@ -116,8 +130,11 @@ def rel_diff(a: list, b: list) -> float:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| model | method | run | P | peak MB per rank (max) | × unpatched | wall s | bounds vs unpatched (rel) |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | method | run | P | peak MB per rank (max) | × unpatched | wall s "
+        "| bounds vs unpatched (rel) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     base = {(r["h"], r["method"]): r for r in rows if r["run"] == "unpatched" and "peak_mb" in r}
     for r in rows:
         b = base.get((r["h"], r["method"]))
@@ -127,8 +144,10 @@ def table(rows: list[dict]) -> str:
         peak = max(r["peak_mb"])
         ratio = f"{peak / max(b['peak_mb']):.2f}" if b else ""
         diff = f"{rel_diff(b['lb'], r['lb']):.1e}" if b and r["engine"] == "abcrown" else ""
-        out.append(f"| 784-{r['h']}x4 | {r['method']} | {r['run']} | {r['P']} | {peak:.0f} | {ratio} | "
-                   f"{r['wall_s']:.1f} | {diff} |")
+        out.append(
+            f"| 784-{r['h']}x4 | {r['method']} | {r['run']} | {r['P']} | {peak:.0f} | {ratio} | "
+            f"{r['wall_s']:.1f} | {diff} |"
+        )
     return "\n".join(out)
 
 
@@ -142,8 +161,11 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(methods), figsize=(6 * len(methods), 4), squeeze=False)
     for ax, method in zip(axes[0], methods, strict=True):
         for run in ("unpatched", "P=1 chunked", "plugin fsdp", "native fsdp", "native"):
-            pts = sorted((r["h"], max(r["peak_mb"]), r["P"]) for r in rows
-                         if r["method"] == method and r["run"] == run and "peak_mb" in r)
+            pts = sorted(
+                (r["h"], max(r["peak_mb"]), r["P"])
+                for r in rows
+                if r["method"] == method and r["run"] == run and "peak_mb" in r
+            )
             for P in sorted({p[2] for p in pts}):
                 xs = [p[0] for p in pts if p[2] == P]
                 ys = [p[1] for p in pts if p[2] == P]
@@ -171,8 +193,9 @@ def main() -> None:
         sys.exit("set ABCROWN_PATH to an alpha-beta-CROWN checkout (../shared/vendor/alpha-beta-CROWN)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -189,8 +212,9 @@ def main() -> None:
                     r.update(h=h, method=method, run=run, P=P, engine=engine)
                     rows.append(r)
                     print(json.dumps(r)[:300], flush=True)
-                    (out / "abcrown_plugin_memory.json").write_text(json.dumps(
-                        {"commit": commit, "command": " ".join(sys.argv), "rows": rows}, indent=1))
+                    (out / "abcrown_plugin_memory.json").write_text(
+                        json.dumps({"commit": commit, "command": " ".join(sys.argv), "rows": rows}, indent=1)
+                    )
     md = [
         "# Peak memory inside alpha-beta-CROWN: unpatched vs the plugin's FSDP + row-sharded A",
         "",
