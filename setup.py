@@ -1,5 +1,20 @@
 from setuptools import find_packages, setup
 
+ABCROWN_DEPS = [
+    "onnxoptimizer",
+    "skl2onnx",
+    "gurobipy",
+    "psutil",
+    "sortedcontainers",
+    "pandas",
+    "termcolor",
+    "appdirs",
+    "graphviz",
+    "ninja",
+    "sympy",
+    "packaging",
+]
+
 setup(
     name="complete_verifier_ext",
     version="0.1.0",
@@ -17,6 +32,11 @@ setup(
         "highspy>=1.7",
         "tqdm",
     ],
-    extras_require={"test": ["pytest", "matplotlib", "ruff"]},
+    extras_require={
+        # what α,β-CROWN (general.engine: abcrown, $ABCROWN_PATH) imports on the ONNX + VNN-LIB path; it
+        # cannot be installed from the package index itself (see docs/abcrown_plugin.md)
+        "abcrown": ABCROWN_DEPS,
+        "test": ["pytest", "matplotlib", "ruff", *ABCROWN_DEPS],
+    },
     entry_points={"console_scripts": ["abcrown=complete_verifier_ext.cli:main"]},
 )

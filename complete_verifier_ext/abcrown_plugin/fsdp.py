@@ -53,62 +53,78 @@ def _shardable(t: Tensor) -> bool:
 
 
 def shard_net(net) -> None:
-    """Shard the weights of ``LiRPANet`` ``net``: its BoundedModule's and its ``model_ori``'s."""
+    """Shard the weights of ``LiRPANet`` ``net``: its BoundedModule's ``BoundParams`` and every tensor of
+    its ``model_ori`` that shares their storage. The tensors keep their identity (``.data`` becomes the
+    local rows), so whoever else holds them (α,β-CROWN keeps ``model_ori`` in several places) holds
+    the shard too, and the full storage is freed."""
     from auto_LiRPA.operators import BoundConv, BoundLinear, BoundMatMul, BoundParams
 
+    model = net.model_ori
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(dict(model.named_buffers(remove_duplicate=False)))
+    by_storage: dict[int, list[tuple[str, Tensor]]] = {}
+    for name, t in named.items():
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append((name, t))
+    sharded = _MODEL_SHARDS.setdefault(model, {})
     for node in net.net.nodes():
         if type(node) not in (BoundLinear, BoundMatMul, BoundConv) or len(node.inputs) < 2:
             continue
         w = node.inputs[1]
         if type(w) is not BoundParams or w in _SHARDS or not _shardable(w.param):
             continue
-        shard = Shard(w.param)
+        full = w.param
+        shard = Shard(full)
         _SHARDS[w] = shard
-        w.param = nn.Parameter(shard.local, requires_grad=w.param.requires_grad)
+        for name, t in by_storage.get(full.untyped_storage().data_ptr(), []):
+            if t.shape == full.shape:
+                sharded[name] = shard
+                t.data = shard.local
+        full.data = shard.local
         for attr in ("_lower", "_upper", "forward_value", "interval"):  # stale full values, if any
             if getattr(w, attr, None) is not None:
                 setattr(w, attr, None)
-    shard_model(net.model_ori)
+    if sharded and not getattr(model, "_cve_fsdp_forward", False):
+        _gather_on_forward(model)
 
 
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+def _gather_on_forward(model: nn.Module) -> None:
+    """``model(x)`` runs with every sharded tensor gathered, through ``torch.func.functional_call``: the
+    gathered tensors are what autograd saves (PGD's backward gets the right ones) and they are freed
+    with the graph; the module's own tensors stay shards."""
+    orig_forward = model.forward
+
+    def forward(*args, **kwargs):
+        if model._cve_in_call:
+            return orig_forward(*args, **kwargs)
+        full = {name: shard.gather() for name, shard in _MODEL_SHARDS[model].items()}
+        model._cve_in_call = True
+        try:
+            return torch.func.functional_call(model, full, args, kwargs, tie_weights=False, strict=False)
+        finally:
+            model._cve_in_call = False
+
+    model._cve_in_call = False
+    model._cve_fsdp_forward = True
+    model.forward = forward
 
 
-def shard_model(model: nn.Module) -> None:
-    for m in model.modules():
-        if not isinstance(m, _LAYERS) or m in _MODEL_SHARDS or not _shardable(m.weight):
-            continue
-        shard = Shard(m.weight)
-        _MODEL_SHARDS[m] = shard
-        del m.weight
-        m.weight = shard.local  # a plain tensor attribute: the pre-hook swaps in the gathered one
-        m.register_forward_pre_hook(_gather_hook)
-        m.register_forward_hook(_release_hook)
+_MODEL_SHARDS: "weakref.WeakKeyDictionary[nn.Module, dict[str, Shard]]" = weakref.WeakKeyDictionary()
 
 
-def _gather_hook(m: nn.Module, _args: Any) -> None:
-    m.weight = _MODEL_SHARDS[m].gather()
-
-
-def _release_hook(m: nn.Module, _args: Any, _out: Any) -> None:
-    m.weight = _MODEL_SHARDS[m].local
-
-
-def unshard_model(model: nn.Module) -> list[nn.Module]:
+def unshard_model(model: nn.Module) -> list[tuple[Tensor, Shard]]:
     """Put full weights back into ``model`` (for tracing a new BoundedModule); returns what to re-shard."""
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(dict(model.named_buffers(remove_duplicate=False)))
     done = []
-    for m in model.modules():
-        shard = _MODEL_SHARDS.get(m)
-        if shard is not None:
-            m.weight = nn.Parameter(shard.gather(), requires_grad=False)
-            done.append(m)
+    for name, shard in (_MODEL_SHARDS.get(model) or {}).items():
+        named[name].data = shard.gather()
+        done.append((named[name], shard))
     return done
 
 
-def reshard_model(modules: list[nn.Module]) -> None:
-    for m in modules:
-        del m.weight
-        m.weight = _MODEL_SHARDS[m].local
+def reshard_model(done: list[tuple[Tensor, Shard]]) -> None:
+    for t, shard in done:
+        t.data = shard.local
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -160,25 +176,24 @@ def _weight_node(op) -> tuple[Any, Shard | None]:
     return w, _SHARDS.get(w)
 
 
-def _with_full_node(w, full: Tensor):
-    """Context: the weight node's ``lower``/``upper``/``forward_value``/``interval`` are the gathered
-    weight while the original method runs, then the shard's again."""
+_NODE_ATTRS = ("_lower", "_upper", "forward_value", "interval")
 
-    class _Ctx:
-        def __enter__(self_inner):
-            self_inner.saved = {
-                a: getattr(w, a, None) for a in ("_lower", "_upper", "forward_value", "interval")
-            }
-            w._lower = w._upper = w.forward_value = full
-            from auto_LiRPA.operators.base import Interval
 
-            w.interval = Interval(full, full)
+def _set_full(w, full: Tensor) -> dict:
+    """The weight node's ``lower``/``upper``/``forward_value``/``interval`` become the gathered weight
+    while the original method runs; returns what :func:`_restore` puts back. (No per-call class or
+    closure: those live in reference cycles, which kept every gathered weight until the cyclic GC ran.)"""
+    from auto_LiRPA.operators.base import Interval
 
-        def __exit__(self_inner, *exc):
-            for a, v in self_inner.saved.items():
-                setattr(w, a, v)
+    saved = {a: getattr(w, a, None) for a in _NODE_ATTRS}
+    w._lower = w._upper = w.forward_value = full
+    w.interval = Interval(full, full)
+    return saved
 
-    return _Ctx()
+
+def _restore(w, saved: dict) -> None:
+    for a, v in saved.items():
+        setattr(w, a, v)
 
 
 def wrap_positional(orig):
@@ -223,8 +238,13 @@ def wrap_node_args(orig):
         if shard is None:
             return orig(self, last_lA, last_uA, *x, **kwargs)
         full = shard.gather()
-        with _with_full_node(w, full), _NoFullWeightSaved(shard, full):
-            return orig(self, last_lA, last_uA, *x, **kwargs)
+        saved = _set_full(w, full)
+        try:
+            with _NoFullWeightSaved(shard, full):
+                return orig(self, last_lA, last_uA, *x, **kwargs)
+        finally:
+            _restore(w, saved)
+            del full, saved
 
     wrapper.__wrapped__ = orig
     return wrapper
@@ -265,4 +285,38 @@ def install(p) -> None:
 
 def full_weight_shapes() -> set[tuple[int, ...]]:
     """The shapes of every sharded weight (for the live-tensor audit of the tests)."""
-    return {tuple(s.shape) for s in list(_SHARDS.values()) + list(_MODEL_SHARDS.values())}
+    return {tuple(s.shape) for s in _SHARDS.values()}
+
+
+
+def live_full_weights() -> list[tuple[int, ...]]:
+    """The shapes of live tensors (gc-tracked, or parameters and buffers of live modules) that hold a
+    whole sharded weight: what must be empty outside a wrapped call. Collective (gathers each weight
+    once to compare), so every rank calls it at the same point."""
+    import gc
+
+    wanted = [s.gather() for s in _SHARDS.values()]
+    mine = {id(t) for t in wanted}
+    by_shape: dict[tuple[int, ...], list[Tensor]] = {}
+    for t in wanted:
+        by_shape.setdefault(tuple(t.shape), []).append(t)
+
+    def holds(t: Tensor) -> bool:
+        if id(t) in mine or tuple(t.shape) not in by_shape or t.is_meta:
+            return False
+        return any(torch.equal(t.detach(), w) for w in by_shape[tuple(t.shape)])
+
+    found = []
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, Tensor):
+                cands, where = [obj], "tensor"
+            elif isinstance(obj, nn.Module):
+                cands = list(obj.parameters(recurse=False)) + list(obj.buffers(recurse=False))
+                where = type(obj).__name__
+            else:
+                continue
+            found += [f"{where}{tuple(t.shape)}" for t in cands if holds(t)]
+        except (ReferenceError, RuntimeError):
+            continue
+    return found

@@ -24,6 +24,7 @@ from .locate import PluginError
 
 DEFAULT_CROWN_BATCH = 1_000_000_000  # α,β-CROWN's default solver.crown.batch_size (rows never chunked)
 SHARDED_CROWN_BATCH = 512  # what P > 1 uses when the config leaves it at the default
+AUDIT_ENV = "CVE_ABCROWN_AUDIT"  # "1": count live full-size weights at the start and end of each build
 
 
 def _import_abcrown(checkout: locate.Checkout):
@@ -95,7 +96,12 @@ def _rank_main(
             meter, phase = PeakMemory(comm.device()), PeakMemory(comm.device())
             peaks = {"run": 0.0, "bounds": 0.0}
 
+            audit = os.environ.get(AUDIT_ENV) == "1"
+            full_live: list[list[str]] = []
+
             def on_build(start: bool) -> None:
+                if audit and par.mode == "fsdp" and world > 1:
+                    full_live.append(fsdp.live_full_weights())
                 # the incomplete phase (LiRPANet.build: CROWN, alpha-CROWN) measured on its own; the
                 # high-water mark is reset for it, so the run's peak so far is kept first
                 peaks["run"] = max(peaks["run"], meter.peak_total_mb() - meter.baseline_mb)
@@ -115,6 +121,7 @@ def _rank_main(
     mine = torch.tensor([[peaks["run"], peaks["bounds"]]], dtype=torch.float64, device=comm.device())
     every = comm.all_gather_cat(mine, 0).cpu()
     return {
+        **({"full_weights_live": comm.all_gather_object(full_live)} if audit else {}),
         "records": [vars(r) for r in probe.records],
         "peak_mb": [float(v) for v in every[:, 0].tolist()],
         "peak_mb_bounds": [float(v) for v in every[:, 1].tolist()],
@@ -150,6 +157,7 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
                 "peak_mb_exact": result["peak_mb_exact"],
                 "crown_batch_size": result["crown_batch_size"],
                 "parallel": {"mode": par.mode, "world_size": par.world_size},
+            **({"full_weights_live": result["full_weights_live"]} if "full_weights_live" in result else {}),
                 "message": "",
             }
         )

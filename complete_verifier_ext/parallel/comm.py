@@ -343,6 +343,16 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's picklable ``obj``, in rank order, on every rank."""
+    if not _parallel():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    _STATS.add("all_gather_object", 0)
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier() -> None:
     """Wait for every rank."""
     if not _parallel():

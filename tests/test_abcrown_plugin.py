@@ -1,0 +1,305 @@
+"""``general.engine: abcrown``: the real α,β-CROWN (``../shared/vendor``) run through our launcher with the
+sharding patched in. Every run is an ``abcrown`` subprocess under a hard time limit (a hang fails the
+test), on real gloo ranks. Skipped with the reason when ``../shared`` or the α,β-CROWN dependencies are
+absent."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+VENDOR = SHARED / "vendor" / "alpha-beta-CROWN"
+MNIST = SHARED / "benchmarks" / "mnist_fc"
+DEPS = (
+    "onnxoptimizer",
+    "skl2onnx",
+    "gurobipy",
+    "psutil",
+    "sortedcontainers",
+    "pandas",
+    "termcolor",
+    "appdirs",
+)
+
+pytestmark = [
+    pytest.mark.skipif(not VENDOR.is_dir(), reason=f"{VENDOR} not found (the vendored alpha-beta-CROWN)"),
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(m) is None for m in DEPS),
+        reason="alpha-beta-CROWN's PyPI dependencies are missing: pip install -e '.[abcrown]'",
+    ),
+]
+
+LIMIT_S = 150
+
+
+def _env(**extra: str) -> dict:
+    env = {**os.environ, "ABCROWN_PATH": str(VENDOR), "OMP_NUM_THREADS": "1", **extra}
+    return env
+
+
+def _config(tmp: Path, text: str) -> str:
+    path = tmp / "exp.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+BOUNDS_YAML = """general:
+  device: cpu
+  complete_verifier: skip
+solver:
+  crown:
+    batch_size: {chunk}
+  alpha-crown:
+    iteration: 10
+attack:
+  pgd_order: skip
+"""
+
+
+def run(tmp: Path, config: str, *args: str, P: int = 1, env: dict | None = None, name: str = "run"):
+    """One ``abcrown --general.engine abcrown`` process; returns (process, summary dict or None, results)."""
+    out = tmp / name
+    out.mkdir(exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "complete_verifier_ext.cli",
+        "--config",
+        config,
+        "--general.engine",
+        "abcrown",
+        "--summary",
+        str(out / "s.json"),
+        "--results_file",
+        str(out / "out.txt"),
+        *args,
+    ]
+    if P > 1:
+        cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)]
+    proc = subprocess.run(cmd, env=env or _env(), capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp)
+    summary = json.loads((out / "s.json").read_text()) if (out / "s.json").exists() else None
+    results = (out / "out.txt").read_text() if (out / "out.txt").exists() else None
+    return proc, summary, results
+
+
+def instance(net: str, prop: str) -> list[str]:
+    return ["--onnx_path", str(MNIST / "onnx" / f"{net}.onnx"), "--vnnlib_path", str(MNIST / "vnnlib" / prop)]
+
+
+def rel(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a
+    return max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+@pytest.fixture(scope="module")
+def unpatched(tmp_path_factory):
+    """α,β-CROWN alone (P = 1) on mnist 256x2 prop_0_0.05 (CROWN and α-CROWN do not verify it), with 8
+    rows per CROWN pass so that the ranks split the rows."""
+    tmp = tmp_path_factory.mktemp("abcrown_p1")
+    cfg = _config(tmp, BOUNDS_YAML.format(chunk=8))
+    proc, summary, results = run(tmp, cfg, *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return tmp, cfg, summary
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_bounds_equal_unpatched_with_split_rows(unpatched, P):
+    tmp, cfg, ref = unpatched
+    proc, got, results = run(
+        tmp,
+        cfg,
+        *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"),
+        P=P,
+        name=f"p{P}",
+        env=_env(CVE_ABCROWN_AUDIT="1"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert got["engine"] == "abcrown" and got["verdict"] == ref["verdict"]
+    assert rel(ref["bounds"]["crown"], got["bounds"]["crown"]) < 1e-6
+    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-5
+    assert len(got["peak_mb"]) == P and got["crown_batch_size"] == 8
+    assert results.strip() == "timeout"
+    # rank 0 alone prints: α,β-CROWN's "Result:" line appears once
+    assert proc.stdout.count("Result: ") == 1
+    # the audit ran on every rank at the start and end of each build
+    assert len(got["full_weights_live"]) == P
+
+
+def test_bounds_bitwise_when_rows_are_not_split(tmp_path):
+    """CROWN verifies 256x2 prop_0_0.03; no layer has more unstable neurons than a pass holds, so FSDP
+    alone is active and the bounds are bitwise α,β-CROWN's."""
+    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=512))
+    args = instance("mnist-net_256x2", "prop_0_0.03.vnnlib")
+    p1, s1, r1 = run(tmp_path, cfg, *args, name="p1")
+    p2, s2, r2 = run(tmp_path, cfg, *args, P=2, name="p2")
+    assert p1.returncode == 0 and p2.returncode == 0, p2.stderr[-2000:]
+    assert s1["bounds"]["crown"] == s2["bounds"]["crown"]
+    assert s1["verdict"] == s2["verdict"] == "unsat" and r1.strip() == r2.strip() == "unsat"
+
+
+def test_pgd_counterexample_under_fsdp(tmp_path):
+    """256x2 prop_1_0.03 is falsified by PGD (α,β-CROWN's attack runs on the sharded ``model_ori``)."""
+    cfg = _config(tmp_path, "general:\n  device: cpu\n  save_adv_example: true\n")
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_1_0.03.vnnlib"), P=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert s["verdict"] == "sat" and results.startswith("sat")
+
+
+def test_config_keys_registered_and_dumped(tmp_path):
+    code = f"""
+import sys
+from complete_verifier_ext.abcrown_plugin import locate, runner
+arguments = runner._import_abcrown(locate.find({str(VENDOR)!r}))
+open({str(tmp_path / "c.yaml")!r}, "w").write("parallel:\\n  mode: fsdp\\n  world_size: 4\\n")
+arguments.Config.parse_config(["--config", {str(tmp_path / "c.yaml")!r}, "--parallel_world_size", "3"], verbose=False)
+print(arguments.Config.dump_config(arguments.Config.all_args))
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    dumped = out.stdout[out.stdout.index("parallel:") :]
+    assert "mode: fsdp" in dumped and "world_size: 3" in dumped  # the command line beats the YAML
+    assert "engine: abcrown" in out.stdout
+
+
+def test_typo_key_is_abcrowns_own_error(tmp_path):
+    cfg = _config(tmp_path, "general:\n  device: cpu\nsolver:\n  bogus_key: 1\n")
+    proc, _, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_0_0.03.vnnlib"))
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "bogus_key" in lines[0] and "not found" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert results.strip() == "error"
+
+
+def test_missing_checkout_is_one_line(tmp_path):
+    cfg = _config(tmp_path, "general:\n  device: cpu\n")
+    env = _env(ABCROWN_PATH=str(tmp_path / "nowhere"))
+    proc, _, results = run(tmp_path, cfg, env=env)
+    assert proc.returncode == 1 and "not an alpha-beta-CROWN checkout" in proc.stderr
+    assert "Traceback" not in proc.stderr and results.strip() == "error"
+
+
+def test_install_and_uninstall_leave_auto_lirpa_as_it_was(tmp_path):
+    code = f"""
+import inspect, importlib
+from complete_verifier_ext.abcrown_plugin import fsdp, locate, patches, rows, runner
+runner._import_abcrown(locate.find({str(VENDOR)!r}))
+import abcrown
+def snapshot():
+    out = {{}}
+    for dotted in patches.SIGNATURES:
+        owner, name = patches.resolve(dotted)
+        out[dotted] = inspect.getattr_static(owner, name)
+    for mod in patches.CLOCK_MODULES:
+        out[mod + ".time"] = importlib.import_module(mod).time
+    import auto_LiRPA.optimized_bounds as ob, loading, read_vnnlib
+    out["optim"] = ob.optim
+    out["read_vnnlib"] = (loading.read_vnnlib, abcrown.read_vnnlib, read_vnnlib.read_vnnlib)
+    out["rows._active"] = rows._active
+    return out
+before = snapshot()
+for dotted in patches.SIGNATURES:
+    patches.check_signature(dotted)
+p = patches.Patcher()
+patches.install_probe(p, patches.Probe())
+patches.install_spec_cache(p, {str(tmp_path / "cache")!r})
+patches.install_clock(p)
+rows.install(p)
+fsdp.install(p)
+during = snapshot()
+changed = [k for k in before if before[k] is not during[k] and before[k] != during[k]]
+p.undo()
+after = snapshot()
+assert all(before[k] is after[k] or before[k] == after[k] for k in before), [k for k in before if before[k] != after[k]]
+print(len(before), len(changed))
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    n, changed = map(int, out.stdout.split()[-2:])
+    assert changed == n  # every attribute was patched, and every one is back
+
+
+def test_a_killed_rank_is_an_error_within_30s(tmp_path):
+    """A rank killed with SIGKILL mid-run: ``error`` in the results file and exit 1 within 30 s, and no
+    process left behind."""
+    psutil = pytest.importorskip("psutil")
+    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=4).replace("iteration: 10", "iteration: 2000"))
+    out = tmp_path / "kill"
+    out.mkdir()
+    cmd = [
+        sys.executable,
+        "-m",
+        "complete_verifier_ext.cli",
+        "--config",
+        cfg,
+        "--general.engine",
+        "abcrown",
+        "--results_file",
+        str(out / "out.txt"),
+        "--parallel.mode",
+        "fsdp",
+        "--parallel.world_size",
+        "2",
+        *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        parent = psutil.Process(proc.pid)
+        ranks: list = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(0.5)
+            ranks = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(ranks) == 2, "the ranks did not start"
+        time.sleep(6)  # well inside α-CROWN's 2000 iterations
+        assert proc.poll() is None
+        ranks[1].send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "rank 1 died" in err, err[-2000:]
+    assert (out / "out.txt").read_text().strip() == "error"
+    time.sleep(1)
+    assert not [r for r in ranks if r.is_running() and r.status() != psutil.STATUS_ZOMBIE]
+
+
+SKEW = """
+import time, sys
+_real, _t0 = time.time, time.monotonic()
+def _skewed():
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized() and dist.get_rank() == 1 and time.monotonic() - _t0 > {after}:
+        return _real() + 1000.0
+    return _real()
+time.time = _skewed
+"""
+
+
+def test_clock_skew_on_one_rank_keeps_lockstep(tmp_path, unpatched):
+    """Rank 1's clock jumps 1000 s ahead mid-run: every time-limit decision uses the ranks' maximum, so
+    both ranks stop together (no collective mismatch) and the verdict is α,β-CROWN's."""
+    _, _, ref = unpatched
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SKEW.format(after=5.0))
+    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=8).replace("iteration: 10", "iteration: 300"))
+    env = _env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    proc, got, results = run(
+        tmp_path, cfg, *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"), "--timeout", "500", P=2, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert got["verdict"] == ref["verdict"] == "timeout" and results.strip() == "timeout"
