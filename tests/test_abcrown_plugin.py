@@ -160,7 +160,8 @@ import sys
 from complete_verifier_ext.abcrown_plugin import locate, runner
 arguments = runner._import_abcrown(locate.find({str(VENDOR)!r}))
 open({str(tmp_path / "c.yaml")!r}, "w").write("parallel:\\n  mode: fsdp\\n  world_size: 4\\n")
-arguments.Config.parse_config(["--config", {str(tmp_path / "c.yaml")!r}, "--parallel_world_size", "3"], verbose=False)
+args = ["--config", {str(tmp_path / "c.yaml")!r}, "--parallel_world_size", "3"]
+arguments.Config.parse_config(args, verbose=False)
 print(arguments.Config.dump_config(arguments.Config.all_args))
 """
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
@@ -219,7 +220,8 @@ during = snapshot()
 changed = [k for k in before if before[k] is not during[k] and before[k] != during[k]]
 p.undo()
 after = snapshot()
-assert all(before[k] is after[k] or before[k] == after[k] for k in before), [k for k in before if before[k] != after[k]]
+left = [k for k in before if not (before[k] is after[k] or before[k] == after[k])]
+assert not left, left
 print(len(before), len(changed))
 """
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
@@ -282,7 +284,8 @@ import time, sys
 _real, _t0 = time.time, time.monotonic()
 def _skewed():
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_initialized() and dist.get_rank() == 1 and time.monotonic() - _t0 > {after}:
+    late = time.monotonic() - _t0 > {after}
+    if dist is not None and dist.is_initialized() and dist.get_rank() == 1 and late:
         return _real() + 1000.0
     return _real()
 time.time = _skewed

@@ -108,7 +108,7 @@ def _gather_on_forward(model: nn.Module) -> None:
     model.forward = forward
 
 
-_MODEL_SHARDS: "weakref.WeakKeyDictionary[nn.Module, dict[str, Shard]]" = weakref.WeakKeyDictionary()
+_MODEL_SHARDS: weakref.WeakKeyDictionary[nn.Module, dict[str, Shard]] = weakref.WeakKeyDictionary()
 
 
 def unshard_model(model: nn.Module) -> list[tuple[Tensor, Shard]]:
