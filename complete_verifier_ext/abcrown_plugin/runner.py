@@ -172,9 +172,9 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
     scratch = tempfile.mkdtemp(prefix="cve_abcrown_")
     results_file = None
     try:
-        checkout = locate.find()
         yaml_path, flat, data = bridge.merged_yaml(config, overrides, scratch)
-        results_file = (data.get("general") or {}).get("results_file")
+        results_file = _flag(flat, "--results_file") or (data.get("general") or {}).get("results_file")
+        checkout = locate.find()
         par = bridge.parallel_of(data, flat)
         all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
         results_file = all_args["general"]["results_file"]
@@ -212,6 +212,17 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
         return 130
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _flag(flat: list[str], name: str) -> str | None:
+    """The value of α,β-CROWN flag ``name`` on the command line (the last one wins, as in argparse)."""
+    value = None
+    for i, item in enumerate(flat):
+        if item == name and i + 1 < len(flat):
+            value = flat[i + 1]
+        elif item.startswith(name + "="):
+            value = item.split("=", 1)[1]
+    return value
 
 
 def _error(results_file: str | None, writer: bool, msg: str) -> int:
