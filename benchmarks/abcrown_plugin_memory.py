@@ -53,23 +53,10 @@ def make_instance(folder: Path, h: int) -> tuple[str, str]:
     return str(onnx_path), str(spec)
 
 
-ABCROWN_YAML = """general:
+YAML = """general:
   device: cpu
   complete_verifier: skip
-  engine: abcrown
-solver:
-  bound_prop_method: {method}
-  alpha-crown:
-    iteration: 20
-    lr_alpha: 0.1
-attack:
-  pgd_order: skip
-"""
-
-NATIVE_YAML = """general:
-  device: cpu
-  complete_verifier: skip
-solver:
+{engine}solver:
   bound_prop_method: {method}
   alpha-crown:
     iteration: 20
@@ -84,7 +71,7 @@ def run_one(
 ) -> dict:
     m = {"crown": "crown", "alpha": "alpha-crown"}[method]
     cfg = tmp / f"{engine}-{method}.yaml"
-    cfg.write_text((ABCROWN_YAML if engine == "abcrown" else NATIVE_YAML).format(method=m))
+    cfg.write_text(YAML.format(method=m, engine="  engine: abcrown\n" if engine == "abcrown" else ""))
     summary = tmp / "summary.json"
     summary.unlink(missing_ok=True)
     cmd = ["abcrown", "--config", str(cfg), "--summary", str(summary), "--quiet"]

@@ -243,18 +243,12 @@ def _backend(cfg: Config) -> str:
     return "gloo" if cfg.general.device == "cpu" else "auto"
 
 
-def _rank_main(
-    cfg: Config,
-    instances: list[Instance],
-    show_progress: bool,
-    partial: str | None = None,
-    started: float | None = None,
-    quiet: bool = False,
-) -> list[InstanceResult]:
+def _rank_main(cfg: Config, *args) -> list[InstanceResult]:
+    """``run_instances(cfg, *args)`` on one rank, with its share of the threads."""
     from .parallel import comm, launch
 
     launch.set_threads(cfg.parallel.threads, comm.world_size())
-    return run_instances(cfg, instances, show_progress, partial, started, quiet)
+    return run_instances(cfg, *args)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

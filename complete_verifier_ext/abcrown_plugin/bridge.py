@@ -159,17 +159,24 @@ def merged_yaml(config_path: str | None, overrides: list[str], out_dir: str) -> 
     return path, flat, data
 
 
+def flag_value(flat: list[str], name: str) -> str | None:
+    """The value of α,β-CROWN flag ``name`` on the command line (the last one wins, as in argparse)."""
+    value = None
+    for i, item in enumerate(flat):
+        if item == name and i + 1 < len(flat):
+            value = flat[i + 1]
+        elif item.startswith(name + "="):
+            value = item.split("=", 1)[1]
+    return value
+
+
 def parallel_of(data: dict, flat: list[str]) -> Parallel:
     """Our ``parallel`` section (α,β-CROWN's flat ``--parallel_*`` flags win, as in its parser)."""
     sec = dict(data.get("parallel") or {})
     for flag, hierarchy, _ in OUR_KEYS:
-        if hierarchy[0] != "parallel":
-            continue
-        for i, item in enumerate(flat):
-            if item == flag and i + 1 < len(flat):
-                sec[hierarchy[1]] = flat[i + 1]
-            elif item.startswith(flag + "="):
-                sec[hierarchy[1]] = item.split("=", 1)[1]
+        value = flag_value(flat, flag)
+        if hierarchy[0] == "parallel" and value is not None:
+            sec[hierarchy[1]] = value
     try:
         p = Parallel(
             mode=str(sec.get("mode", "none")),

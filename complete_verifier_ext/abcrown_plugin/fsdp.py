@@ -1,18 +1,19 @@
 """FSDP weights inside auto_LiRPA: every rank keeps 1/P of the rows (dim 0) of each Linear, MatMul and
 Conv weight, and a layer is gathered only while one of its methods runs.
 
-After α,β-CROWN builds a ``LiRPANet``, :func:`shard_net` replaces the ``param`` of every ``BoundParams``
+After α,β-CROWN builds a ``LiRPANet``, :func:`shard_net` replaces the data of every ``BoundParams``
 that is the weight (input 1) of a ``BoundLinear``/``BoundMatMul``/``BoundConv`` by its local rows, and
-does the same to the parameters of ``model_ori`` (the PyTorch model it keeps for PGD and for the
-output of the clean input; they share storage with the ``BoundParams``): after loading no rank holds a
-full weight. The op's ``forward``, ``interval_propagate``, ``bound_backward`` and ``build_solver``
-are wrapped (class attributes, no subclass): the wrapper all-gathers the weight into a fresh tensor,
-hands it to the original method in place of the shard, and drops it when the method returns. Autograd
-never keeps it: a ``saved_tensors_hooks`` pair saves a token instead and gathers again in backward
-(the TP/FSDP paper's fork kept every gathered weight alive through the α-CROWN graph).
+does the same to the tensors of ``model_ori`` (the PyTorch model it keeps for PGD and for the output
+of the clean input) that share their storage. (Copies that share no storage are not found yet: see
+docs/abcrown_plugin.md and :func:`live_full_weights`.) The op's ``forward``, ``interval_propagate``,
+``bound_backward`` and ``build_solver`` are wrapped (class attributes, no subclass): the wrapper
+all-gathers the weight into a fresh tensor, hands it to the original method in place of the shard,
+and drops it when the method returns. Autograd never keeps it: a ``saved_tensors_hooks`` pair saves a
+token instead and gathers again in backward (the TP/FSDP paper's fork kept every gathered weight
+alive through the α-CROWN graph).
 
-``model_ori``'s ``nn.Linear``/``nn.Conv*d`` gather in a forward pre-hook and drop the full weight in a
-forward hook (PGD's graph keeps it only until its backward). Before a ``LiRPANet`` is built from an
+``model_ori``'s forward runs through ``torch.func.functional_call`` with the gathered weights (PGD's
+graph keeps them only until its backward). Before a ``LiRPANet`` is built from an
 already sharded ``model_ori`` (BaB without incomplete verification builds a second one), the model
 is gathered back for the build and sharded again after it.
 
@@ -196,38 +197,36 @@ def _restore(w, saved: dict) -> None:
         setattr(w, a, v)
 
 
-def wrap_positional(orig):
-    """``forward(self, x, w, ...)`` / ``build_solver(self, *v, ...)``: argument 1 is the weight."""
+def _wrap_arg(orig, as_arg):
+    """Wrap ``orig(self, *args, **kwargs)`` whose ``args[1]`` is the weight: it gets ``as_arg(full)``."""
 
     def wrapper(self, *args, **kwargs):
-        w, shard = _weight_node(self)
+        _, shard = _weight_node(self)
         if shard is None or len(args) < 2:
             return orig(self, *args, **kwargs)
         full = shard.gather()
-        args = (args[0], full, *args[2:])
+        args = (args[0], as_arg(full), *args[2:])
         with _NoFullWeightSaved(shard, full):
             return orig(self, *args, **kwargs)
 
     wrapper.__wrapped__ = orig
     return wrapper
+
+
+def wrap_positional(orig):
+    """``forward(self, x, w, ...)`` / ``build_solver(self, *v, ...)``: argument 1 is the weight."""
+    return _wrap_arg(orig, lambda full: full)
 
 
 def wrap_interval(orig):
     """``interval_propagate(self, *v, ...)``: ``v[1]`` is the weight's interval."""
 
-    def wrapper(self, *v, **kwargs):
-        w, shard = _weight_node(self)
-        if shard is None or len(v) < 2:
-            return orig(self, *v, **kwargs)
+    def as_interval(full: Tensor):
         from auto_LiRPA.operators.base import Interval
 
-        full = shard.gather()
-        v = (v[0], Interval(full, full), *v[2:])
-        with _NoFullWeightSaved(shard, full):
-            return orig(self, *v, **kwargs)
+        return Interval(full, full)
 
-    wrapper.__wrapped__ = orig
-    return wrapper
+    return _wrap_arg(orig, as_interval)
 
 
 def wrap_node_args(orig):
@@ -281,12 +280,6 @@ def install(p) -> None:
         return __init__
 
     p.wrap("beta_CROWN_solver.LiRPANet.__init__", lirpanet_init)
-
-
-def full_weight_shapes() -> set[tuple[int, ...]]:
-    """The shapes of every sharded weight (for the live-tensor audit of the tests)."""
-    return {tuple(s.shape) for s in _SHARDS.values()}
-
 
 
 def live_full_weights() -> list[tuple[int, ...]]:

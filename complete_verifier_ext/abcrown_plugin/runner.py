@@ -16,8 +16,8 @@ import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 
+from ..cli import _error, write_atomic
 from ..errors import UserError
 from . import bridge, locate
 from .locate import PluginError
@@ -52,11 +52,11 @@ def check_config(checkout: locate.Checkout, args: list[str], config_path: str | 
     return arguments.Config.all_args
 
 
-def _crown_batch_args(all_args: dict, world_size: int) -> tuple[list[str], int]:
-    size = int(all_args["solver"]["crown"]["batch_size"])
-    if world_size > 1 and size == DEFAULT_CROWN_BATCH:
-        return ["--crown_batch_size", str(SHARDED_CROWN_BATCH)], SHARDED_CROWN_BATCH
-    return [], size
+def _crown_batch_args(all_args: dict, world_size: int) -> list[str]:
+    """Under P > 1, α,β-CROWN's default (one pass per layer) becomes passes of 512 rows to deal out."""
+    if world_size > 1 and int(all_args["solver"]["crown"]["batch_size"]) == DEFAULT_CROWN_BATCH:
+        return ["--crown_batch_size", str(SHARDED_CROWN_BATCH)]
+    return []
 
 
 def _rank_main(
@@ -135,17 +135,13 @@ def _cache_root() -> str:
     return os.path.join(base, "complete_verifier_ext", "abcrown_specs")
 
 
-def _json_number(v: float):
-    import math
-
-    return v if math.isfinite(v) else str(float(v))
-
-
 def summary_json(result: dict, par: bridge.Parallel) -> dict:
     """Our summary schema (as the native engine's) plus ``engine``; bounds as α,β-CROWN computed them."""
+    from ..verify import json_number
+
     out = []
     for rec in result["records"]:
-        bounds = {k: [_json_number(v) for v in rec[k]] for k in ("crown", "alpha_crown") if rec[k]}
+        bounds = {k: [json_number(v) for v in rec[k]] for k in ("crown", "alpha_crown") if rec[k]}
         out.append(
             {
                 "engine": "abcrown",
@@ -153,11 +149,15 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
                 "time_s": round(rec["time_s"], 4),
                 "bounds": bounds,
                 "peak_mb": [round(v, 2) for v in result["peak_mb"]],
-            "peak_mb_bounds": [round(v, 2) for v in result["peak_mb_bounds"]],
+                "peak_mb_bounds": [round(v, 2) for v in result["peak_mb_bounds"]],
                 "peak_mb_exact": result["peak_mb_exact"],
                 "crown_batch_size": result["crown_batch_size"],
                 "parallel": {"mode": par.mode, "world_size": par.world_size},
-            **({"full_weights_live": result["full_weights_live"]} if "full_weights_live" in result else {}),
+                **(
+                    {"full_weights_live": result["full_weights_live"]}
+                    if "full_weights_live" in result
+                    else {}
+                ),
                 "message": "",
             }
         )
@@ -173,12 +173,13 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
     results_file = None
     try:
         yaml_path, flat, data = bridge.merged_yaml(config, overrides, scratch)
-        results_file = _flag(flat, "--results_file") or (data.get("general") or {}).get("results_file")
+        general = data.get("general") or {}
+        results_file = bridge.flag_value(flat, "--results_file") or general.get("results_file")
         checkout = locate.find()
         par = bridge.parallel_of(data, flat)
         all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
         results_file = all_args["general"]["results_file"]
-        extra, _ = _crown_batch_args(all_args, par.world_size)
+        extra = _crown_batch_args(all_args, par.world_size)
         for w in launch.check_world_size(par.world_size):
             if writer:
                 print(f"warning: {w}", file=sys.stderr)
@@ -195,10 +196,7 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
         if not writer:
             return 0
         if summary:
-            text = json.dumps(summary_json(result, par), indent=1, allow_nan=False)
-            tmp = f"{summary}.{os.getpid()}.tmp"
-            Path(tmp).write_text(text)
-            os.replace(tmp, summary)
+            write_atomic(summary, json.dumps(summary_json(result, par), indent=1, allow_nan=False))
         if not quiet:
             print("peak MB per rank: " + " ".join(f"{v:.1f}" for v in result["peak_mb"]), file=sys.stderr)
         return 0
@@ -212,24 +210,3 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
         return 130
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _flag(flat: list[str], name: str) -> str | None:
-    """The value of α,β-CROWN flag ``name`` on the command line (the last one wins, as in argparse)."""
-    value = None
-    for i, item in enumerate(flat):
-        if item == name and i + 1 < len(flat):
-            value = flat[i + 1]
-        elif item.startswith(name + "="):
-            value = item.split("=", 1)[1]
-    return value
-
-
-def _error(results_file: str | None, writer: bool, msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    if results_file and writer:
-        with contextlib.suppress(OSError):
-            tmp = f"{results_file}.{os.getpid()}.tmp"
-            Path(tmp).write_text("error\n")
-            os.replace(tmp, results_file)
-    return 1
