@@ -500,9 +500,14 @@ def _read_text(path: str) -> str:
     return data.decode("utf-8")
 
 
-def _cache_dir() -> Path:
+def cache_root() -> Path:
+    """This package's cache folder: ``$XDG_CACHE_HOME/complete_verifier_ext`` (default ``~/.cache/...``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "complete_verifier_ext" / "specs"
+    return Path(base) / "complete_verifier_ext"
+
+
+def _cache_dir() -> Path:
+    return cache_root() / "specs"
 
 
 def _disk_key(key: tuple[str, int, int]) -> str:

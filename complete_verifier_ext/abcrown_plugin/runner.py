@@ -66,6 +66,7 @@ def _rank_main(
 
     from ..parallel import comm, launch
     from ..parallel.memory import PeakMemory
+    from ..spec import cache_root
     from . import fsdp, patches, rows
 
     rank, world = comm.rank(), comm.world_size()
@@ -87,7 +88,7 @@ def _rank_main(
             import abcrown
 
             patches.install_probe(p, probe)
-            patches.install_spec_cache(p, os.path.join(_cache_root(), f"rank{rank}"))
+            patches.install_spec_cache(p, str(cache_root() / "abcrown_specs" / f"rank{rank}"))
             if world > 1:
                 patches.install_clock(p)
                 rows.install(p)
@@ -128,11 +129,6 @@ def _rank_main(
         "peak_mb_exact": meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
     }
-
-
-def _cache_root() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "complete_verifier_ext", "abcrown_specs")
 
 
 def summary_json(result: dict, par: bridge.Parallel) -> dict:
