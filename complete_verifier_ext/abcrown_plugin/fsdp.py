@@ -4,8 +4,8 @@ Conv weight, and a layer is gathered only while one of its methods runs.
 After α,β-CROWN builds a ``LiRPANet``, :func:`shard_net` replaces the data of every ``BoundParams``
 that is the weight (input 1) of a ``BoundLinear``/``BoundMatMul``/``BoundConv`` by its local rows, and
 does the same to the tensors of ``model_ori`` (the PyTorch model it keeps for PGD and for the output
-of the clean input) that share their storage. (Copies that share no storage are not found yet: see
-docs/abcrown_plugin.md and :func:`live_full_weights`.) The op's ``forward``, ``interval_propagate``,
+of the clean input) that are those weights or copies of them (:func:`live_full_weights` audits that
+none is left). The op's ``forward``, ``interval_propagate``,
 ``bound_backward`` and ``build_solver`` are wrapped (class attributes, no subclass): the wrapper
 all-gathers the weight into a fresh tensor, hands it to the original method in place of the shard,
 and drops it when the method returns. Autograd never keeps it: a ``saved_tensors_hooks`` pair saves a
@@ -46,46 +46,87 @@ class Shard:
 
 
 _SHARDS: weakref.WeakKeyDictionary[nn.Module, Shard] = weakref.WeakKeyDictionary()  # BoundParams -> Shard
-_MODEL_SHARDS: weakref.WeakKeyDictionary[nn.Module, Shard] = weakref.WeakKeyDictionary()  # nn.Linear/Conv
+# model_ori -> {tensor name: (Shard, transposed)}: its tensors that are a sharded weight or a copy of one
+_MODEL_SHARDS: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[Shard, bool]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+_NODE_ATTRS = ("_lower", "_upper", "forward_value", "interval")  # values a weight node caches
 
 
 def _shardable(t: Tensor) -> bool:
     return t.dim() >= 2 and t.shape[0] >= comm.world_size()
 
 
+def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(dict(model.named_buffers(remove_duplicate=False)))
+    return named
+
+
+def _copy_of(t: Tensor, full: Tensor) -> bool | None:
+    """Whether ``t`` is ``full`` (or holds the same values), ``full.T``, or neither (None)."""
+    if t.shape == full.shape and (
+        t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr() or torch.equal(t.detach(), full)
+    ):
+        return False
+    if full.dim() == 2 and t.shape == full.shape[::-1] and torch.equal(t.detach().t(), full):
+        return True
+    return None
+
+
 def shard_net(net) -> None:
     """Shard the weights of ``LiRPANet`` ``net``: its BoundedModule's ``BoundParams`` and every tensor of
-    its ``model_ori`` that shares their storage. The tensors keep their identity (``.data`` becomes the
-    local rows), so whoever else holds them (α,β-CROWN keeps ``model_ori`` in several places) holds
-    the shard too, and the full storage is freed."""
+    its ``model_ori`` that is one of them or a copy (same values, or transposed: onnx2pytorch keeps
+    every ONNX initializer as a buffer beside the ``nn.Linear`` built from it). The tensors keep their
+    identity (``.data`` becomes the local rows, or a transposed view of them), so whoever else holds
+    them (α,β-CROWN keeps ``model_ori`` in several places) holds the shard too, and the full storage
+    is freed."""
     from auto_LiRPA.operators import BoundConv, BoundLinear, BoundMatMul, BoundParams
 
     model = net.model_ori
-    named = dict(model.named_parameters(remove_duplicate=False))
-    named.update(dict(model.named_buffers(remove_duplicate=False)))
-    by_storage: dict[int, list[tuple[str, Tensor]]] = {}
-    for name, t in named.items():
-        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append((name, t))
+    named = _model_tensors(model)
     sharded = _MODEL_SHARDS.setdefault(model, {})
+    by_id = {id(named[name]): shard for name, (shard, transposed) in sharded.items() if not transposed}
     for node in net.net.nodes():
         if type(node) not in (BoundLinear, BoundMatMul, BoundConv) or len(node.inputs) < 2:
             continue
         w = node.inputs[1]
-        if type(w) is not BoundParams or w in _SHARDS or not _shardable(w.param):
+        if type(w) is not BoundParams or w in _SHARDS:
             continue
-        full = w.param
-        shard = Shard(full)
-        _SHARDS[w] = shard
-        for name, t in by_storage.get(full.untyped_storage().data_ptr(), []):
-            if t.shape == full.shape:
-                sharded[name] = shard
-                t.data = shard.local
-        full.data = shard.local
-        for attr in ("_lower", "_upper", "forward_value", "interval"):  # stale full values, if any
+        if id(w.param) in by_id:  # a second LiRPANet on an already sharded model_ori: the same shard
+            _SHARDS[w] = by_id[id(w.param)]
+        elif _shardable(w.param):
+            full = w.param.detach()
+            shard = Shard(full)
+            _SHARDS[w] = shard
+            for name, t in named.items():
+                if name in sharded or t.is_meta:
+                    continue
+                transposed = _copy_of(t, full)
+                if transposed is not None:
+                    sharded[name] = (shard, transposed)
+                    t.data = shard.local.t() if transposed else shard.local
+            w.param.data = shard.local
+        else:
+            continue
+        for attr in _NODE_ATTRS:  # stale full values, if any
             if getattr(w, attr, None) is not None:
                 setattr(w, attr, None)
     if sharded and not getattr(model, "_cve_fsdp_forward", False):
         _gather_on_forward(model)
+
+
+def _gathered(model: nn.Module) -> dict[str, Tensor]:
+    """Every sharded tensor of ``model`` in full (each weight gathered once)."""
+    full: dict[int, Tensor] = {}
+    out = {}
+    for name, (shard, transposed) in _MODEL_SHARDS[model].items():
+        if id(shard) not in full:
+            full[id(shard)] = shard.gather()
+        out[name] = full[id(shard)].t() if transposed else full[id(shard)]
+    return out
 
 
 def _gather_on_forward(model: nn.Module) -> None:
@@ -97,10 +138,11 @@ def _gather_on_forward(model: nn.Module) -> None:
     def forward(*args, **kwargs):
         if model._cve_in_call:
             return orig_forward(*args, **kwargs)
-        full = {name: shard.gather() for name, shard in _MODEL_SHARDS[model].items()}
         model._cve_in_call = True
         try:
-            return torch.func.functional_call(model, full, args, kwargs, tie_weights=False, strict=False)
+            return torch.func.functional_call(
+                model, _gathered(model), args, kwargs, tie_weights=False, strict=False
+            )
         finally:
             model._cve_in_call = False
 
@@ -109,23 +151,21 @@ def _gather_on_forward(model: nn.Module) -> None:
     model.forward = forward
 
 
-_MODEL_SHARDS: weakref.WeakKeyDictionary[nn.Module, dict[str, Shard]] = weakref.WeakKeyDictionary()
-
-
-def unshard_model(model: nn.Module) -> list[tuple[Tensor, Shard]]:
+def unshard_model(model: nn.Module) -> list[tuple[Tensor, Tensor]]:
     """Put full weights back into ``model`` (for tracing a new BoundedModule); returns what to re-shard."""
-    named = dict(model.named_parameters(remove_duplicate=False))
-    named.update(dict(model.named_buffers(remove_duplicate=False)))
+    if model not in _MODEL_SHARDS:
+        return []
+    named = _model_tensors(model)
     done = []
-    for name, shard in (_MODEL_SHARDS.get(model) or {}).items():
-        named[name].data = shard.gather()
-        done.append((named[name], shard))
+    for name, full in _gathered(model).items():
+        done.append((named[name], named[name].data))
+        named[name].data = full
     return done
 
 
-def reshard_model(done: list[tuple[Tensor, Shard]]) -> None:
-    for t, shard in done:
-        t.data = shard.local
+def reshard_model(done: list[tuple[Tensor, Tensor]]) -> None:
+    for t, local in done:
+        t.data = local
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -175,9 +215,6 @@ def _weight_node(op) -> tuple[Any, Shard | None]:
         return None, None
     w = op.inputs[1]
     return w, _SHARDS.get(w)
-
-
-_NODE_ATTRS = ("_lower", "_upper", "forward_value", "interval")
 
 
 def _set_full(w, full: Tensor) -> dict:
@@ -289,13 +326,15 @@ def live_full_weights() -> list[tuple[int, ...]]:
     import gc
 
     wanted = [s.gather() for s in _SHARDS.values()]
-    mine = {id(t) for t in wanted}
+    mine = {t.untyped_storage().data_ptr() for t in wanted}  # the gathered views and their bases
     by_shape: dict[tuple[int, ...], list[Tensor]] = {}
     for t in wanted:
         by_shape.setdefault(tuple(t.shape), []).append(t)
+        if t.dim() == 2:  # a transposed copy counts too
+            by_shape.setdefault(tuple(t.shape[::-1]), []).append(t.t())
 
     def holds(t: Tensor) -> bool:
-        if id(t) in mine or tuple(t.shape) not in by_shape or t.is_meta:
+        if tuple(t.shape) not in by_shape or t.is_meta or t.untyped_storage().data_ptr() in mine:
             return False
         return any(torch.equal(t.detach(), w) for w in by_shape[tuple(t.shape)])
 
