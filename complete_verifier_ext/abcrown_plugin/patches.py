@@ -107,6 +107,14 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "need_A_only",
         "update_mask",
     ),
+    "auto_LiRPA.operators.BoundRelu.init_opt_parameters": ("self", "start_nodes"),
+    "auto_LiRPA.operators.BoundRelu.select_alpha_by_idx": (
+        "self",
+        "last_lA",
+        "last_uA",
+        "unstable_idx",
+        "start_node",
+    ),
     "auto_LiRPA.operators.BoundLinear.forward": ("self", "x", "w", "b"),
     "auto_LiRPA.operators.BoundLinear.bound_backward": (
         "self",
@@ -204,6 +212,7 @@ class Probe:
     records: list[Record] = field(default_factory=list)
     current: Record = field(default_factory=Record)
     optimized: bool = False  # α-CROWN ran since the last init_alpha
+    alpha_elements: int = 0  # the most α elements this rank optimised in one α-CROWN run
     on_build: Callable[[bool], None] | None = None  # called at the start (True) and end (False) of build
 
     def next_instance(self, verdict: str, time_s: float) -> None:
@@ -247,6 +256,9 @@ def install_probe(p: Patcher, probe: Probe) -> None:
     def optimized(orig):
         def wrapper(self, *args, **kwargs):
             probe.optimized = True
+            alphas = (getattr(node, "alpha", None) or {} for node in self.nodes())
+            held = sum(a.numel() for per_start in alphas for a in per_start.values())
+            probe.alpha_elements = max(probe.alpha_elements, held)
             return orig(self, *args, **kwargs)
 
         return wrapper

@@ -119,13 +119,16 @@ def _rank_main(
         p.undo()
         if log:
             log.close()
-    mine = torch.tensor([[peaks["run"], peaks["bounds"]]], dtype=torch.float64, device=comm.device())
+    mine = torch.tensor(
+        [[peaks["run"], peaks["bounds"], probe.alpha_elements]], dtype=torch.float64, device=comm.device()
+    )
     every = comm.all_gather_cat(mine, 0).cpu()
     return {
         **({"full_weights_live": comm.all_gather_object(full_live)} if audit else {}),
         "records": [vars(r) for r in probe.records],
         "peak_mb": [float(v) for v in every[:, 0].tolist()],
         "peak_mb_bounds": [float(v) for v in every[:, 1].tolist()],
+        "alpha_elements": [int(v) for v in every[:, 2].tolist()],
         "peak_mb_exact": meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
     }
@@ -147,6 +150,7 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
                 "peak_mb": [round(v, 2) for v in result["peak_mb"]],
                 "peak_mb_bounds": [round(v, 2) for v in result["peak_mb_bounds"]],
                 "peak_mb_exact": result["peak_mb_exact"],
+                "alpha_elements": result["alpha_elements"],
                 "crown_batch_size": result["crown_batch_size"],
                 "parallel": {"mode": par.mode, "world_size": par.world_size},
                 **(
