@@ -14,6 +14,7 @@ computation (see docs/configuration.md).
 
 Models: the TP/FSDP paper's wide MLPs 784 -> h^4 -> 10 (He-normal weights, seed 0; the first layer an
 ONNX MatMul, the others Gemm), L∞ box ε = 0.02 around a random input in [0, 1] (seed 0), 9 clauses;
+with ``--mnist`` also VNN-COMP's mnist-net_256x6 on prop_0_0.05 (``../shared/benchmarks``);
 CROWN, and α-CROWN with 20 iterations (lr 0.1). "unpatched" is α,β-CROWN as a user runs it (its default
 ``solver.crown.batch_size`` 1e9: a layer's rows in one pass); "P=1 chunked" is the same with 512 rows a
 pass, what the plugin uses at P > 1 unless the config says otherwise. Writes
@@ -122,17 +123,17 @@ def table(rows: list[dict]) -> str:
         "| bounds vs unpatched (rel) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    base = {(r["h"], r["method"]): r for r in rows if r["run"] == "unpatched" and "peak_mb" in r}
+    base = {(r["model"], r["method"]): r for r in rows if r["run"] == "unpatched" and "peak_mb" in r}
     for r in rows:
-        b = base.get((r["h"], r["method"]))
+        b = base.get((r["model"], r["method"]))
         if "error" in r:
-            out.append(f"| 784-{r['h']}x4 | {r['method']} | {r['run']} | {r['P']} | {r['error']} | | | |")
+            out.append(f"| {r['model']} | {r['method']} | {r['run']} | {r['P']} | {r['error']} | | | |")
             continue
         peak = max(r["peak_mb"])
         ratio = f"{peak / max(b['peak_mb']):.2f}" if b else ""
         diff = f"{rel_diff(b['lb'], r['lb']):.1e}" if b and r["engine"] == "abcrown" else ""
         out.append(
-            f"| 784-{r['h']}x4 | {r['method']} | {r['run']} | {r['P']} | {peak:.0f} | {ratio} | "
+            f"| {r['model']} | {r['method']} | {r['run']} | {r['P']} | {peak:.0f} | {ratio} | "
             f"{r['wall_s']:.1f} | {diff} |"
         )
     return "\n".join(out)
@@ -151,7 +152,7 @@ def plot(rows: list[dict], path: Path) -> None:
             pts = sorted(
                 (r["h"], max(r["peak_mb"]), r["P"])
                 for r in rows
-                if r["method"] == method and r["run"] == run and "peak_mb" in r
+                if r["method"] == method and r["run"] == run and "peak_mb" in r and r["h"]
             )
             for P in sorted({p[2] for p in pts}):
                 xs = [p[0] for p in pts if p[2] == P]
@@ -173,6 +174,7 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["crown", "alpha"])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--no-native", action="store_true")
+    ap.add_argument("--mnist", action="store_true", help="also mnist-net_256x6 prop_0_0.05 (../shared)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args()
@@ -186,8 +188,12 @@ def main() -> None:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for h in a.sizes:
-            onnx, spec = make_instance(tmp, h)
+        models = [(f"784-{h}x4", h, *make_instance(tmp, h)) for h in a.sizes]
+        if a.mnist:
+            mnist = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
+            net, spec = mnist / "onnx/mnist-net_256x6.onnx", mnist / "vnnlib/prop_0_0.05.vnnlib"
+            models.append(("mnist-net_256x6", None, str(net), str(spec)))
+        for model, h, onnx, spec in models:
             for method in a.methods:
                 plan = [("abcrown", "unpatched", 1, None), ("abcrown", "P=1 chunked", 1, 512)]
                 plan += [("abcrown", "plugin fsdp", P, None) for P in a.worlds]
@@ -196,7 +202,7 @@ def main() -> None:
                     plan += [("native", "native fsdp", P, None) for P in a.worlds]
                 for engine, run, P, chunk in plan:
                     r = run_one(engine, method, onnx, spec, P, chunk, tmp, a.timeout)
-                    r.update(h=h, method=method, run=run, P=P, engine=engine)
+                    r.update(model=model, h=h, method=method, run=run, P=P, engine=engine)
                     rows.append(r)
                     print(json.dumps(r)[:300], flush=True)
                     (out / "abcrown_plugin_memory.json").write_text(
