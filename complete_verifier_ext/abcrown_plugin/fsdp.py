@@ -118,6 +118,23 @@ def shard_net(net) -> None:
         _gather_on_forward(model)
 
 
+def share_copies(model: nn.Module) -> None:
+    """Buffers of ``model`` that hold a copy of one of its 2-D parameters (the same values, or their
+    transpose: onnx2pytorch's initializer buffers) become views of it, before the first ``LiRPANet``
+    is built: the build deep-copies the state dict twice, and a copy of a view costs nothing more."""
+    by_shape: dict[tuple[int, ...], list[tuple[Tensor, bool]]] = {}
+    for p in model.parameters():
+        if p.dim() == 2:
+            by_shape.setdefault(tuple(p.shape), []).append((p, False))
+            by_shape.setdefault(tuple(p.shape[::-1]), []).append((p, True))
+    for b in model.buffers():
+        for p, transposed in by_shape.get(tuple(b.shape), []):
+            view = p.detach().t() if transposed else p.detach()
+            if b.untyped_storage().data_ptr() != view.untyped_storage().data_ptr() and torch.equal(b, view):
+                b.data = view
+                break
+
+
 def _gathered(model: nn.Module) -> dict[str, Tensor]:
     """Every sharded tensor of ``model`` in full (each weight gathered once)."""
     full: dict[int, Tensor] = {}
@@ -307,6 +324,8 @@ def install(p) -> None:
 
     def lirpanet_init(orig):
         def __init__(self, model_ori, in_size, c=None, device=None):
+            if model_ori not in _MODEL_SHARDS:
+                share_copies(model_ori)
             regather = unshard_model(model_ori)
             try:
                 orig(self, model_ori, in_size, c, device)
