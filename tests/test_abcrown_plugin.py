@@ -310,3 +310,69 @@ def test_clock_skew_on_one_rank_keeps_lockstep(tmp_path, unpatched):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert got["verdict"] == ref["verdict"] == "timeout" and results.strip() == "timeout"
+
+
+def test_vnncomp_route_runs_abcrowns_config_sharded(tmp_path):
+    """``run_instance.sh`` with ``ABCROWN_PATH`` set runs α,β-CROWN's own mnist_fc config (its
+    ``mnistfc_small.yaml`` for 256x2) through the plugin, here at P = 2; the sat result carries a
+    counterexample that onnxruntime confirms."""
+    import re
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from complete_verifier_ext.attack import clause_margins
+    from complete_verifier_ext.spec import load_vnnlib
+
+    onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
+    results = tmp_path / "results.txt"
+    script = Path(__file__).resolve().parents[1] / "vnncomp_scripts" / "run_instance.sh"
+    env = _env(ABCROWN_EXTRA_ARGS="--parallel.mode fsdp --parallel.world_size 2", PYTHON=sys.executable)
+    out = subprocess.run(
+        ["bash", str(script), "v1", "mnist_fc", onnx, spec, str(results), "60"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = results.read_text()
+    assert text.startswith("sat\n")
+    x = np.array([float(v) for v in re.findall(r"\(X_\d+\s+(\S+)\)", text)], dtype=np.float32)
+    region = load_vnnlib(spec).regions[0]
+    assert x.shape == region.lower.shape and np.all(region.lower <= x) and np.all(x <= region.upper)
+    sess = ort.InferenceSession(onnx)
+    feed = sess.get_inputs()[0]
+    shape = [1 if not isinstance(d, int) or d <= 0 else d for d in feed.shape]
+    y = sess.run(None, {feed.name: x.reshape(shape)})[0].reshape(-1)
+    assert clause_margins(y, region.clauses).min() <= 0
+
+
+def test_vnncomp_route_unknown_category_is_an_error(tmp_path):
+    onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
+    results = tmp_path / "results.txt"
+    script = Path(__file__).resolve().parents[1] / "vnncomp_scripts" / "run_instance.sh"
+    out = subprocess.run(
+        ["bash", str(script), "v1", "no_such_category", onnx, spec, str(results), "60"],
+        env=_env(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and results.read_text() == "error\n"
+    assert "no alpha-beta-CROWN config known for category 'no_such_category'" in out.stderr
+
+
+def test_vnncomp_route_picks_abcrowns_config_and_our_parallel_section(tmp_path, monkeypatch):
+    from complete_verifier_ext.abcrown_plugin import vnncomp
+
+    monkeypatch.setenv("ABCROWN_PATH", str(VENDOR))
+    ours = tmp_path / "mnist_fc.yaml"
+    ours.write_text("parallel:\n  mode: fsdp\n  world_size: 3\n")
+    small = vnncomp.command("mnist_fc", "a/mnist-net_256x2.onnx", "p.vnnlib", "r.txt", "60", str(ours))
+    large = vnncomp.command("mnistfc", "a/mnist-net_256x6.onnx", "p.vnnlib", "r.txt", "60", None)
+    assert small[1].endswith("exp_configs/vnncomp22/mnistfc_small.yaml")
+    assert large[1].endswith("exp_configs/vnncomp22/mnistfc.yaml")
+    assert small[-4:] == ["--parallel.mode", "fsdp", "--parallel.world_size", "3"]
+    assert "--parallel.mode" not in large and "--save_adv_example" in large
