@@ -134,6 +134,23 @@ def _rank_main(
     }
 
 
+def _recheck_sat(all_args: dict, results_file: str | None, result: dict) -> str | None:
+    """A single instance's ``sat`` stands only with a counterexample that onnxruntime confirms."""
+    from . import witness
+
+    onnx, vnnlib = all_args["model"]["onnx_path"], all_args["specification"]["vnnlib_path"]
+    if not (results_file and onnx and vnnlib and os.path.isfile(results_file)):
+        return None
+    onnx = os.path.join(all_args["model"]["onnx_path_prefix"] or "", onnx)
+    vnnlib = os.path.join(all_args["specification"]["vnnlib_path_prefix"] or "", vnnlib)
+    warning = witness.recheck(results_file, onnx, vnnlib)
+    if warning:
+        for rec in result["records"]:
+            if rec["verdict"] == "sat":
+                rec["verdict"] = "unknown"
+    return warning
+
+
 def summary_json(result: dict, par: bridge.Parallel) -> dict:
     """Our summary schema (as the native engine's) plus ``engine``; bounds as α,β-CROWN computed them."""
     from ..verify import json_number
@@ -195,6 +212,9 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
         )
         if not writer:
             return 0
+        warning = _recheck_sat(all_args, results_file, result)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         if summary:
             write_atomic(summary, json.dumps(summary_json(result, par), indent=1, allow_nan=False))
         if not quiet:
