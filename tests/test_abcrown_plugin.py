@@ -412,3 +412,46 @@ def test_a_sat_that_does_not_check_becomes_unknown(tmp_path):
     assert witness.recheck(str(results), onnx, spec) is None
     kept = witness.read_inputs(results.read_text())
     assert results.read_text().startswith("sat\n") and np.all(kept <= region.upper)
+
+
+BAB_YAML = """general:
+  device: cpu
+  complete_verifier: bab
+solver:
+  batch_size: 8
+  alpha-crown:
+    iteration: 20
+  beta-crown:
+    iteration: 10
+bab:
+  timeout: 120
+attack:
+  pgd_order: skip
+"""
+
+
+def _visited(stdout: str) -> int:
+    lines = [ln for ln in stdout.splitlines() if ln.endswith(" domains visited")]
+    return int(lines[-1].split()[0]) if lines else 0
+
+
+def test_bab_with_domains_split_over_ranks(tmp_path):
+    """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round): each round's domains are split over the
+    ranks, the children gathered, and every rank keeps the same list. Same verdict and the same domain
+    count at P = 1, 2, 3."""
+    cfg = _config(tmp_path, BAB_YAML)
+    args = instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
+    got = {}
+    for P in (1, 2, 3):
+        proc, s, results = run(tmp_path, cfg, *args, P=P, name=f"p{P}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got[P] = (results.strip(), _visited(proc.stdout))
+    assert got[1][0] == "unsat" and got[1][1] > 8
+    assert got[2] == got[1] and got[3] == got[1]
+
+
+def test_bab_features_not_split_yet_are_refused(tmp_path):
+    cfg = _config(tmp_path, BAB_YAML.replace("complete_verifier: bab", "complete_verifier: mip"))
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2)
+    assert proc.returncode == 1 and results == "error\n"
+    assert "not supported with parallel.world_size > 1 yet: general.complete_verifier: mip" in proc.stderr

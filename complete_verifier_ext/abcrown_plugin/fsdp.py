@@ -23,6 +23,7 @@ Every rank must call each wrapped method in the same order: α,β-CROWN's contro
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -153,7 +154,7 @@ def _gather_on_forward(model: nn.Module) -> None:
     orig_forward = model.forward
 
     def forward(*args, **kwargs):
-        if model._cve_in_call:
+        if model._cve_in_call or _replicated:
             return orig_forward(*args, **kwargs)
         model._cve_in_call = True
         try:
@@ -227,8 +228,45 @@ class _NoFullWeightSaved:
         self.full = None  # type: ignore[assignment]
 
 
+_replicated = False  # inside replicated(): every weight is whole, the wrappers pass through
+
+
+@contextlib.contextmanager
+def replicated():
+    """Every sharded weight whole on every rank while inside (``parallel.bab_weights: replicated``:
+    a rank's share of a BaB round is rank-local work and must issue no gathers). Collective on entry."""
+    global _replicated
+    if _replicated or not _SHARDS:
+        yield
+        return
+    shards: dict[int, Shard] = {}
+    for s in _SHARDS.values():  # the same order on every rank
+        shards.setdefault(id(s), s)
+    full = {k: s.gather() for k, s in shards.items()}
+    saved = []
+    for w, s in list(_SHARDS.items()):
+        saved.append((w.param, w.param.data))
+        w.param.data = full[id(s)]
+    for model, table in list(_MODEL_SHARDS.items()):
+        named = _model_tensors(model)
+        for name, (s, transposed) in table.items():
+            saved.append((named[name], named[name].data))
+            named[name].data = full[id(s)].t() if transposed else full[id(s)]
+    _replicated = True
+    try:
+        yield
+    finally:
+        _replicated = False
+        for t, local in saved:
+            t.data = local
+        for w in list(_SHARDS):
+            for attr in _NODE_ATTRS:  # values computed from the whole weight
+                if isinstance(getattr(w, attr, None), Tensor) and getattr(w, attr).shape != w.param.shape:
+                    setattr(w, attr, None)
+
+
 def _weight_node(op) -> tuple[Any, Shard | None]:
-    if len(op.inputs) < 2:
+    if len(op.inputs) < 2 or _replicated:
         return None, None
     w = op.inputs[1]
     return w, _SHARDS.get(w)

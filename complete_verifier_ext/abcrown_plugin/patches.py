@@ -18,6 +18,7 @@ any of them, so an unknown upstream is refused with one line instead of half-pat
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -106,6 +107,28 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "alpha_idx",
         "need_A_only",
         "update_mask",
+    ),
+    "bab.split_domain": (
+        "net",
+        "domains",
+        "d",
+        "batch",
+        "stats",
+        "set_init_alpha",
+        "fix_interm_bounds",
+        "branching_heuristic",
+        "iter_idx",
+    ),
+    "bab.get_split_depth": ("batch_size", "min_batch_size", "min_depth"),
+    "branching_domains.BatchedDomainList.add": ("self", "bounds", "d", "check_infeasibility"),
+    "complete_verifier_func.general_bab": (
+        "net",
+        "x",
+        "c",
+        "rhs",
+        "reference_dict",
+        "timeout",
+        "max_iterations",
     ),
     "auto_LiRPA.operators.BoundRelu.init_opt_parameters": ("self", "start_nodes"),
     "auto_LiRPA.operators.BoundRelu.select_alpha_by_idx": (
@@ -316,7 +339,10 @@ def install_spec_cache(p: Patcher, cache_dir: str) -> None:
 
 class SyncedTime(types.ModuleType):
     """A stand-in for the ``time`` module whose ``time()`` is the maximum over the ranks (one all-reduce
-    per call: α,β-CROWN calls it at the same points on every rank, since all else is replicated)."""
+    per call: α,β-CROWN calls it at the same points on every rank, since all else is replicated), except
+    inside :func:`local_clock` (rank-local work, such as a rank's share of a BaB round)."""
+
+    local = False
 
     def __init__(self) -> None:
         super().__init__("time")
@@ -329,8 +355,21 @@ class SyncedTime(types.ModuleType):
 
         from ..parallel import comm
 
+        if SyncedTime.local:
+            return _time.time()
+
         t = torch.tensor([_time.time()], dtype=torch.float64, device=comm.device())
         return float(comm.all_reduce(t, "max").item())
+
+
+@contextlib.contextmanager
+def local_clock():
+    """The rank's own clock inside (no collective per call)."""
+    saved, SyncedTime.local = SyncedTime.local, True
+    try:
+        yield
+    finally:
+        SyncedTime.local = saved
 
 
 # every module whose clock feeds a time-limit decision (the BaB and α/β optimisation limits, the time

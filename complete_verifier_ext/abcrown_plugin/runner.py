@@ -67,7 +67,7 @@ def _rank_main(
     from ..parallel import comm, launch
     from ..parallel.memory import PeakMemory
     from ..spec import cache_root
-    from . import fsdp, patches, rows
+    from . import bab_split, fsdp, patches, rows
 
     rank, world = comm.rank(), comm.world_size()
     launch.set_threads(par.threads, world)
@@ -92,6 +92,7 @@ def _rank_main(
             if world > 1:
                 patches.install_clock(p)
                 rows.install(p)
+                bab_split.install(p)
             if par.mode == "fsdp" and world > 1:
                 fsdp.install(p)
             meter, phase = PeakMemory(comm.device()), PeakMemory(comm.device())
@@ -196,6 +197,15 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
         par = bridge.parallel_of(data, flat)
         all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
         results_file = all_args["general"]["results_file"]
+        if par.world_size > 1:
+            from .bab_split import unsupported
+
+            bad = unsupported(all_args)
+            if bad:
+                raise PluginError(
+                    f"{config or 'config'}: not supported with parallel.world_size > 1 yet: {'; '.join(bad)} "
+                    "(run it at world_size 1, or with general.complete_verifier: skip)"
+                )
         extra = _crown_batch_args(all_args, par.world_size)
         for w in launch.check_world_size(par.world_size):
             if writer:
