@@ -228,6 +228,8 @@ class Record:
     time_s: float = 0.0
     crown: list[float] = field(default_factory=list)
     alpha_crown: list[float] = field(default_factory=list)
+    bab_domains: int = 0  # domains visited by BaB
+    bab_s: float = 0.0
 
 
 @dataclass
@@ -236,7 +238,8 @@ class Probe:
     current: Record = field(default_factory=Record)
     optimized: bool = False  # α-CROWN ran since the last init_alpha
     alpha_elements: int = 0  # the most α elements this rank optimised in one α-CROWN run
-    on_build: Callable[[bool], None] | None = None  # called at the start (True) and end (False) of build
+    # called with ("bounds", True/False) at the start and end of LiRPANet.build, ("bab", ...) of BaB
+    on_phase: Callable[[str, bool], None] | None = None
 
     def next_instance(self, verdict: str, time_s: float) -> None:
         self.current.verdict, self.current.time_s = verdict, time_s
@@ -289,11 +292,11 @@ def install_probe(p: Patcher, probe: Probe) -> None:
     def build(orig):
         def wrapper(self, *args, **kwargs):
             probe.optimized = False
-            if probe.on_build:
-                probe.on_build(True)
+            if probe.on_phase:
+                probe.on_phase("bounds", True)
             global_lb, result = orig(self, *args, **kwargs)
-            if probe.on_build:
-                probe.on_build(False)
+            if probe.on_phase:
+                probe.on_phase("bounds", False)
             import arguments
 
             method = kwargs.get("bounding_method") or arguments.Config["solver"]["bound_prop_method"]
@@ -307,7 +310,22 @@ def install_probe(p: Patcher, probe: Probe) -> None:
 
         return wrapper
 
+    def general_bab(orig):
+        def wrapper(*args, **kwargs):
+            if probe.on_phase:
+                probe.on_phase("bab", True)
+            t0 = _time.monotonic()
+            ret = orig(*args, **kwargs)
+            probe.current.bab_s += _time.monotonic() - t0
+            probe.current.bab_domains += int(ret[1]) if isinstance(ret, tuple) and len(ret) > 1 else 0
+            if probe.on_phase:
+                probe.on_phase("bab", False)
+            return ret
+
+        return wrapper
+
     p.wrap("utils.Logger.summarize_results", summarize)
+    p.wrap("complete_verifier_func.general_bab", general_bab)
     p.wrap("auto_LiRPA.BoundedModule.init_alpha", init_alpha)
     p.wrap("auto_LiRPA.BoundedModule._get_optimized_bounds", optimized)
     p.wrap("beta_CROWN_solver.LiRPANet.build", build)

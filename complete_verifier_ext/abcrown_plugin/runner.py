@@ -59,6 +59,33 @@ def _crown_batch_args(all_args: dict, world_size: int) -> list[str]:
     return []
 
 
+class Phases:
+    """Per-rank peak memory of named, possibly nested phases (the run, the incomplete phase ``bounds``,
+    BaB ``bab``) with one high-water mark: every boundary folds the mark into each open phase before
+    it is reset, so a phase nested in another costs the outer one nothing."""
+
+    def __init__(self, meter) -> None:
+        self.meter = meter
+        self.open: dict[str, list[float]] = {}  # name -> [baseline, highest mark], absolute MiB
+        self.peaks: dict[str, float] = {}
+
+    def _fold(self) -> None:
+        if self.open:
+            mark = self.meter.peak_total_mb()
+            for span in self.open.values():
+                span[1] = max(span[1], mark)
+
+    def start(self, name: str) -> None:
+        self._fold()
+        self.meter.start()
+        self.open[name] = [self.meter.baseline_mb, self.meter.baseline_mb]
+
+    def end(self, name: str) -> None:
+        self._fold()
+        base, high = self.open.pop(name)
+        self.peaks[name] = max(self.peaks.get(name, 0.0), high - base)
+
+
 def _rank_main(
     checkout: locate.Checkout, args: list[str], par: bridge.Parallel, scratch: str, quiet: bool
 ) -> dict:
@@ -95,42 +122,35 @@ def _rank_main(
                 bab_split.install(p)
             if par.mode == "fsdp" and world > 1:
                 fsdp.install(p)
-            meter, phase = PeakMemory(comm.device()), PeakMemory(comm.device())
-            peaks = {"run": 0.0, "bounds": 0.0}
-
+            phases = Phases(PeakMemory(comm.device()))
             audit = os.environ.get(AUDIT_ENV) == "1"
             full_live: list[list[str]] = []
 
-            def on_build(start: bool) -> None:
-                if audit and par.mode == "fsdp" and world > 1:
+            def on_phase(name: str, start: bool) -> None:
+                if name == "bounds" and audit and par.mode == "fsdp" and world > 1:
                     full_live.append(fsdp.live_full_weights())
-                # the incomplete phase (LiRPANet.build: CROWN, alpha-CROWN) measured on its own; the
-                # high-water mark is reset for it, so the run's peak so far is kept first
-                peaks["run"] = max(peaks["run"], meter.peak_total_mb() - meter.baseline_mb)
-                if start:
-                    phase.start()
-                else:
-                    peaks["bounds"] = max(peaks["bounds"], phase.peak_mb())
+                (phases.start if start else phases.end)(name)
 
-            probe.on_build = on_build
-            meter.start()
+            probe.on_phase = on_phase
+            phases.start("run")
             abcrown.ABCROWN(args=bridge.rank_args(args[0], args[1:], rank, scratch)).main()
-            peaks["run"] = max(peaks["run"], meter.peak_mb())
+            phases.end("run")
     finally:
         p.undo()
         if log:
             log.close()
-    mine = torch.tensor(
-        [[peaks["run"], peaks["bounds"], probe.alpha_elements]], dtype=torch.float64, device=comm.device()
-    )
+    peaks = phases.peaks
+    row = [peaks.get("run", 0.0), peaks.get("bounds", 0.0), peaks.get("bab", 0.0), probe.alpha_elements]
+    mine = torch.tensor([row], dtype=torch.float64, device=comm.device())
     every = comm.all_gather_cat(mine, 0).cpu()
     return {
         **({"full_weights_live": comm.all_gather_object(full_live)} if audit else {}),
         "records": [vars(r) for r in probe.records],
         "peak_mb": [float(v) for v in every[:, 0].tolist()],
         "peak_mb_bounds": [float(v) for v in every[:, 1].tolist()],
-        "alpha_elements": [int(v) for v in every[:, 2].tolist()],
-        "peak_mb_exact": meter.exact,
+        "peak_mb_bab": [float(v) for v in every[:, 2].tolist()],
+        "alpha_elements": [int(v) for v in every[:, 3].tolist()],
+        "peak_mb_exact": phases.meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
     }
 
@@ -167,6 +187,8 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
                 "bounds": bounds,
                 "peak_mb": [round(v, 2) for v in result["peak_mb"]],
                 "peak_mb_bounds": [round(v, 2) for v in result["peak_mb_bounds"]],
+                "peak_mb_bab": [round(v, 2) for v in result["peak_mb_bab"]],
+                "bab": {"domains": rec["bab_domains"], "time_s": round(rec["bab_s"], 3)},
                 "peak_mb_exact": result["peak_mb_exact"],
                 "alpha_elements": result["alpha_elements"],
                 "crown_batch_size": result["crown_batch_size"],
