@@ -310,3 +310,148 @@ def test_clock_skew_on_one_rank_keeps_lockstep(tmp_path, unpatched):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert got["verdict"] == ref["verdict"] == "timeout" and results.strip() == "timeout"
+
+
+def test_vnncomp_route_runs_abcrowns_config_sharded(tmp_path):
+    """``run_instance.sh`` with ``ABCROWN_PATH`` set runs α,β-CROWN's own mnist_fc config (its
+    ``mnistfc_small.yaml`` for 256x2) through the plugin, here at P = 2; the sat result carries a
+    counterexample that onnxruntime confirms."""
+    import re
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from complete_verifier_ext.attack import clause_margins
+    from complete_verifier_ext.spec import load_vnnlib
+
+    onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
+    results = tmp_path / "results.txt"
+    script = Path(__file__).resolve().parents[1] / "vnncomp_scripts" / "run_instance.sh"
+    env = _env(ABCROWN_EXTRA_ARGS="--parallel.mode fsdp --parallel.world_size 2", PYTHON=sys.executable)
+    out = subprocess.run(
+        ["bash", str(script), "v1", "mnist_fc", onnx, spec, str(results), "60"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = results.read_text()
+    assert text.startswith("sat\n")
+    x = np.array([float(v) for v in re.findall(r"\(X_\d+\s+(\S+)\)", text)], dtype=np.float32)
+    region = load_vnnlib(spec).regions[0]
+    assert x.shape == region.lower.shape and np.all(region.lower <= x) and np.all(x <= region.upper)
+    sess = ort.InferenceSession(onnx)
+    feed = sess.get_inputs()[0]
+    shape = [1 if not isinstance(d, int) or d <= 0 else d for d in feed.shape]
+    y = sess.run(None, {feed.name: x.reshape(shape)})[0].reshape(-1)
+    assert clause_margins(y, region.clauses).min() <= 0
+
+
+def test_vnncomp_route_unknown_category_is_an_error(tmp_path):
+    onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
+    results = tmp_path / "results.txt"
+    script = Path(__file__).resolve().parents[1] / "vnncomp_scripts" / "run_instance.sh"
+    out = subprocess.run(
+        ["bash", str(script), "v1", "no_such_category", onnx, spec, str(results), "60"],
+        env=_env(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and results.read_text() == "error\n"
+    assert "no alpha-beta-CROWN config known for category 'no_such_category'" in out.stderr
+
+
+def test_vnncomp_route_picks_abcrowns_config_and_our_parallel_section(tmp_path, monkeypatch):
+    from complete_verifier_ext.abcrown_plugin import vnncomp
+
+    monkeypatch.setenv("ABCROWN_PATH", str(VENDOR))
+    ours = tmp_path / "mnist_fc.yaml"
+    ours.write_text("parallel:\n  mode: fsdp\n  world_size: 3\n")
+    small = vnncomp.command("mnist_fc", "a/mnist-net_256x2.onnx", "p.vnnlib", "r.txt", "60", str(ours))
+    large = vnncomp.command("mnistfc", "a/mnist-net_256x6.onnx", "p.vnnlib", "r.txt", "60", None)
+    assert small[1].endswith("exp_configs/vnncomp22/mnistfc_small.yaml")
+    assert large[1].endswith("exp_configs/vnncomp22/mnistfc.yaml")
+    assert small[-4:] == ["--parallel.mode", "fsdp", "--parallel.world_size", "3"]
+    assert "--parallel.mode" not in large and "--save_adv_example" in large
+
+
+def test_a_sat_that_does_not_check_becomes_unknown(tmp_path):
+    """Rank 0 re-checks α,β-CROWN's counterexample with onnxruntime before a ``sat`` stands: the centre
+    of prop_1_0.03's box is classified correctly, so a results file claiming it is turned into
+    ``unknown``; a real counterexample nudged just outside the box (float32 rounding) is rounded
+    back in and kept."""
+    import numpy as np
+
+    from complete_verifier_ext.abcrown_plugin import witness
+    from complete_verifier_ext.attack import format_counterexample
+    from complete_verifier_ext.spec import load_vnnlib
+
+    onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
+    region = load_vnnlib(spec).regions[0]
+    results = tmp_path / "results.txt"
+    centre = (region.lower + region.upper) / 2
+    results.write_text(f"sat\n{format_counterexample(centre, np.zeros(10))}\n")
+    assert "does not check" in witness.recheck(str(results), onnx, spec)
+    assert results.read_text() == "unknown\n"
+
+    # the plugin's own sat on this instance (test_pgd_counterexample_under_fsdp) is a real one
+    proc, s, text = run(
+        tmp_path,
+        _config(tmp_path, "general:\n  device: cpu\n  save_adv_example: true\n"),
+        *instance("mnist-net_256x2", "prop_1_0.03.vnnlib"),
+    )
+    assert proc.returncode == 0 and text.startswith("sat\n")
+    x = witness.read_inputs(text)
+    at_upper = np.isclose(x, region.upper, rtol=0, atol=1e-6)
+    assert at_upper.any()
+    outside = np.where(at_upper, region.upper + 1e-9, x)  # a bound rounded outward
+    results.write_text(f"sat\n{format_counterexample(outside, np.zeros(10))}\n")
+    assert witness.recheck(str(results), onnx, spec) is None
+    kept = witness.read_inputs(results.read_text())
+    assert results.read_text().startswith("sat\n") and np.all(kept <= region.upper)
+
+
+BAB_YAML = """general:
+  device: cpu
+  complete_verifier: bab
+solver:
+  batch_size: 8
+  alpha-crown:
+    iteration: 20
+  beta-crown:
+    iteration: 10
+bab:
+  timeout: 120
+attack:
+  pgd_order: skip
+"""
+
+
+def _visited(stdout: str) -> int:
+    lines = [ln for ln in stdout.splitlines() if ln.endswith(" domains visited")]
+    return int(lines[-1].split()[0]) if lines else 0
+
+
+def test_bab_with_domains_split_over_ranks(tmp_path):
+    """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round): each round's domains are split over the
+    ranks, the children gathered, and every rank keeps the same list. Same verdict and the same domain
+    count at P = 1, 2, 3."""
+    cfg = _config(tmp_path, BAB_YAML)
+    args = instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
+    got = {}
+    for P in (1, 2, 3):
+        proc, s, results = run(tmp_path, cfg, *args, P=P, name=f"p{P}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got[P] = (results.strip(), _visited(proc.stdout))
+    assert got[1][0] == "unsat" and got[1][1] > 8
+    assert got[2] == got[1] and got[3] == got[1]
+
+
+def test_bab_features_not_split_yet_are_refused(tmp_path):
+    cfg = _config(tmp_path, BAB_YAML.replace("complete_verifier: bab", "complete_verifier: mip"))
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2)
+    assert proc.returncode == 1 and results == "error\n"
+    assert "not supported with parallel.world_size > 1 yet: general.complete_verifier: mip" in proc.stderr

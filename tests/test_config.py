@@ -608,6 +608,7 @@ def test_run_instance_command_line(tmp_path):
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     args_file = tmp_path / "args.txt"
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ARGS_FILE": str(args_file)}
+    env["CVE_ENGINE"] = "native"  # the native route even where ABCROWN_PATH is set
     (tmp_path / "res.txt").write_text("stale")
 
     result = run_script(

@@ -111,6 +111,7 @@ def test_config_mistakes_reach_the_results_file(tmp_path, yaml_text, extra, need
     category = "bad" if "invalid YAML" in needle else "cat"
     results = tmp_path / "results.txt"
     env = {**os.environ, "ABCROWN_EXTRA_ARGS": extra, "PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}
+    env["CVE_ENGINE"] = "native"  # the native route even where ABCROWN_PATH is set
     out = subprocess.run(
         ["bash", str(tmp_path / "tool" / "vnncomp_scripts" / "run_instance.sh"), "v1", category,
          str(EX / "example.onnx"), str(EX / "example.vnnlib"), str(results), "30"],

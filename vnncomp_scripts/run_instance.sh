@@ -4,6 +4,10 @@
 # instance, the results file and the timeout; the result (sat/unsat/unknown/timeout/error) is written to
 # RESULTS. ONNX, VNNLIB and RESULTS are relative to the current directory.
 # ABCROWN_EXTRA_ARGS (optional) is appended, e.g. ABCROWN_EXTRA_ARGS="--general.device cuda".
+# The alpha-beta-CROWN route: with ABCROWN_PATH set (CVE_ENGINE=native turns it off), CVE_ENGINE=abcrown,
+# or configs/CATEGORY.yaml saying "engine: abcrown", alpha-beta-CROWN's own config for the category runs
+# through the plugin (general.engine abcrown), sharded as the parallel section of configs/CATEGORY.yaml
+# says (mode and world_size); see docs/abcrown_plugin.md.
 set -euo pipefail
 
 usage() {
@@ -39,6 +43,17 @@ fi
 read -r -a EXTRA <<< "${ABCROWN_EXTRA_ARGS:-}"
 
 rm -f -- "$RESULTS"  # never leave a stale result from an earlier run
+ENGINE="${CVE_ENGINE:-}"
+if [[ -z "$ENGINE" ]]; then
+    ENGINE=native
+    if [[ -n "${ABCROWN_PATH:-}" ]] || grep -Eq '^[[:space:]]*engine:[[:space:]]*abcrown' "$CONFIG"; then
+        ENGINE=abcrown
+    fi
+fi
+if [[ "$ENGINE" == abcrown ]]; then
+    exec "${PYTHON:-python3}" -m complete_verifier_ext.abcrown_plugin.vnncomp "$CATEGORY" "$ONNX" "$VNNLIB" \
+        "$RESULTS" "$TIMEOUT" --ours "$CONFIG" ${EXTRA[@]+"${EXTRA[@]}"}
+fi
 exec "${ABCROWN[@]}" --config "$CONFIG" \
     --model.onnx_path "$ONNX" \
     --specification.vnnlib_path "$VNNLIB" \

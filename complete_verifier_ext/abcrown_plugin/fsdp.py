@@ -23,6 +23,7 @@ Every rank must call each wrapped method in the same order: α,β-CROWN's contro
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -118,6 +119,23 @@ def shard_net(net) -> None:
         _gather_on_forward(model)
 
 
+def share_copies(model: nn.Module) -> None:
+    """Buffers of ``model`` that hold a copy of one of its 2-D parameters (the same values, or their
+    transpose: onnx2pytorch's initializer buffers) become views of it, before the first ``LiRPANet``
+    is built: the build deep-copies the state dict twice, and a copy of a view costs nothing more."""
+    by_shape: dict[tuple[int, ...], list[tuple[Tensor, bool]]] = {}
+    for p in model.parameters():
+        if p.dim() == 2:
+            by_shape.setdefault(tuple(p.shape), []).append((p, False))
+            by_shape.setdefault(tuple(p.shape[::-1]), []).append((p, True))
+    for b in model.buffers():
+        for p, transposed in by_shape.get(tuple(b.shape), []):
+            view = p.detach().t() if transposed else p.detach()
+            if b.untyped_storage().data_ptr() != view.untyped_storage().data_ptr() and torch.equal(b, view):
+                b.data = view
+                break
+
+
 def _gathered(model: nn.Module) -> dict[str, Tensor]:
     """Every sharded tensor of ``model`` in full (each weight gathered once)."""
     full: dict[int, Tensor] = {}
@@ -136,7 +154,7 @@ def _gather_on_forward(model: nn.Module) -> None:
     orig_forward = model.forward
 
     def forward(*args, **kwargs):
-        if model._cve_in_call:
+        if model._cve_in_call or _replicated:
             return orig_forward(*args, **kwargs)
         model._cve_in_call = True
         try:
@@ -210,8 +228,45 @@ class _NoFullWeightSaved:
         self.full = None  # type: ignore[assignment]
 
 
+_replicated = False  # inside replicated(): every weight is whole, the wrappers pass through
+
+
+@contextlib.contextmanager
+def replicated():
+    """Every sharded weight whole on every rank while inside (``parallel.bab_weights: replicated``:
+    a rank's share of a BaB round is rank-local work and must issue no gathers). Collective on entry."""
+    global _replicated
+    if _replicated or not _SHARDS:
+        yield
+        return
+    shards: dict[int, Shard] = {}
+    for s in _SHARDS.values():  # the same order on every rank
+        shards.setdefault(id(s), s)
+    full = {k: s.gather() for k, s in shards.items()}
+    saved = []
+    for w, s in list(_SHARDS.items()):
+        saved.append((w.param, w.param.data))
+        w.param.data = full[id(s)]
+    for model, table in list(_MODEL_SHARDS.items()):
+        named = _model_tensors(model)
+        for name, (s, transposed) in table.items():
+            saved.append((named[name], named[name].data))
+            named[name].data = full[id(s)].t() if transposed else full[id(s)]
+    _replicated = True
+    try:
+        yield
+    finally:
+        _replicated = False
+        for t, local in saved:
+            t.data = local
+        for w in list(_SHARDS):
+            for attr in _NODE_ATTRS:  # values computed from the whole weight
+                if isinstance(getattr(w, attr, None), Tensor) and getattr(w, attr).shape != w.param.shape:
+                    setattr(w, attr, None)
+
+
 def _weight_node(op) -> tuple[Any, Shard | None]:
-    if len(op.inputs) < 2:
+    if len(op.inputs) < 2 or _replicated:
         return None, None
     w = op.inputs[1]
     return w, _SHARDS.get(w)
@@ -307,6 +362,8 @@ def install(p) -> None:
 
     def lirpanet_init(orig):
         def __init__(self, model_ori, in_size, c=None, device=None):
+            if model_ori not in _MODEL_SHARDS:
+                share_copies(model_ori)
             regather = unshard_model(model_ori)
             try:
                 orig(self, model_ori, in_size, c, device)

@@ -18,6 +18,7 @@ any of them, so an unknown upstream is refused with one line instead of half-pat
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -106,6 +107,28 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "alpha_idx",
         "need_A_only",
         "update_mask",
+    ),
+    "bab.split_domain": (
+        "net",
+        "domains",
+        "d",
+        "batch",
+        "stats",
+        "set_init_alpha",
+        "fix_interm_bounds",
+        "branching_heuristic",
+        "iter_idx",
+    ),
+    "bab.get_split_depth": ("batch_size", "min_batch_size", "min_depth"),
+    "branching_domains.BatchedDomainList.add": ("self", "bounds", "d", "check_infeasibility"),
+    "complete_verifier_func.general_bab": (
+        "net",
+        "x",
+        "c",
+        "rhs",
+        "reference_dict",
+        "timeout",
+        "max_iterations",
     ),
     "auto_LiRPA.operators.BoundRelu.init_opt_parameters": ("self", "start_nodes"),
     "auto_LiRPA.operators.BoundRelu.select_alpha_by_idx": (
@@ -205,6 +228,8 @@ class Record:
     time_s: float = 0.0
     crown: list[float] = field(default_factory=list)
     alpha_crown: list[float] = field(default_factory=list)
+    bab_domains: int = 0  # domains visited by BaB
+    bab_s: float = 0.0
 
 
 @dataclass
@@ -213,7 +238,8 @@ class Probe:
     current: Record = field(default_factory=Record)
     optimized: bool = False  # α-CROWN ran since the last init_alpha
     alpha_elements: int = 0  # the most α elements this rank optimised in one α-CROWN run
-    on_build: Callable[[bool], None] | None = None  # called at the start (True) and end (False) of build
+    # called with ("bounds", True/False) at the start and end of LiRPANet.build, ("bab", ...) of BaB
+    on_phase: Callable[[str, bool], None] | None = None
 
     def next_instance(self, verdict: str, time_s: float) -> None:
         self.current.verdict, self.current.time_s = verdict, time_s
@@ -266,11 +292,11 @@ def install_probe(p: Patcher, probe: Probe) -> None:
     def build(orig):
         def wrapper(self, *args, **kwargs):
             probe.optimized = False
-            if probe.on_build:
-                probe.on_build(True)
+            if probe.on_phase:
+                probe.on_phase("bounds", True)
             global_lb, result = orig(self, *args, **kwargs)
-            if probe.on_build:
-                probe.on_build(False)
+            if probe.on_phase:
+                probe.on_phase("bounds", False)
             import arguments
 
             method = kwargs.get("bounding_method") or arguments.Config["solver"]["bound_prop_method"]
@@ -284,7 +310,22 @@ def install_probe(p: Patcher, probe: Probe) -> None:
 
         return wrapper
 
+    def general_bab(orig):
+        def wrapper(*args, **kwargs):
+            if probe.on_phase:
+                probe.on_phase("bab", True)
+            t0 = _time.monotonic()
+            ret = orig(*args, **kwargs)
+            probe.current.bab_s += _time.monotonic() - t0
+            probe.current.bab_domains += int(ret[1]) if isinstance(ret, tuple) and len(ret) > 1 else 0
+            if probe.on_phase:
+                probe.on_phase("bab", False)
+            return ret
+
+        return wrapper
+
     p.wrap("utils.Logger.summarize_results", summarize)
+    p.wrap("complete_verifier_func.general_bab", general_bab)
     p.wrap("auto_LiRPA.BoundedModule.init_alpha", init_alpha)
     p.wrap("auto_LiRPA.BoundedModule._get_optimized_bounds", optimized)
     p.wrap("beta_CROWN_solver.LiRPANet.build", build)
@@ -316,7 +357,10 @@ def install_spec_cache(p: Patcher, cache_dir: str) -> None:
 
 class SyncedTime(types.ModuleType):
     """A stand-in for the ``time`` module whose ``time()`` is the maximum over the ranks (one all-reduce
-    per call: α,β-CROWN calls it at the same points on every rank, since all else is replicated)."""
+    per call: α,β-CROWN calls it at the same points on every rank, since all else is replicated), except
+    inside :func:`local_clock` (rank-local work, such as a rank's share of a BaB round)."""
+
+    local = False
 
     def __init__(self) -> None:
         super().__init__("time")
@@ -329,8 +373,21 @@ class SyncedTime(types.ModuleType):
 
         from ..parallel import comm
 
+        if SyncedTime.local:
+            return _time.time()
+
         t = torch.tensor([_time.time()], dtype=torch.float64, device=comm.device())
         return float(comm.all_reduce(t, "max").item())
+
+
+@contextlib.contextmanager
+def local_clock():
+    """The rank's own clock inside (no collective per call)."""
+    saved, SyncedTime.local = SyncedTime.local, True
+    try:
+        yield
+    finally:
+        SyncedTime.local = saved
 
 
 # every module whose clock feeds a time-limit decision (the BaB and α/β optimisation limits, the time

@@ -37,6 +37,7 @@ rows are dealt) are split; the output node's α (one row per spec) stays replica
 
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
 
@@ -250,6 +251,24 @@ def wrap_select_alpha_by_idx(orig):
             self.alpha[name] = local
 
     return select_alpha_by_idx
+
+
+@contextlib.contextmanager
+def inactive():
+    """Rows not dealt while inside (a rank's share of a BaB round is rank-local work). On entry the α
+    kept by row become whole again on every rank (collective)."""
+    global _active
+    for relu, table in list(_ALPHA.items()):  # the same order on every rank
+        for name, layout in table.items():
+            a = relu.alpha.get(name) if relu.alpha else None
+            if a is not None and layout.owns(a):
+                relu.alpha[name] = layout.whole(a).detach().requires_grad_(a.requires_grad)
+    _ALPHA.clear()
+    was, _active = _active, False
+    try:
+        yield
+    finally:
+        _active = was
 
 
 def _row_alphas() -> set[int]:

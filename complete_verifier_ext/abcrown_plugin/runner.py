@@ -59,6 +59,33 @@ def _crown_batch_args(all_args: dict, world_size: int) -> list[str]:
     return []
 
 
+class Phases:
+    """Per-rank peak memory of named, possibly nested phases (the run, the incomplete phase ``bounds``,
+    BaB ``bab``) with one high-water mark: every boundary folds the mark into each open phase before
+    it is reset, so a phase nested in another costs the outer one nothing."""
+
+    def __init__(self, meter) -> None:
+        self.meter = meter
+        self.open: dict[str, list[float]] = {}  # name -> [baseline, highest mark], absolute MiB
+        self.peaks: dict[str, float] = {}
+
+    def _fold(self) -> None:
+        if self.open:
+            mark = self.meter.peak_total_mb()
+            for span in self.open.values():
+                span[1] = max(span[1], mark)
+
+    def start(self, name: str) -> None:
+        self._fold()
+        self.meter.start()
+        self.open[name] = [self.meter.baseline_mb, self.meter.baseline_mb]
+
+    def end(self, name: str) -> None:
+        self._fold()
+        base, high = self.open.pop(name)
+        self.peaks[name] = max(self.peaks.get(name, 0.0), high - base)
+
+
 def _rank_main(
     checkout: locate.Checkout, args: list[str], par: bridge.Parallel, scratch: str, quiet: bool
 ) -> dict:
@@ -67,7 +94,7 @@ def _rank_main(
     from ..parallel import comm, launch
     from ..parallel.memory import PeakMemory
     from ..spec import cache_root
-    from . import fsdp, patches, rows
+    from . import bab_split, fsdp, patches, rows
 
     rank, world = comm.rank(), comm.world_size()
     launch.set_threads(par.threads, world)
@@ -92,46 +119,57 @@ def _rank_main(
             if world > 1:
                 patches.install_clock(p)
                 rows.install(p)
+                bab_split.install(p)
             if par.mode == "fsdp" and world > 1:
                 fsdp.install(p)
-            meter, phase = PeakMemory(comm.device()), PeakMemory(comm.device())
-            peaks = {"run": 0.0, "bounds": 0.0}
-
+            phases = Phases(PeakMemory(comm.device()))
             audit = os.environ.get(AUDIT_ENV) == "1"
             full_live: list[list[str]] = []
 
-            def on_build(start: bool) -> None:
-                if audit and par.mode == "fsdp" and world > 1:
+            def on_phase(name: str, start: bool) -> None:
+                if name == "bounds" and audit and par.mode == "fsdp" and world > 1:
                     full_live.append(fsdp.live_full_weights())
-                # the incomplete phase (LiRPANet.build: CROWN, alpha-CROWN) measured on its own; the
-                # high-water mark is reset for it, so the run's peak so far is kept first
-                peaks["run"] = max(peaks["run"], meter.peak_total_mb() - meter.baseline_mb)
-                if start:
-                    phase.start()
-                else:
-                    peaks["bounds"] = max(peaks["bounds"], phase.peak_mb())
+                (phases.start if start else phases.end)(name)
 
-            probe.on_build = on_build
-            meter.start()
+            probe.on_phase = on_phase
+            phases.start("run")
             abcrown.ABCROWN(args=bridge.rank_args(args[0], args[1:], rank, scratch)).main()
-            peaks["run"] = max(peaks["run"], meter.peak_mb())
+            phases.end("run")
     finally:
         p.undo()
         if log:
             log.close()
-    mine = torch.tensor(
-        [[peaks["run"], peaks["bounds"], probe.alpha_elements]], dtype=torch.float64, device=comm.device()
-    )
+    peaks = phases.peaks
+    row = [peaks.get("run", 0.0), peaks.get("bounds", 0.0), peaks.get("bab", 0.0), probe.alpha_elements]
+    mine = torch.tensor([row], dtype=torch.float64, device=comm.device())
     every = comm.all_gather_cat(mine, 0).cpu()
     return {
         **({"full_weights_live": comm.all_gather_object(full_live)} if audit else {}),
         "records": [vars(r) for r in probe.records],
         "peak_mb": [float(v) for v in every[:, 0].tolist()],
         "peak_mb_bounds": [float(v) for v in every[:, 1].tolist()],
-        "alpha_elements": [int(v) for v in every[:, 2].tolist()],
-        "peak_mb_exact": meter.exact,
+        "peak_mb_bab": [float(v) for v in every[:, 2].tolist()],
+        "alpha_elements": [int(v) for v in every[:, 3].tolist()],
+        "peak_mb_exact": phases.meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
     }
+
+
+def _recheck_sat(all_args: dict, results_file: str | None, result: dict) -> str | None:
+    """A single instance's ``sat`` stands only with a counterexample that onnxruntime confirms."""
+    from . import witness
+
+    onnx, vnnlib = all_args["model"]["onnx_path"], all_args["specification"]["vnnlib_path"]
+    if not (results_file and onnx and vnnlib and os.path.isfile(results_file)):
+        return None
+    onnx = os.path.join(all_args["model"]["onnx_path_prefix"] or "", onnx)
+    vnnlib = os.path.join(all_args["specification"]["vnnlib_path_prefix"] or "", vnnlib)
+    warning = witness.recheck(results_file, onnx, vnnlib)
+    if warning:
+        for rec in result["records"]:
+            if rec["verdict"] == "sat":
+                rec["verdict"] = "unknown"
+    return warning
 
 
 def summary_json(result: dict, par: bridge.Parallel) -> dict:
@@ -149,6 +187,8 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
                 "bounds": bounds,
                 "peak_mb": [round(v, 2) for v in result["peak_mb"]],
                 "peak_mb_bounds": [round(v, 2) for v in result["peak_mb_bounds"]],
+                "peak_mb_bab": [round(v, 2) for v in result["peak_mb_bab"]],
+                "bab": {"domains": rec["bab_domains"], "time_s": round(rec["bab_s"], 3)},
                 "peak_mb_exact": result["peak_mb_exact"],
                 "alpha_elements": result["alpha_elements"],
                 "crown_batch_size": result["crown_batch_size"],
@@ -179,6 +219,15 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
         par = bridge.parallel_of(data, flat)
         all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
         results_file = all_args["general"]["results_file"]
+        if par.world_size > 1:
+            from .bab_split import unsupported
+
+            bad = unsupported(all_args)
+            if bad:
+                raise PluginError(
+                    f"{config or 'config'}: not supported with parallel.world_size > 1 yet: {'; '.join(bad)} "
+                    "(run it at world_size 1, or with general.complete_verifier: skip)"
+                )
         extra = _crown_batch_args(all_args, par.world_size)
         for w in launch.check_world_size(par.world_size):
             if writer:
@@ -195,6 +244,9 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
         )
         if not writer:
             return 0
+        warning = _recheck_sat(all_args, results_file, result)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         if summary:
             write_atomic(summary, json.dumps(summary_json(result, par), indent=1, allow_nan=False))
         if not quiet:

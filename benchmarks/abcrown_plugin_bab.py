@@ -1,0 +1,168 @@
+"""β-CROWN BaB inside α,β-CROWN: per-rank peak memory of the BaB phase against the batch of domains
+bounded per round, unpatched (P = 1) and with each round's domains split over P ranks.
+
+    ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/abcrown_plugin_bab.py \
+        [--batches 512 2048] [--worlds 2 4] [--rounds 10] [--out benchmarks/results/abcrown_plugin_bab]
+
+The TP/FSDP paper's authors measured α,β-CROWN's BaB peak on mnist-net_256x6 (ε = 0.05, 10 rounds,
+one GPU) at ≈ 21 MB + 0.373 MB per domain of the batch. Here: mnist-net_256x6 on prop_2_0.05 (open at
+VNN-COMP 2022, so BaB runs its 10 rounds), kFSB, ``solver.batch_size`` B, ``bab.max_iterations``
+rounds, PGD off, each measurement its own process with ``MALLOC_MMAP_THRESHOLD_=65536``. The peak is
+each rank's RSS high-water mark during ``general_bab`` above the RSS when it starts (the summary's
+``peak_mb_bab``). A least-squares fit peak = a + b·B/P over all runs is printed beside the paper's.
+Writes ``abcrown_plugin_bab.{json,md}`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
+PAPER = "21 MB + 0.373 MB × B (the paper's authors, one GPU, P = 1)"
+
+YAML = """general:
+  device: cpu
+  complete_verifier: bab
+solver:
+  batch_size: {batch}
+  alpha-crown:
+    iteration: 20
+  beta-crown:
+    iteration: 10
+bab:
+  timeout: 100000
+  max_iterations: {rounds}
+attack:
+  pgd_order: skip
+"""
+
+
+def run_one(batch: int, world: int, rounds: int, tmp: Path, timeout: float) -> dict:
+    cfg = tmp / "bab.yaml"
+    cfg.write_text(YAML.format(batch=batch, rounds=rounds))
+    summary = tmp / "summary.json"
+    summary.unlink(missing_ok=True)
+    cmd = [
+        "abcrown",
+        "--config",
+        str(cfg),
+        "--general.engine",
+        "abcrown",
+        "--onnx_path",
+        str(MNIST / "onnx" / "mnist-net_256x6.onnx"),
+        "--vnnlib_path",
+        str(MNIST / "vnnlib" / "prop_2_0.05.vnnlib"),
+        "--results_file",
+        str(tmp / "out.txt"),
+        "--summary",
+        str(summary),
+        "--quiet",
+    ]
+    if world > 1:
+        cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(world)]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {timeout:.0f} s"}
+    wall = time.monotonic() - t0
+    if out.returncode != 0 or not summary.exists():
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    s = json.loads(summary.read_text())
+    bab = s["bab"]
+    return {
+        "verdict": s["verdict"],
+        "peak_mb_bab": s["peak_mb_bab"],
+        "peak_mb": s["peak_mb"],
+        "domains": bab["domains"],
+        "bab_s": bab["time_s"],
+        "domains_per_s": round(bab["domains"] / bab["time_s"], 1) if bab["time_s"] else None,
+        "wall_s": round(wall, 1),
+    }
+
+
+def fit(rows: list[dict]) -> tuple[float, float] | None:
+    pts = [(r["B"] / r["P"], max(r["peak_mb_bab"])) for r in rows if "peak_mb_bab" in r]
+    if len({x for x, _ in pts}) < 2:
+        return None
+    x, y = np.array(pts).T
+    b, a = np.polyfit(x, y, 1)
+    return float(a), float(b)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, nargs="+", default=[512, 2048])
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_plugin_bab"))
+    a = ap.parse_args()
+    if not os.environ.get("ABCROWN_PATH"):
+        sys.exit("set ABCROWN_PATH to an alpha-beta-CROWN checkout (../shared/vendor/alpha-beta-CROWN)")
+    if not MNIST.is_dir():
+        sys.exit(f"{MNIST} not found (the shared VNN-COMP benchmarks)")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    command = " ".join(["python", *sys.argv])
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as d:
+        for B in a.batches:
+            for P in [1, *a.worlds]:
+                r = {"B": B, "P": P, **run_one(B, P, a.rounds, Path(d), a.timeout)}
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                (out / "abcrown_plugin_bab.json").write_text(
+                    json.dumps({"commit": commit, "command": command, "rows": rows}, indent=1)
+                )
+    base = {r["B"]: r for r in rows if r["P"] == 1 and "peak_mb_bab" in r}
+    lines = [
+        "| B (domains a round) | P | verdict | BaB peak MB per rank (max) | × P=1 | domains | domains/s "
+        "| wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['B']} | {r['P']} | error: {r['error']} | | | | | |")
+            continue
+        peak = max(r["peak_mb_bab"])
+        ref = base.get(r["B"])
+        ratio = f"{peak / max(ref['peak_mb_bab']):.2f}" if ref and max(ref["peak_mb_bab"]) > 0 else ""
+        lines.append(
+            f"| {r['B']} | {r['P']} | {r['verdict']} | {peak:.0f} | {ratio} | {r['domains']} | "
+            f"{r['domains_per_s']} | {r['wall_s']} |"
+        )
+    ab = fit(rows)
+    md = [
+        "# BaB inside alpha-beta-CROWN: peak per rank vs the batch of domains, domains split over ranks",
+        "",
+        f"Commit `{commit}`; command `{command}`; this machine (2 cores, CPU, gloo); α,β-CROWN 8250d5f / "
+        f"auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. mnist-net_256x6, prop_2_0.05, kFSB, {a.rounds} BaB rounds, "
+        "PGD off; P = 1 is α,β-CROWN unpatched. Peak: RSS high-water mark of `general_bab` above its "
+        "start, per rank.",
+        "",
+        *lines,
+        "",
+        (f"Fit over these runs: peak ≈ {ab[0]:.1f} MB + {ab[1]:.3f} MB × B/P; " if ab else "")
+        + f"the paper's authors: {PAPER}.",
+    ]
+    (out / "abcrown_plugin_bab.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
