@@ -196,7 +196,7 @@ def test_missing_checkout_is_one_line(tmp_path):
 def test_install_and_uninstall_leave_auto_lirpa_as_it_was(tmp_path):
     code = f"""
 import inspect, importlib
-from complete_verifier_ext.abcrown_plugin import fsdp, locate, patches, rows, runner
+from complete_verifier_ext.abcrown_plugin import bab_split, fsdp, locate, patches, rows, runner
 runner._import_abcrown(locate.find({str(VENDOR)!r}))
 import abcrown
 def snapshot():
@@ -220,6 +220,7 @@ patches.install_spec_cache(p, {str(tmp_path / "cache")!r})
 patches.install_clock(p)
 rows.install(p)
 fsdp.install(p)
+bab_split.install(p)
 during = snapshot()
 changed = [k for k in before if before[k] is not during[k] and before[k] != during[k]]
 p.undo()
@@ -314,8 +315,8 @@ def test_clock_skew_on_one_rank_keeps_lockstep(tmp_path, unpatched):
 
 def test_vnncomp_route_runs_abcrowns_config_sharded(tmp_path):
     """``run_instance.sh`` with ``ABCROWN_PATH`` set runs α,β-CROWN's own mnist_fc config (its
-    ``mnistfc_small.yaml`` for 256x2) through the plugin, here at P = 2; the sat result carries a
-    counterexample that onnxruntime confirms."""
+    ``mnistfc_small.yaml`` for 256x2) through the plugin, here at P = 2 (``ABCROWN_EXTRA_ARGS``); the
+    sat result carries a counterexample that onnxruntime confirms."""
     import re
 
     import numpy as np
@@ -327,7 +328,9 @@ def test_vnncomp_route_runs_abcrowns_config_sharded(tmp_path):
     onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
     results = tmp_path / "results.txt"
     script = Path(__file__).resolve().parents[1] / "vnncomp_scripts" / "run_instance.sh"
-    env = _env(ABCROWN_EXTRA_ARGS="--parallel.mode fsdp --parallel.world_size 2", PYTHON=sys.executable)
+    # mnistfc_small.yaml asks for MIP, which is refused under P > 1: the attack alone decides here
+    extra = "--parallel.mode fsdp --parallel.world_size 2 --complete_verifier skip"
+    env = _env(ABCROWN_EXTRA_ARGS=extra, PYTHON=sys.executable)
     out = subprocess.run(
         ["bash", str(script), "v1", "mnist_fc", onnx, spec, str(results), "60"],
         env=env,
