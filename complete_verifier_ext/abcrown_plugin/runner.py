@@ -229,6 +229,8 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
                     "(run it at world_size 1, or with general.complete_verifier: skip)"
                 )
         extra = _crown_batch_args(all_args, par.world_size)
+        if not all_args["general"]["save_adv_example"]:
+            extra.append("--save_adv_example")  # a sat carries its counterexample, which rank 0 re-checks
         for w in launch.check_world_size(par.world_size):
             if writer:
                 print(f"warning: {w}", file=sys.stderr)

@@ -77,7 +77,6 @@ def command(category: str, onnx: str, vnnlib: str, results: str, timeout: str, o
         results,
         "--timeout",
         timeout,
-        "--save_adv_example",  # as vnncomp_main.py: a sat result carries its counterexample
     ]
     import torch
 
