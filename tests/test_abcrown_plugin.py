@@ -125,15 +125,16 @@ def test_bounds_equal_unpatched_with_split_rows(unpatched, P):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert got["engine"] == "abcrown" and got["verdict"] == ref["verdict"]
     assert rel(ref["bounds"]["crown"], got["bounds"]["crown"]) < 1e-6
-    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-5
+    # the passes are dealt whole and the gradients summed only where split: α-CROWN is one process's
+    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-6
     assert len(got["peak_mb"]) == P and got["crown_batch_size"] == 8
     assert results.strip() == "timeout"
     # rank 0 alone prints: α,β-CROWN's "Result:" line appears once
     assert proc.stdout.count("Result: ") == 1
     # α is kept by row: 256x2 has 6972 α elements, 4200 of them one start node's rows; each rank holds
-    # its 1/P of those (+1 default slot) and the replicated rest
+    # its block of passes of those (+1 default slot) and the replicated rest
     assert ref["alpha_elements"] == [6972]
-    assert max(got["alpha_elements"]) <= 2772 + 30 * (4200 // (30 * P) + 2)
+    assert max(got["alpha_elements"]) <= 2772 + 30 * (4200 // (30 * P) + 8 + 1)  # + one pass, slot 0
     # no rank holds a whole weight (nor a copy, nor a transposed copy) at the start and end of the build
     assert got["full_weights_live"] == [[[], []]] * P
 

@@ -1,25 +1,26 @@
 """Row-sharded A-matrices inside auto_LiRPA: the neurons of the layer being bounded are dealt over the
 ranks, so each rank back-substitutes (and holds the A-matrices of) only its rows.
 
-auto_LiRPA already bounds the unstable neurons of a layer in chunks of ``solver.crown.batch_size``
-(``BoundedModule.batched_backward``). The wrapper gives rank r the contiguous block
-``shard_range(U)`` of the U neurons, padded (with its last neuron) to the largest block so that every
-rank runs the same number of chunks (and so the same collectives under FSDP), calls the original on
-it, and all-gathers the ``(batch, rows)`` bounds in rank order.
+auto_LiRPA already bounds the unstable neurons of a layer in passes of ``solver.crown.batch_size``
+rows c (``BoundedModule.batched_backward``). The wrapper deals those passes: with K = ceil(U / c)
+passes over the U rows, rank r takes the contiguous block ``shard_range(K)`` of them, so each of its
+passes holds exactly the rows of one pass of a single process (bitwise the same computation). Ranks
+with fewer passes add dummy full passes (dropped) so that every rank runs the same number (and so the
+same collectives under FSDP); the one partial pass stays last. The ``(batch, rows)`` bounds are
+all-gathered and put back in row order.
 
-α-CROWN optimises through these bounds, so the gather is differentiable (``all_gather_cat_grad``: its
-backward all-reduces the gradient and keeps the rank's own block) and the gradient protocol makes the
-result that of one process:
+α-CROWN optimises through these bounds. Everything after the gather is computed identically on every
+rank, so every rank has the same gradient for the gathered bounds, and the gather's backward keeps the
+rank's slice of its own gradient (``comm.all_gather_cat_replicated``: no communication, no rescaling).
+Then a parameter's gradient is whole on every rank if it only feeds replicated computation, and is
+split over the ranks if it feeds the dealt passes (the α of a dealt start node): the optimiser
+(``torch.optim.Adam``/``SGD`` as auto_LiRPA's ``optimized_bounds`` sees them) sums exactly those over
+the ranks before its step. The parameters stay equal on every rank, and so do all the decisions made
+from the bounds (early stop, best bounds, lr decay); with the passes aligned, α-CROWN is one process's
+up to the order of those sums.
 
-* every rank computes the same loss from the same gathered bounds; the bounds that leave
-  ``_compute_bounds_main`` pass through a gradient scale of 1/P;
-* the optimiser (``torch.optim.Adam``/``SGD`` as auto_LiRPA's ``optimized_bounds`` sees them) sums
-  every parameter's gradient over the ranks before its step; so a replicated α gets P × 1/P of its
-  gradient and a row α, whose gradient exists only on its owner, gets it once. The α stay equal on
-  every rank, and so do all the decisions made from the bounds (early stop, best bounds, lr decay).
-
-``return_A`` calls (which merge per-chunk A dictionaries) and layers with fewer neurons than ranks
-run unsharded.
+``return_A`` calls (which merge per-chunk A dictionaries) and layers with fewer rows than ranks run
+unsharded.
 
 **Row-sharded α.** A ReLU's α for an intermediate start node (auto_LiRPA's ``alpha[start]``,
 ``(2, S, batch, *relu_shape)``: one slope set per start-node row) is used row by row, and the rows
@@ -29,10 +30,10 @@ that ``batched_backward`` deals to rank r are used only there. So right after
 created from these tensors). While rank r deals a start node's rows, ``select_alpha_by_idx`` reads
 its local α through a neuron → local-row table. Any other use of that α (every rank bounding the same
 rows, e.g. below ``solver.crown.batch_size``) gets the whole α, all-gathered with autograd, so the
-ranks stay identical. These α get their whole gradient on their owner (the gathers' backward sums it),
-so the optimiser does not sum them; it sums every replicated parameter as before. Only fully
-connected start nodes (1-D rows) with more unstable neurons than ``crown.batch_size`` (the ones whose
-rows are dealt) are split; the output node's α (one row per spec) stays replicated.
+ranks stay identical. A row's slopes get their whole gradient on their owner, so the optimiser sums
+only the shared slot 0. The rows are kept in the blocks of passes that ``batched_backward`` deals. Only
+fully connected start nodes (1-D rows) with more unstable neurons than ``crown.batch_size`` (the ones
+whose rows are dealt) are split; the output node's α (one row per spec) stays replicated.
 """
 
 from __future__ import annotations
@@ -48,23 +49,8 @@ from ..parallel import comm
 
 _active = False  # rows are sharded only inside the patched run
 _dealing: list[str] = []  # the start nodes whose rows batched_backward is dealing now (innermost last)
-
-
-class _GradScale(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t: Tensor, scale: float) -> Tensor:  # type: ignore[override]
-        ctx.scale = scale
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return grad * ctx.scale, None
-
-
-def _scaled(t):
-    if isinstance(t, Tensor) and t.requires_grad:
-        return _GradScale.apply(t, 1.0 / comm.world_size())
-    return t
+_dealt_starts: set[str] = set()  # the start nodes whose rows were dealt (in the BoundedModule _module[0])
+_module: list = [None]  # a weakref to that BoundedModule
 
 
 def _unstable_size(idx) -> int:
@@ -75,16 +61,33 @@ def _rows(idx, positions: Tensor):
     return tuple(u[positions] for u in idx) if isinstance(idx, tuple) else idx[positions]
 
 
-def _owners(module, node, idx) -> Tensor:
-    """The rank that bounds each of the U rows: the owner of the row's α where the start node's α is
-    kept by row, else contiguous blocks (``shard_range``)."""
+def pass_blocks(U: int, c: int, world: int | None = None) -> Tensor:
+    """The rank of each of U rows when its passes of c rows are dealt in contiguous blocks."""
+    K = -(-U // c)
+    owner_of_pass = torch.cat(
+        [torch.full((n,), q, dtype=torch.long) for q, n in enumerate(comm.shard_sizes(K, world))]
+    )
+    return owner_of_pass.repeat_interleave(c)[:U]
+
+
+def _owners(module, node, idx, c: int) -> Tensor:
+    """The rank that bounds each of the U rows: where the start node's α is kept by row, its owner;
+    else the pass blocks."""
     if isinstance(idx, Tensor):
         for relu in getattr(module, "relus", ()):
             layout = _ALPHA.get(relu, {}).get(node.name)
             if layout is not None:
                 return layout.owners_of(idx)
-    sizes = comm.shard_sizes(_unstable_size(idx))
-    return torch.cat([torch.full((n,), q, dtype=torch.long) for q, n in enumerate(sizes)])
+    return pass_blocks(_unstable_size(idx), c)
+
+
+def _local_rows(owners: Tensor, q: int, c: int, passes: int) -> Tensor:
+    """Rank q's rows (positions) in pass order: its full passes, dummy passes (-1) up to ``passes``,
+    then its partial pass."""
+    mine = (owners == q).nonzero().squeeze(1)
+    full = (mine.numel() // c) * c
+    dummies = torch.full(((passes - -(-mine.numel() // c)) * c,), -1, dtype=torch.long)
+    return torch.cat([mine[:full], dummies, mine[full:]])
 
 
 def wrap_batched_backward(orig):
@@ -101,48 +104,43 @@ def wrap_batched_backward(orig):
         U = _unstable_size(idx)
         if not _active or P == 1 or want_A or U < P:
             return orig(self, node, C, unstable_idx, batch_size, bound_lower, bound_upper, return_A)
-        owners = _owners(self, node, idx).cpu()
-        counts = torch.bincount(owners, minlength=P).tolist()
-        most = max(counts)
-        mine = (owners == comm.rank()).nonzero().squeeze(1)
-        pad = mine[-1:] if mine.numel() else torch.zeros(1, dtype=torch.long)  # a row to repeat, dropped
-        positions = torch.cat([mine, pad.expand(most - mine.numel())]).to(self.device)
+        c = int(min(self.bound_opts["crown_batch_size"], U))
+        owners = _owners(self, node, idx, c).cpu()
+        passes = max(-(-int((owners == q).sum()) // c) for q in range(P))
+        every = [_local_rows(owners, q, c, passes) for q in range(P)]
+        rows = every[comm.rank()]
+        filler = rows[rows >= 0][:1] if (rows >= 0).any() else torch.zeros(1, dtype=torch.long)
+        local = _rows(idx, torch.where(rows >= 0, rows, filler).to(self.device))
         opts = self.bound_opts
         saved_ratio = opts.get("batched_crown_max_vram_ratio")
-        opts["batched_crown_max_vram_ratio"] = 0.0  # never enlarge a chunk on one rank only
+        opts["batched_crown_max_vram_ratio"] = 0.0  # never enlarge a pass on one rank only
+        if _module[0] is None or _module[0]() is not self:
+            _dealt_starts.clear()
+            _module[0] = weakref.ref(self)
         _dealing.append(node.name)
+        _dealt_starts.add(node.name)
         try:
-            mine_idx = _rows(idx, positions)
-            lb, ub = orig(self, node, C, mine_idx, batch_size, bound_lower, bound_upper, False)[:2]
+            lb, ub = orig(self, node, C, local, batch_size, bound_lower, bound_upper, False)[:2]
         finally:
             opts["batched_crown_max_vram_ratio"] = saved_ratio
             _dealing.pop()
-        keep = torch.cat([torch.arange(q * most, q * most + n) for q, n in enumerate(counts)])
-        order = torch.cat([(owners == q).nonzero().squeeze(1) for q in range(P)])  # row of each kept column
-        back = torch.empty_like(order)
-        back[order] = torch.arange(U)
-        take = keep.index_select(0, back).to(self.device)  # gathered column of every row, in row order
+        sizes = [r.numel() for r in every]
+        flat = torch.cat(every)  # the row of each gathered column (-1: dummy)
+        take = torch.empty(U, dtype=torch.long)
+        real = flat >= 0
+        take[flat[real]] = real.nonzero().squeeze(1)
+        take = take.to(self.device)  # gathered column of every row, in row order
 
         def gathered(t):
             if t is None:
                 return None
-            full = comm.all_gather_cat_grad(t.reshape(batch_size, most), 1, sizes=[most] * P)
+            full = comm.all_gather_cat_replicated(t.reshape(batch_size, -1), 1, sizes=sizes)
             full = full.index_select(1, take)
             return full.reshape(batch_size, *node.output_shape[1:]) if dense else full
 
         return gathered(lb), gathered(ub)
 
     return batched_backward
-
-
-def wrap_compute_bounds_main(orig):
-    def _compute_bounds_main(self, *args, **kwargs):
-        ret = orig(self, *args, **kwargs)
-        if not _active or comm.world_size() == 1 or not torch.is_grad_enabled() or not isinstance(ret, tuple):
-            return ret
-        return (_scaled(ret[0]), _scaled(ret[1]), *ret[2:])
-
-    return _compute_bounds_main
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -152,19 +150,20 @@ def wrap_compute_bounds_main(orig):
 
 class RowAlpha:
     """How one (ReLU, start node) α is kept by row on this rank: the rows of ``idx`` (the start node's
-    neurons that have their own α row) in contiguous blocks over the ranks, plus a default slot 0."""
+    neurons that have their own α row) in the blocks of passes of c rows that ``batched_backward``
+    deals (:func:`pass_blocks`), plus a default slot 0."""
 
-    def __init__(self, idx: Tensor, size_s: int, orig_lookup: Tensor | None, full_rows: int) -> None:
+    def __init__(self, idx: Tensor, size_s: int, orig_lookup: Tensor | None, full_rows: int, c: int) -> None:
         U = idx.numel()
-        lo, hi = comm.shard_range(U)
+        blocks = pass_blocks(U, c)
         self.idx, self.size_s, self.orig_lookup, self.full_rows = idx, size_s, orig_lookup, full_rows
-        self.sizes = comm.shard_sizes(U)
-        self.own = idx[lo:hi]
+        self.sizes = torch.bincount(blocks, minlength=comm.world_size()).tolist()
+        mine = (blocks == comm.rank()).nonzero().squeeze(1).to(idx.device)
+        self.own = idx[mine]
         self.lookup = torch.zeros(size_s, dtype=torch.long, device=idx.device)  # neuron -> local row
-        self.lookup[self.own] = torch.arange(1, hi - lo + 1, device=idx.device)
+        self.lookup[self.own] = torch.arange(1, self.own.numel() + 1, device=idx.device)
         self.owner = torch.full((size_s,), -1, dtype=torch.long)  # neuron -> rank (-1: slot 0 only)
-        blocks = [torch.full((n,), q, dtype=torch.long) for q, n in enumerate(self.sizes)]
-        self.owner[idx.cpu()] = torch.cat(blocks)
+        self.owner[idx.cpu()] = blocks
 
     def owners_of(self, rows: Tensor) -> Tensor:
         """The rank that bounds each row: its α's owner; rows without an α row of their own (they use
@@ -188,9 +187,9 @@ class RowAlpha:
 
     def whole(self, local: Tensor) -> Tensor:
         """The α as auto_LiRPA laid it out, from every rank's rows (differentiable)."""
-        rows = comm.all_gather_cat_grad(local[:, 1:], 1, sizes=self.sizes)  # (2, U, batch, ...)
-        if self.orig_lookup is not None:
-            return torch.cat([local[:, :1], rows], 1)
+        rows = comm.all_gather_cat_replicated(local[:, 1:], 1, sizes=self.sizes)  # (2, U, batch, ...)
+        if self.orig_lookup is not None:  # slot 0 is not trained by such a use (its gradient is not split)
+            return torch.cat([local[:, :1].detach(), rows], 1)
         return rows  # dense: idx is every neuron, in order
 
 
@@ -214,7 +213,8 @@ def _dealt(relu, start) -> RowAlpha | None:
     lookup = (relu.alpha_lookup_idx or {}).get(name)
     if lookup is None:  # dense spec: every neuron has its own α row
         unstable_idx = torch.arange(size_s, device=relu.alpha[name].device)
-    return RowAlpha(unstable_idx, size_s, lookup, relu.alpha[name].shape[1])
+    c = int(min(opts["crown_batch_size"], U))
+    return RowAlpha(unstable_idx, size_s, lookup, relu.alpha[name].shape[1], c)
 
 
 def wrap_init_opt_parameters(orig):
@@ -282,17 +282,31 @@ def _row_alphas() -> set[int]:
     return out
 
 
+def _split_params() -> set[int]:
+    """ids of the α whose gradient is split over the ranks: those of a dealt start node."""
+    module = _module[0]() if _module[0] is not None else None
+    out = set()
+    for node in module.nodes() if module is not None else ():
+        alpha = getattr(node, "alpha", None)
+        if isinstance(alpha, dict):
+            out.update(id(t) for name, t in alpha.items() if name in _dealt_starts and isinstance(t, Tensor))
+    return out
+
+
 def _sum_grads(params) -> None:
-    local = _row_alphas()
+    """Sum over the ranks the gradients that are split: the α of dealt start nodes, and of an α kept by
+    row only its shared slot 0. Every other gradient is already whole (replicated computation)."""
+    by_row, split = _row_alphas(), _split_params()
     for group in params:
         for p in group["params"]:
-            if id(p) in local:  # only the shared default slot is summed
-                if p.grad is not None:
-                    p.grad[:, :1] = comm.all_reduce(p.grad[:, :1], "sum")
+            if id(p) not in split:
                 continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            p.grad.copy_(comm.all_reduce(p.grad, "sum"))
+            if id(p) in by_row:
+                p.grad[:, :1] = comm.all_reduce(p.grad[:, :1], "sum")
+            else:
+                p.grad.copy_(comm.all_reduce(p.grad, "sum"))
 
 
 def _synced(cls):
@@ -312,7 +326,6 @@ def install(p) -> None:
     import auto_LiRPA.optimized_bounds as ob
 
     p.wrap("auto_LiRPA.BoundedModule.batched_backward", wrap_batched_backward)
-    p.wrap("auto_LiRPA.BoundedModule._compute_bounds_main", wrap_compute_bounds_main)
     p.wrap("auto_LiRPA.operators.BoundRelu.init_opt_parameters", wrap_init_opt_parameters)
     p.wrap("auto_LiRPA.operators.BoundRelu.select_alpha_by_idx", wrap_select_alpha_by_idx)
     optim = types.ModuleType("optim")
