@@ -9,15 +9,19 @@ with fewer passes add dummy full passes (dropped) so that every rank runs the sa
 same collectives under FSDP); the one partial pass stays last. The ``(batch, rows)`` bounds are
 all-gathered and put back in row order.
 
-α-CROWN optimises through these bounds. Everything after the gather is computed identically on every
-rank, so every rank has the same gradient for the gathered bounds, and the gather's backward keeps the
-rank's slice of its own gradient (``comm.all_gather_cat_replicated``: no communication, no rescaling).
-Then a parameter's gradient is whole on every rank if it only feeds replicated computation, and is
-split over the ranks if it feeds the dealt passes (the α of a dealt start node): the optimiser
-(``torch.optim.Adam``/``SGD`` as auto_LiRPA's ``optimized_bounds`` sees them) sums exactly those over
-the ranks before its step. The parameters stay equal on every rank, and so do all the decisions made
-from the bounds (early stop, best bounds, lr decay); with the passes aligned, α-CROWN is one process's
-up to the order of those sums.
+α-CROWN optimises through these bounds, so the gather is differentiable (``all_gather_cat_grad``: its
+backward sums the gradient over the ranks and keeps the rank's block), and the gradient protocol
+makes the result that of one process:
+
+* every rank computes the same loss from the same gathered bounds; the bounds that leave
+  ``_compute_bounds_main`` carry their gradient on rank 0 alone (a factor 0 elsewhere), so what every
+  rank computes identically is counted once in each sum over the ranks, exactly (a factor 1/P on
+  every rank is not exact for P = 3);
+* the optimiser (``torch.optim.Adam``/``SGD`` as auto_LiRPA's ``optimized_bounds`` sees them) sums
+  every parameter's gradient over the ranks before its step (an α kept by row: only its slot 0). The
+  parameters stay equal on every rank, and so do all the decisions made from the bounds (early stop,
+  best bounds, lr decay). With the passes dealt whole, the bounds are one process's up to the order of
+  these sums.
 
 ``return_A`` calls (which merge per-chunk A dictionaries) and layers with fewer rows than ranks run
 unsharded.
@@ -49,8 +53,6 @@ from ..parallel import comm
 
 _active = False  # rows are sharded only inside the patched run
 _dealing: list[str] = []  # the start nodes whose rows batched_backward is dealing now (innermost last)
-_dealt_starts: set[str] = set()  # the start nodes whose rows were dealt (in the BoundedModule _module[0])
-_module: list = [None]  # a weakref to that BoundedModule
 
 
 def _unstable_size(idx) -> int:
@@ -114,11 +116,7 @@ def wrap_batched_backward(orig):
         opts = self.bound_opts
         saved_ratio = opts.get("batched_crown_max_vram_ratio")
         opts["batched_crown_max_vram_ratio"] = 0.0  # never enlarge a pass on one rank only
-        if _module[0] is None or _module[0]() is not self:
-            _dealt_starts.clear()
-            _module[0] = weakref.ref(self)
         _dealing.append(node.name)
-        _dealt_starts.add(node.name)
         try:
             lb, ub = orig(self, node, C, local, batch_size, bound_lower, bound_upper, False)[:2]
         finally:
@@ -134,13 +132,42 @@ def wrap_batched_backward(orig):
         def gathered(t):
             if t is None:
                 return None
-            full = comm.all_gather_cat_replicated(t.reshape(batch_size, -1), 1, sizes=sizes)
+            full = comm.all_gather_cat_grad(t.reshape(batch_size, -1), 1, sizes=sizes)
             full = full.index_select(1, take)
             return full.reshape(batch_size, *node.output_shape[1:]) if dense else full
 
         return gathered(lb), gathered(ub)
 
     return batched_backward
+
+
+class _GradScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t: Tensor, scale: float) -> Tensor:  # type: ignore[override]
+        ctx.scale = scale
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return grad * ctx.scale, None
+
+
+def wrap_compute_bounds_main(orig):
+    """The bounds it returns carry their gradient on rank 0 alone (a factor 0 elsewhere): what every
+    rank computes identically is then counted once in the sums over the ranks, exactly."""
+
+    def _compute_bounds_main(self, *args, **kwargs):
+        ret = orig(self, *args, **kwargs)
+        if not _active or comm.world_size() == 1 or not torch.is_grad_enabled() or not isinstance(ret, tuple):
+            return ret
+        scale = 1.0 if comm.rank() == 0 else 0.0
+
+        def once(t):
+            return _GradScale.apply(t, scale) if isinstance(t, Tensor) and t.requires_grad else t
+
+        return (once(ret[0]), once(ret[1]), *ret[2:])
+
+    return _compute_bounds_main
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -174,7 +201,11 @@ class RowAlpha:
         return o
 
     def split(self, alpha: Tensor) -> Tensor:
-        """auto_LiRPA's α (``(2, full_rows, batch, ...)``) -> this rank's ``(2, 1 + own, batch, ...)``."""
+        """auto_LiRPA's α (``(2, full_rows, batch, ...)``) -> this rank's ``(2, 1 + own, batch, ...)``.
+
+        With a dense spec (a row for every neuron) the rows of neurons that are not bounded (stable)
+        are never trained: slot 0, a copy of the initial slope that every row starts from, stands for
+        them."""
         if self.orig_lookup is not None:  # sparse spec: row 0 is auto_LiRPA's own default slot
             rows, default = self.orig_lookup[self.own], alpha[:, :1]
         else:
@@ -187,10 +218,11 @@ class RowAlpha:
 
     def whole(self, local: Tensor) -> Tensor:
         """The α as auto_LiRPA laid it out, from every rank's rows (differentiable)."""
-        rows = comm.all_gather_cat_replicated(local[:, 1:], 1, sizes=self.sizes)  # (2, U, batch, ...)
-        if self.orig_lookup is not None:  # slot 0 is not trained by such a use (its gradient is not split)
-            return torch.cat([local[:, :1].detach(), rows], 1)
-        return rows  # dense: idx is every neuron, in order
+        rows = comm.all_gather_cat_grad(local[:, 1:], 1, sizes=self.sizes)  # (2, U, batch, ...)
+        if self.orig_lookup is not None:
+            return torch.cat([local[:, :1], rows], 1)
+        full = local[:, :1].expand(-1, self.size_s, *local.shape[2:])  # dense: one row per neuron
+        return full.index_copy(1, self.idx, rows)
 
 
 _ALPHA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BoundRelu -> {start name: RowAlpha}
@@ -211,7 +243,7 @@ def _dealt(relu, start) -> RowAlpha | None:
     if U <= opts.get("crown_batch_size", float("inf")) or U < comm.world_size():
         return None  # bounded in one pass by every rank: kept whole
     lookup = (relu.alpha_lookup_idx or {}).get(name)
-    if lookup is None:  # dense spec: every neuron has its own α row
+    if unstable_idx is None:  # every neuron is bounded
         unstable_idx = torch.arange(size_s, device=relu.alpha[name].device)
     c = int(min(opts["crown_batch_size"], U))
     return RowAlpha(unstable_idx, size_s, lookup, relu.alpha[name].shape[1], c)
@@ -282,25 +314,12 @@ def _row_alphas() -> set[int]:
     return out
 
 
-def _split_params() -> set[int]:
-    """ids of the α whose gradient is split over the ranks: those of a dealt start node."""
-    module = _module[0]() if _module[0] is not None else None
-    out = set()
-    for node in module.nodes() if module is not None else ():
-        alpha = getattr(node, "alpha", None)
-        if isinstance(alpha, dict):
-            out.update(id(t) for name, t in alpha.items() if name in _dealt_starts and isinstance(t, Tensor))
-    return out
-
-
 def _sum_grads(params) -> None:
-    """Sum over the ranks the gradients that are split: the α of dealt start nodes, and of an α kept by
-    row only its shared slot 0. Every other gradient is already whole (replicated computation)."""
-    by_row, split = _row_alphas(), _split_params()
+    """Sum every gradient over the ranks, except the rows of an α kept by row (whole on their owner):
+    of those only the shared slot 0."""
+    by_row = _row_alphas()
     for group in params:
         for p in group["params"]:
-            if id(p) not in split:
-                continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             if id(p) in by_row:
@@ -326,6 +345,7 @@ def install(p) -> None:
     import auto_LiRPA.optimized_bounds as ob
 
     p.wrap("auto_LiRPA.BoundedModule.batched_backward", wrap_batched_backward)
+    p.wrap("auto_LiRPA.BoundedModule._compute_bounds_main", wrap_compute_bounds_main)
     p.wrap("auto_LiRPA.operators.BoundRelu.init_opt_parameters", wrap_init_opt_parameters)
     p.wrap("auto_LiRPA.operators.BoundRelu.select_alpha_by_idx", wrap_select_alpha_by_idx)
     optim = types.ModuleType("optim")

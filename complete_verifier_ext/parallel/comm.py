@@ -48,7 +48,6 @@ __all__ = [
     "all_gather_cat",
     "all_gather_into",
     "all_gather_cat_grad",
-    "all_gather_cat_replicated",
     "reduce_grad",
     "all_reduce",
     "all_reduce_flag",
@@ -453,33 +452,6 @@ def all_gather_cat_grad(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None 
     if sizes is None:
         sizes = _exchange_sizes(t.shape[dim], t.device)
     return _GatherCatGrad.apply(t, dim, list(sizes))
-
-
-class _GatherCatOwnGrad(torch.autograd.Function):
-    """Forward: all-gather-cat along ``dim``. Backward: this rank's block of its own gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, t: Tensor, dim: int, sizes: list[int]) -> Tensor:
-        ctx.dim, ctx.sizes, ctx.rank = dim, sizes, rank()
-        return all_gather_cat(t, dim, sizes=sizes)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        start = sum(ctx.sizes[: ctx.rank])
-        return grad.narrow(ctx.dim, start, ctx.sizes[ctx.rank]), None, None
-
-
-def all_gather_cat_replicated(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None) -> Tensor:
-    """``all_gather_cat`` with autograd, for a result that every rank consumes identically (replicated
-    computation downstream): then every rank's gradient of the result is the same, and the gradient of
-    this rank's block is its slice of that, with no communication and no rescaling (exact, unlike the
-    sum-and-scale of ``all_gather_cat_grad``). Every rank still runs the forward gather."""
-    if not _parallel():
-        return t
-    dim = dim % t.dim()
-    if sizes is None:
-        sizes = _exchange_sizes(t.shape[dim], t.device)
-    return _GatherCatOwnGrad.apply(t, dim, list(sizes))
 
 
 class _ReduceGrad(torch.autograd.Function):
