@@ -459,3 +459,12 @@ def test_bab_features_not_split_yet_are_refused(tmp_path):
     proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2)
     assert proc.returncode == 1 and results == "error\n"
     assert "not supported with parallel.world_size > 1 yet: general.complete_verifier: mip" in proc.stderr
+
+
+def test_bab_cut_short_by_max_iterations_is_no_proof(tmp_path):
+    """α,β-CROWN's BaB returns "safe" when ``bab.max_iterations`` stops it with domains still open;
+    the plugin turns that into unknown (256x6 prop_2_0.05 is open at VNN-COMP 2022)."""
+    cfg = _config(tmp_path, BAB_YAML.replace("  timeout: 120", "  timeout: 120\n  max_iterations: 2"))
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x6", "prop_2_0.05.vnnlib"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert results.strip() == "timeout" and "bab.max_iterations" in proc.stderr

@@ -23,6 +23,7 @@ import hashlib
 import inspect
 import os
 import shutil
+import sys
 import time as _time
 import types
 from collections.abc import Callable
@@ -316,6 +317,11 @@ def install_probe(p: Patcher, probe: Probe) -> None:
                 probe.on_phase("bab", True)
             t0 = _time.monotonic()
             ret = orig(*args, **kwargs)
+            if isinstance(ret, tuple) and len(ret) > 2 and ret[2] == "safe" and float(ret[0]) < 0:
+                # α,β-CROWN's BaB says "safe" when bab.max_iterations stops it with domains left (their
+                # worst lower bound still below the threshold): that is no proof
+                print("warning: BaB stopped by bab.max_iterations, domains open: unknown", file=sys.stderr)
+                ret = (ret[0], ret[1], "unknown", *ret[3:])
             probe.current.bab_s += _time.monotonic() - t0
             probe.current.bab_domains += int(ret[1]) if isinstance(ret, tuple) and len(ret) > 1 else 0
             if probe.on_phase:
