@@ -252,6 +252,13 @@ def _bounds(t) -> list[float]:
     return [float(v) for v in t.detach().flatten().tolist()]
 
 
+def bab_proved(global_lb) -> bool:
+    """Whether BaB's final worst margin (lower bound minus threshold) proves the property: at least 0
+    (+inf when no domain is left). NaN proves nothing."""
+    v = float(global_lb)
+    return v >= 0.0
+
+
 def install_probe(p: Patcher, probe: Probe) -> None:
     def summarize(orig):
         def summarize_results(self, verified_status, index):
@@ -317,7 +324,7 @@ def install_probe(p: Patcher, probe: Probe) -> None:
                 probe.on_phase("bab", True)
             t0 = _time.monotonic()
             ret = orig(*args, **kwargs)
-            if isinstance(ret, tuple) and len(ret) > 2 and ret[2] == "safe" and float(ret[0]) < 0:
+            if isinstance(ret, tuple) and len(ret) > 2 and ret[2] == "safe" and not bab_proved(ret[0]):
                 # α,β-CROWN's BaB says "safe" when bab.max_iterations stops it with domains left (their
                 # worst lower bound still below the threshold): that is no proof
                 print("warning: BaB stopped by bab.max_iterations, domains open: unknown", file=sys.stderr)
