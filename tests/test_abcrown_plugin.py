@@ -440,9 +440,10 @@ def _visited(stdout: str) -> int:
 
 
 def test_bab_with_domains_split_over_ranks(tmp_path):
-    """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round): each round's domains are split over the
-    ranks, the children gathered, and every rank keeps the same list. Same verdict and the same domain
-    count at P = 1, 2, 3."""
+    """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round): every rank keeps its own share of the
+    domain list and bounds up to ⌈8 / P⌉ of them a round, rebalanced when the queues drift. Same verdict
+    and (this tree is small enough that every round takes all its domains) the same domain count at
+    P = 1, 2, 3."""
     cfg = _config(tmp_path, BAB_YAML)
     args = instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
     got = {}

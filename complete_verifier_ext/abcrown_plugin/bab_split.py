@@ -1,24 +1,31 @@
-"""β-CROWN branch and bound inside α,β-CROWN with each round's domains split over the ranks.
+"""β-CROWN branch and bound inside α,β-CROWN with the domain list split over the ranks.
 
-α,β-CROWN's BaB round (``bab.act_split_round``) picks a batch of domains out of its domain list,
-branches them (BaBSR, FSB, kFSB: decided per domain), bounds the children with β-CROWN and adds them
-back. Under P > 1 the domain list stays replicated (every rank holds the same list and picks the same
-batch), and the work and memory of the round are split:
+α,β-CROWN's BaB (``complete_verifier_func.general_bab`` → ``bab.general_bab``) runs rounds
+(``bab.act_split_round``): pick a batch of domains out of the list (``BatchedDomainList``, tensors on
+the CPU), branch them (BaBSR, FSB, kFSB: decided per domain), bound the children with β-CROWN and add
+the unverified ones back. Under P > 1 each rank keeps its own share of the list, and a round becomes:
 
-* ``bab.split_domain`` gets the rank's contiguous block of the picked domains (``shard_range``); a rank
-  whose block is empty skips it. The split depth is computed from the whole batch
-  (``bab.get_split_depth``), as at P = 1.
-* Inside, everything is rank-local: the weights are replicated for the search (gathered once when BaB
-  starts; ``parallel.bab_weights: replicated``), the rows of intermediate layers are not dealt, and
-  the clock is the rank's own, so β-CROWN may stop early or prune on one rank only.
-* ``BatchedDomainList.add`` does not add there: it keeps the children. After the round every rank
-  all-gathers the kept children (moved to the CPU) and adds them in rank order, so the lists stay
-  identical; ``stats.visited`` is summed, and "all neurons split" holds if it holds on any rank.
+1. one ``all_gather_object`` of (domains held, batch size); the batch is the smallest over the ranks
+   (``AutoBatchSize`` may enlarge it on one rank only), and a rank's share of it is ⌈B / P⌉;
+2. a rebalance when the queues differ by more than a share, or when some rank cannot fill its share
+   while another holds more than its own: the native engine's ``rebalance_plan`` evens the counts out,
+   the domains move (from the top of the sender's stack, as ``pick_out`` would take them) in one
+   ``all_gather_object``;
+3. each rank picks up to its share and runs α,β-CROWN's own ``split_domain`` on it, rank-local: the
+   weights are replicated for the search (gathered once when BaB starts; ``parallel.bab_weights:
+   replicated``), the rows of intermediate layers are not dealt, and the clock is the rank's own, so
+   β-CROWN may stop early or prune on one rank only. The split depth is computed from the number picked
+   on all ranks together (``get_split_depth``), so each rank bounds its share of P = 1's batch; a rank
+   with nothing to pick skips it;
+4. one ``all_gather_object`` of (domains held, worst domain's lb − rhs, domains visited, "all neurons
+   split"): the global lower bound is the worst over the ranks, ``stats.visited`` the sum, and
+   ``len(domains)`` reports the global count to ``general_bab`` (its loop, ``bab.max_domains``).
 
-So every rank issues the same collectives (one gather per round, the synced clock between rounds) no
-matter what happens inside its block. The children of a domain do not depend on which other domains
-share its batch, up to β-CROWN's early stop; the tree can differ from P = 1's in that and in the order
-the children are listed, so verdicts agree on instances that finish, not necessarily the domain count.
+Every rank therefore issues the same collectives whatever happens inside its share, and the time-limit
+check between rounds reads the synced clock. Every rank builds the same one-domain list; before the
+first round, ranks other than 0 empty theirs. The children of a domain do not depend on which other
+domains share its batch, up to β-CROWN's early stop; the tree can differ from P = 1's in the order the
+domains are picked, so verdicts agree on instances that finish, not necessarily the domain count.
 
 Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree search, BaB attack,
 input splits, clip-and-verify, MIP (``complete_verifier: mip`` / ``bab-refine``), and
@@ -27,14 +34,18 @@ input splits, clip-and-verify, MIP (``complete_verifier: mip`` / ``bab-refine``)
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
 
+from ..bab.input_split import rebalance_plan
 from ..parallel import comm
 
-_round: list | None = None  # the children BatchedDomainList.add keeps during a split round
-_global_batch: int | None = None  # the whole round's batch, for get_split_depth
+_picked_total: int | None = None  # domains picked this round on all ranks, for get_split_depth
+
+# the per-domain lists of a BatchedDomainList (beside its TensorStorages)
+LISTS = ("all_betas", "all_intermediate_betas", "histories", "split_histories", "depths")
 
 
 def unsupported(all_args: dict) -> list[str]:
@@ -59,25 +70,28 @@ def unsupported(all_args: dict) -> list[str]:
     return found
 
 
-def _rows(t: Any, lo: int, hi: int, dim: int = 0) -> Any:
-    return t.narrow(dim, lo, hi - lo) if isinstance(t, torch.Tensor) else t
+# ----------------------------------------------------------------------------------------------------------
+# Moving domains between the ranks' lists
+# ----------------------------------------------------------------------------------------------------------
 
 
-def slice_domains(d: dict, lo: int, hi: int) -> dict:
-    """Domains ``[lo, hi)`` of a batch from ``BatchedDomainList.pick_out`` (its α have the batch in
-    dimension 2, everything else in dimension 0 or as list items)."""
-    out = dict(d)
-    for key in ("mask", "lAs", "lower_bounds", "upper_bounds"):
-        if d.get(key) is not None:
-            out[key] = {k: _rows(v, lo, hi) for k, v in d[key].items()}
-    if d.get("alphas") is not None:
-        alphas = d["alphas"].items()
-        out["alphas"] = {k: {kk: _rows(vv, lo, hi, 2) for kk, vv in v.items()} for k, v in alphas}
-    for key in ("betas", "intermediate_betas", "history", "split_history", "depths"):
-        if d.get(key) is not None:
-            out[key] = d[key][lo:hi]
-    for key in ("global_lb", "cs", "thresholds", "x_Ls", "x_Us", "input_split_idx"):
-        out[key] = _rows(d.get(key), lo, hi)
+def _storages(dl) -> dict[tuple, Any]:
+    """Every per-domain ``TensorStorage`` of a ``BatchedDomainList`` (the ones ``pick_out`` pops), by key.
+    The other layers' bounds are static (one entry, rebuilt from each domain's history)."""
+    out: dict[tuple, Any] = {("lA", k): s for k, s in dl.all_lAs.items()}
+    final = dl.final_name
+    out[("global_lb",)], out[("global_ub",)] = dl.all_global_lbs, dl.all_global_ubs
+    out[("thresholds",)], out[("c",)] = dl.all_thresholds, dl.Cs
+    out[("lb", final)], out[("ub", final)] = dl.all_lb_alls[final], dl.all_ub_alls[final]
+    for name in ("all_x_Ls", "all_x_Us", "all_input_split_idx"):
+        if getattr(dl, name) is not None:
+            out[(name,)] = getattr(dl, name)
+    for k, v in dl.all_alphas.items():
+        for kk, s in v.items():
+            out[("alpha", k, kk)] = s
+    for k, pair in (dl.unstable_interm_bounds or {}).items():
+        if pair is not None:
+            out[("unstable", k, 0)], out[("unstable", k, 1)] = pair
     return out
 
 
@@ -91,58 +105,159 @@ def _cpu(obj: Any) -> Any:
     return obj
 
 
-def _batch_of(d: dict) -> int:
-    return int(next(iter(d["lower_bounds"].values())).shape[0])
+def take(dl, k: int) -> dict:
+    """Remove the ``k`` domains ``pick_out`` would take next; returns them as CPU tensors and lists."""
+    n = dl.num_domains
+    k = min(k, n)
+    stores = _storages(dl)
+    wrong = [key for key, s in stores.items() if len(s) != n]
+    if wrong:
+        raise RuntimeError(f"domain list storages {wrong} do not hold {n} domains: not the supported layout")
+    tensors = {key: s.pop(k).detach().clone() for key, s in stores.items()}
+    lists = {}
+    for name in LISTS:
+        items = getattr(dl, name)
+        if isinstance(items, deque):  # breadth first: pick_out takes from the front
+            lists[name] = [items.popleft() for _ in range(k)]
+        else:
+            lists[name] = items[n - k : n]
+            setattr(dl, name, items[: n - k])
+    dl.num_domains = n - k
+    return {"tensors": tensors, "lists": _cpu(lists)}
 
 
-def wrap_split_domain(orig, add):
-    """``orig``: α,β-CROWN's ``bab.split_domain``; ``add``: the unwrapped ``BatchedDomainList.add``."""
+def put(dl, moved: dict) -> None:
+    """Append domains removed from another rank's list by :func:`take`."""
+    from tensor_storage import get_tensor_storage
 
-    def split_domain(net, domains, d, batch, stats=None, **kwargs):
-        global _round, _global_batch
+    stores = _storages(dl)
+    for key, t in moved["tensors"].items():
+        if key in stores:
+            stores[key].append(t)
+        elif key[0] == "unstable":  # this rank never added children yet
+            if dl.unstable_interm_bounds is None:
+                dl.unstable_interm_bounds = {}
+            pair = dl.unstable_interm_bounds.setdefault(key[1], [None, None])
+            pair[key[2]] = get_tensor_storage(t)
+        elif key[0] == "alpha":
+            dl.all_alphas[key[1]][key[2]] = get_tensor_storage(t, concat_dim=2)
+        else:
+            raise RuntimeError(f"domain list storage {key} missing on rank {comm.rank()}")
+    for name in LISTS:
+        getattr(dl, name).extend(moved["lists"][name])
+    dl.num_domains = len(dl.histories)
+
+
+def needs_rebalance(counts: list[int], share: int, batch: int) -> bool:
+    """Queues differ by more than a share, or the round would pick fewer domains than at P = 1."""
+    picked = sum(min(share, n) for n in counts)
+    return max(counts) - min(counts) > share or picked < min(batch, sum(counts))
+
+
+def rebalance(dl, counts: list[int]) -> list[int]:
+    """Even the ranks' queues out (``rebalance_plan``); returns the new counts."""
+    me, moves = comm.rank(), rebalance_plan(counts)
+    sent = [(dst, take(dl, count)) for src, dst, count in moves if src == me]
+    for got in comm.all_gather_object(sent):
+        for dst, moved in got:
+            if dst == me:
+                put(dl, moved)
+    new = list(counts)
+    for src, dst, count in moves:
+        new[src] -= count
+        new[dst] += count
+    return new
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The round
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _worst(candidates: list) -> torch.Tensor:
+    """α,β-CROWN's ``check_worst_domain`` over the ranks: the lb − rhs of the domain whose best spec is
+    worst; 1e-7 (its value for an empty list) when no rank holds a domain."""
+    held = [w for w in candidates if w is not None]
+    if not held:
+        return torch.tensor(1e-7)
+    return min(held, key=lambda w: float(w.max()))
+
+
+def wrap_act_split_round(split_domain, check_worst_domain):
+    """``split_domain``, ``check_worst_domain``: α,β-CROWN's own (``bab`` module)."""
+
+    def act_split_round(domains, net, batch, iter_idx, stats=None, branching_heuristic=None):
+        global _picked_total
+        import arguments
+
         from . import patches
 
-        n = _batch_of(d)
-        lo, hi = comm.shard_range(n)
+        bab_args, me = arguments.Config["bab"], comm.rank()
+        domains._global_len = None  # len() is this rank's own inside the round
+        if not getattr(domains, "_split", False):
+            domains._split = True
+            if me != 0:
+                take(domains, len(domains))
+        counts, batches = zip(*comm.all_gather_object((len(domains), int(batch))), strict=True)
+        counts, batch = list(counts), min(batches)
+        share = -(-batch // comm.world_size())
+        if needs_rebalance(counts, share, batch):
+            counts = rebalance(domains, counts)
+        picks = [min(share, n) for n in counts]
         visited = stats.visited
-        _round, _global_batch = [], n
-        try:
-            with patches.local_clock():
-                if hi > lo:
-                    orig(net, domains, slice_domains(d, lo, hi), batch, stats=stats, **kwargs)
-            kept = _round
-        finally:
-            _round, _global_batch = None, None
-        all_split = bool(getattr(stats, "all_node_split", False))
-        mine = (_cpu(kept), stats.visited - visited, all_split, getattr(stats, "all_split_result", "unknown"))
+        with patches.local_clock():
+            if picks[me] > 0:
+                stats.timer.start("pickout")
+                d = domains.pick_out(batch=picks[me], device=net.device)
+                if bab_args["vanilla_crown"]:
+                    d["history"] = None
+                stats.timer.add("pickout")
+                _picked_total = sum(picks)
+                try:
+                    fix = not bab_args["recompute_interm"]
+                    split_domain(net, domains, d, batch, stats=stats, fix_interm_bounds=fix,
+                                 branching_heuristic=branching_heuristic, iter_idx=iter_idx)  # fmt: skip
+                finally:
+                    _picked_total = None
+            interval = bab_args["sort_domain_interval"]
+            if interval > 0 and iter_idx % interval == 0:
+                domains.sort()
+            worst = _cpu(check_worst_domain(domains)) if len(domains) > 0 else None
+        all_split = bool(stats.all_node_split)
+        result = getattr(stats, "all_split_result", "unknown")
+        mine = (len(domains), worst, stats.visited - visited, all_split, result)
         every = comm.all_gather_object(mine)
-        for children, *_ in every:
-            for bounds, dd, check in children:
-                add(domains, bounds, dd, check)
-        stats.visited = visited + sum(e[1] for e in every)
-        if any(e[2] for e in every):
-            results = [e[3] for e in every if e[2]]
+        domains._global_len = sum(e[0] for e in every)
+        stats.visited = visited + sum(e[2] for e in every)
+        if any(e[3] for e in every):
             stats.all_node_split = True
-            stats.all_split_result = "unsafe" if "unsafe" in results else "unknown"
-        return None
+            stats.all_split_result = "unsafe" if any(e[3] and e[4] == "unsafe" for e in every) else "unknown"
+        global_lb = _worst([e[1] for e in every]).to(net.device)
+        offset = arguments.Config["specification"]["rhs_offset"]
+        if offset is not None:
+            global_lb = global_lb + offset
+        print(f"Length of domains: {len(domains)} (this rank: {every[me][0]})")
+        print(f"Current (lb-rhs): {global_lb.max().item()}")
+        print(f"{stats.visited} domains visited")
+        stats.timer.print()
+        return global_lb
 
-    return split_domain
+    return act_split_round
 
 
-def wrap_add(orig):
-    def add(self, bounds, d, check_infeasibility):
-        if _round is None:
-            return orig(self, bounds, d, check_infeasibility)
-        kept = {k: d[k] for k in ("history", "thresholds", "depths")}
-        _round.append((bounds, kept, check_infeasibility))
-        return None
+def wrap_len(orig):
+    """``len(domains)`` is the count over all ranks between rounds (what ``general_bab`` reads)."""
 
-    return add
+    def __len__(self):
+        n = self.__dict__.get("_global_len")
+        return orig(self) if n is None else n
+
+    return __len__
 
 
 def wrap_get_split_depth(orig):
     def get_split_depth(batch_size, min_batch_size, min_depth):
-        return orig(_global_batch or batch_size, min_batch_size, min_depth)
+        return orig(_picked_total or batch_size, min_batch_size, min_depth)
 
     return get_split_depth
 
@@ -159,11 +274,9 @@ def wrap_general_bab(orig):
 
 def install(p) -> None:
     import bab as abcrown_bab
-    import branching_domains
-    import complete_verifier_func
 
-    add = p.original("branching_domains.BatchedDomainList.add")
-    p.set(abcrown_bab, "split_domain", wrap_split_domain(abcrown_bab.split_domain, add))
-    p.set(abcrown_bab, "get_split_depth", wrap_get_split_depth(abcrown_bab.get_split_depth))
-    p.set(branching_domains.BatchedDomainList, "add", wrap_add(add))
-    p.set(complete_verifier_func, "general_bab", wrap_general_bab(complete_verifier_func.general_bab))
+    round_ = wrap_act_split_round(abcrown_bab.split_domain, abcrown_bab.check_worst_domain)
+    p.set(abcrown_bab, "act_split_round", round_)
+    p.wrap("bab.get_split_depth", wrap_get_split_depth)
+    p.wrap("branching_domains.BatchedDomainList.__len__", wrap_len)
+    p.wrap("complete_verifier_func.general_bab", wrap_general_bab)
