@@ -148,10 +148,12 @@ def put(dl, moved: dict) -> None:
     dl.num_domains = len(dl.histories)
 
 
-def needs_rebalance(counts: list[int], share: int, batch: int) -> bool:
-    """Queues differ by more than a share, or the round would pick fewer domains than at P = 1."""
-    picked = sum(min(share, n) for n in counts)
-    return max(counts) - min(counts) > share or picked < min(batch, sum(counts))
+def needs_rebalance(counts: list[int], share: int) -> bool:
+    """Queues differ by more than a share, or this round's picks would differ by more than a sixteenth
+    of their mean (early in the search, when all domains fit in one rank's share, and late)."""
+    picks = [min(share, n) for n in counts]
+    slack = max(1, sum(picks) // (16 * len(picks)))
+    return max(counts) - min(counts) > share or max(picks) - min(picks) > slack
 
 
 def rebalance(dl, counts: list[int]) -> list[int]:
@@ -201,7 +203,7 @@ def wrap_act_split_round(split_domain, check_worst_domain):
         counts, batches = zip(*comm.all_gather_object((len(domains), int(batch))), strict=True)
         counts, batch = list(counts), min(batches)
         share = -(-batch // comm.world_size())
-        if needs_rebalance(counts, share, batch):
+        if needs_rebalance(counts, share):
             counts = rebalance(domains, counts)
         picks = [min(share, n) for n in counts]
         visited = stats.visited
