@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from abcrown_common import BENCH, REPO, checkout, provenance, run_abcrown
 
-REPO = Path(__file__).resolve().parents[1]
-MNIST = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
+MNIST = BENCH / "mnist_fc"
 PAPER = "21 MB + 0.373 MB × B (the paper's authors, one GPU, P = 1)"
 
 YAML = """general:
@@ -50,36 +46,16 @@ attack:
 def run_one(batch: int, world: int, rounds: int, tmp: Path, timeout: float) -> dict:
     cfg = tmp / "bab.yaml"
     cfg.write_text(YAML.format(batch=batch, rounds=rounds))
-    summary = tmp / "summary.json"
-    summary.unlink(missing_ok=True)
-    cmd = [
-        "abcrown",
-        "--config",
-        str(cfg),
-        "--general.engine",
-        "abcrown",
-        "--onnx_path",
-        str(MNIST / "onnx" / "mnist-net_256x6.onnx"),
+    args = ["--config", str(cfg), "--onnx_path", str(MNIST / "onnx" / "mnist-net_256x6.onnx")]
+    args += [
         "--vnnlib_path",
         str(MNIST / "vnnlib" / "prop_2_0.05.vnnlib"),
         "--results_file",
         str(tmp / "out.txt"),
-        "--summary",
-        str(summary),
-        "--quiet",
     ]
-    if world > 1:
-        cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(world)]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    t0 = time.monotonic()
-    try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
-    except subprocess.TimeoutExpired:
-        return {"error": f"over {timeout:.0f} s"}
-    wall = time.monotonic() - t0
-    if out.returncode != 0 or not summary.exists():
-        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
-    s = json.loads(summary.read_text())
+    s = run_abcrown(args, tmp, timeout, world=world, env={"MALLOC_MMAP_THRESHOLD_": "65536"})
+    if "error" in s:
+        return s
     bab = s["bab"]
     return {
         "verdict": s["verdict"],
@@ -88,7 +64,7 @@ def run_one(batch: int, world: int, rounds: int, tmp: Path, timeout: float) -> d
         "domains": bab["domains"],
         "bab_s": bab["time_s"],
         "domains_per_s": round(bab["domains"] / bab["time_s"], 1) if bab["time_s"] else None,
-        "wall_s": round(wall, 1),
+        "wall_s": s["wall_s"],
     }
 
 
@@ -109,16 +85,10 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_plugin_bab"))
     a = ap.parse_args()
-    if not os.environ.get("ABCROWN_PATH"):
-        sys.exit("set ABCROWN_PATH to an alpha-beta-CROWN checkout (../shared/vendor/alpha-beta-CROWN)")
-    if not MNIST.is_dir():
-        sys.exit(f"{MNIST} not found (the shared VNN-COMP benchmarks)")
+    checkout()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-    command = " ".join(["python", *sys.argv])
+    meta = provenance()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         for B in a.batches:
@@ -126,9 +96,7 @@ def main() -> None:
                 r = {"B": B, "P": P, **run_one(B, P, a.rounds, Path(d), a.timeout)}
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-                (out / "abcrown_plugin_bab.json").write_text(
-                    json.dumps({"commit": commit, "command": command, "rows": rows}, indent=1)
-                )
+                (out / "abcrown_plugin_bab.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     base = {r["B"]: r for r in rows if r["P"] == 1 and "peak_mb_bab" in r}
     lines = [
         "| B (domains a round) | P | verdict | BaB peak MB per rank (max) | × P=1 | domains | domains/s "
@@ -150,8 +118,9 @@ def main() -> None:
     md = [
         "# BaB inside alpha-beta-CROWN: peak per rank vs the batch of domains, domains split over ranks",
         "",
-        f"Commit `{commit}`; command `{command}`; this machine (2 cores, CPU, gloo); α,β-CROWN 8250d5f / "
-        f"auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. mnist-net_256x6, prop_2_0.05, kFSB, {a.rounds} BaB rounds, "
+        f"Commit `{meta['commit']}`; command `{meta['command']}`; {meta['machine']}, gloo; "
+        f"α,β-CROWN 8250d5f / auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. "
+        f"mnist-net_256x6, prop_2_0.05, kFSB, {a.rounds} BaB rounds, "
         "PGD off; P = 1 is α,β-CROWN unpatched. Peak: RSS high-water mark of `general_bab` above its "
         "start, per rank.",
         "",

@@ -1,0 +1,56 @@
+"""What the α,β-CROWN plugin benchmarks share: where things are, the provenance of a results file, and
+one ``abcrown --general.engine abcrown`` run read back through its ``--summary``."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO.parent / "shared" / "benchmarks"
+CONFIGS = "complete_verifier/exp_configs/vnncomp22"  # α,β-CROWN's own VNN-COMP 2022 configs
+
+
+def checkout() -> Path:
+    """``$ABCROWN_PATH`` (exits with one line when unset or not a checkout, or without the benchmarks)."""
+    path = Path(os.environ.get("ABCROWN_PATH", ""))
+    if not (path / CONFIGS).is_dir():
+        sys.exit("set ABCROWN_PATH to an alpha-beta-CROWN checkout (../shared/vendor/alpha-beta-CROWN)")
+    if not BENCH.is_dir():
+        sys.exit(f"{BENCH} not found (the shared VNN-COMP benchmarks)")
+    return path
+
+
+def provenance() -> dict:
+    """Commit, command and machine, recorded in every results file."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return {
+        "commit": commit.stdout.strip(),
+        "command": " ".join(["python", *sys.argv]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+    }
+
+
+def run_abcrown(args: list[str], tmp: Path, timeout: float, world: int = 1, env: dict | None = None) -> dict:
+    """``abcrown --general.engine abcrown ARGS`` in ``tmp`` (``fsdp`` over ``world`` gloo ranks when
+    above 1): its summary plus ``wall_s``, or ``{"error": ...}``."""
+    summary = tmp / "summary.json"
+    summary.unlink(missing_ok=True)
+    cmd = ["abcrown", *args, "--general.engine", "abcrown", "--summary", str(summary), "--quiet"]
+    if world > 1:
+        cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(world)]
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(
+            cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout, cwd=tmp
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {timeout:.0f} s"}
+    if out.returncode != 0 or not summary.exists():
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    return {**json.loads(summary.read_text()), "wall_s": round(time.monotonic() - t0, 1)}
