@@ -236,41 +236,26 @@ print(len(before), len(changed))
     assert changed == n  # every attribute was patched, and every one is back
 
 
-def test_a_killed_rank_is_an_error_within_30s(tmp_path):
-    """A rank killed with SIGKILL mid-run: ``error`` in the results file and exit 1 within 30 s, and no
-    process left behind."""
+def _kill_rank1_when(tmp_path: Path, cfg: str, args: list[str], ready) -> None:
+    """Start a P = 2 run, SIGKILL rank 1 once ``ready(scratch)`` holds (``scratch``: the run's scratch
+    folder, with rank 1's log), then expect ``error`` and exit 1 within 30 s, and no process left."""
     psutil = pytest.importorskip("psutil")
-    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=4).replace("iteration: 10", "iteration: 2000"))
     out = tmp_path / "kill"
-    out.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "complete_verifier_ext.cli",
-        "--config",
-        cfg,
-        "--general.engine",
-        "abcrown",
-        "--results_file",
-        str(out / "out.txt"),
-        "--parallel.mode",
-        "fsdp",
-        "--parallel.world_size",
-        "2",
-        *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"),
-    ]
+    (out / "tmp").mkdir(parents=True)
+    cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", cfg, "--general.engine", "abcrown"]
+    cmd += ["--results_file", str(out / "out.txt"), "--parallel.mode", "fsdp", "--parallel.world_size", "2"]
+    env = _env(TMPDIR=str(out / "tmp"))
     proc = subprocess.Popen(
-        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+        [*cmd, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path
     )
     try:
         parent = psutil.Process(proc.pid)
         ranks: list = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(ranks) < 2:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (len(ranks) == 2 and ready(out / "tmp")):
             time.sleep(0.5)
             ranks = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
-        assert len(ranks) == 2, "the ranks did not start"
-        time.sleep(6)  # well inside α-CROWN's 2000 iterations
+        assert len(ranks) == 2 and ready(out / "tmp"), "the ranks did not get there"
         assert proc.poll() is None
         ranks[1].send_signal(signal.SIGKILL)
         t0 = time.monotonic()
@@ -283,6 +268,29 @@ def test_a_killed_rank_is_an_error_within_30s(tmp_path):
     assert (out / "out.txt").read_text().strip() == "error"
     time.sleep(1)
     assert not [r for r in ranks if r.is_running() and r.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_killed_rank_is_an_error_within_30s(tmp_path):
+    """A rank killed with SIGKILL mid-α-CROWN: ``error`` in the results file and exit 1 within 30 s, and
+    no process left behind."""
+    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=4).replace("iteration: 10", "iteration: 2000"))
+    t0 = time.monotonic()
+    # ten seconds after the start: well inside α-CROWN's 2000 iterations
+    _kill_rank1_when(
+        tmp_path, cfg, instance("mnist-net_256x2", "prop_0_0.05.vnnlib"), lambda _: time.monotonic() - t0 > 10
+    )
+
+
+def _in_bab_round(scratch: Path, n: int = 2) -> bool:
+    logs = list(scratch.glob("cve_abcrown_*/rank1.log"))
+    return bool(logs) and f"BaB round {n}" in logs[0].read_text(errors="replace")
+
+
+def test_a_rank_killed_mid_bab_is_an_error_within_30s(tmp_path):
+    """The same in the middle of BaB (256x6 prop_2_0.05 stays open for minutes), while rank 1 bounds its
+    share of the domains."""
+    cfg = _config(tmp_path, BAB_YAML.replace("batch_size: 8", "batch_size: 64"))
+    _kill_rank1_when(tmp_path, cfg, instance("mnist-net_256x6", "prop_2_0.05.vnnlib"), _in_bab_round)
 
 
 SKEW = """

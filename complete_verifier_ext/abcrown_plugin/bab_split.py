@@ -29,7 +29,9 @@ domains are picked, so verdicts agree on instances that finish, not necessarily 
 
 Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree search, BaB attack,
 input splits, clip-and-verify, MIP (``complete_verifier: mip`` / ``bab-refine``), and
-``enable_opt_interm_bounds`` (its intermediate α would be the row-sharded ones).
+``enable_opt_interm_bounds`` (its intermediate α would be the row-sharded ones), and
+``parallel.bab_weights: sharded`` (bounding with per-use gathers would need every rank to bound in
+lockstep, the same number of β-CROWN iterations on every rank: not built).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def unsupported(all_args: dict) -> list[str]:
         found.append("bab.clip_n_verify")
     if solver["beta-crown"]["enable_opt_interm_bounds"]:
         found.append("solver.beta-crown.enable_opt_interm_bounds")
+    if all_args.get("parallel", {}).get("bab_weights") == "sharded":
+        found.append("parallel.bab_weights: sharded (BaB holds the weights whole: replicated)")
     return found
 
 
