@@ -18,7 +18,8 @@ import pytest
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 VENDOR = SHARED / "vendor" / "alpha-beta-CROWN"
-MNIST = SHARED / "benchmarks" / "mnist_fc"
+BENCH = SHARED / "benchmarks"
+MNIST = BENCH / "mnist_fc"
 DEPS = (
     "onnxoptimizer",
     "skl2onnx",
@@ -65,7 +66,7 @@ attack:
 """
 
 
-def run(tmp: Path, config: str, *args: str, P: int = 1, env: dict | None = None, name: str = "run"):
+def run(tmp: Path, config: str, *args: str, P: int = 1, env: dict | None = None, name="run", mode="fsdp"):
     """One ``abcrown --general.engine abcrown`` process; returns (process, summary dict or None, results)."""
     out = tmp / name
     out.mkdir(exist_ok=True)
@@ -84,7 +85,7 @@ def run(tmp: Path, config: str, *args: str, P: int = 1, env: dict | None = None,
         *args,
     ]
     if P > 1:
-        cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)]
+        cmd += ["--parallel.mode", mode, "--parallel.world_size", str(P)]
     proc = subprocess.run(cmd, env=env or _env(), capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp)
     summary = json.loads((out / "s.json").read_text()) if (out / "s.json").exists() else None
     results = (out / "out.txt").read_text() if (out / "out.txt").exists() else None
@@ -111,16 +112,19 @@ def unpatched(tmp_path_factory):
     return tmp, cfg, summary
 
 
-@pytest.mark.parametrize("P", [2, 3])
-def test_bounds_equal_unpatched_with_split_rows(unpatched, P):
+@pytest.mark.parametrize(("P", "mode"), [(2, "fsdp"), (3, "fsdp"), (3, "tp")])
+def test_bounds_equal_unpatched_with_split_rows(unpatched, P, mode):
+    """FSDP (weights gathered per call) and TP (never a whole weight: column-parallel forward and IBP,
+    ``A @ W`` around a ring of shards), rows and α split: the bounds are unpatched α,β-CROWN's."""
     tmp, cfg, ref = unpatched
     proc, got, results = run(
         tmp,
         cfg,
         *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"),
         P=P,
-        name=f"p{P}",
+        name=f"p{P}{mode}",
         env=_env(CVE_ABCROWN_AUDIT="1"),
+        mode=mode,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert got["engine"] == "abcrown" and got["verdict"] == ref["verdict"]
@@ -151,10 +155,13 @@ def test_bounds_bitwise_when_rows_are_not_split(tmp_path):
     assert s1["verdict"] == s2["verdict"] == "unsat" and r1.strip() == r2.strip() == "unsat"
 
 
-def test_pgd_counterexample_under_fsdp(tmp_path):
-    """256x2 prop_1_0.03 is falsified by PGD (α,β-CROWN's attack runs on the sharded ``model_ori``)."""
-    cfg = _config(tmp_path, "general:\n  device: cpu\n")  # the plugin asks for the counterexample itself
-    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_1_0.03.vnnlib"), P=2)
+@pytest.mark.parametrize("mode", ["fsdp", "tp"])
+def test_pgd_counterexample_with_sharded_weights(tmp_path, mode):
+    """256x2 prop_1_0.03 is falsified by PGD (α,β-CROWN's attack runs on the sharded ``model_ori``:
+    gathered per call under fsdp, column-parallel under tp, which runs no BaB)."""
+    skip = "  complete_verifier: skip\n" if mode == "tp" else ""
+    cfg = _config(tmp_path, f"general:\n  device: cpu\n{skip}")  # the plugin asks for the counterexample
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_1_0.03.vnnlib"), P=2, mode=mode)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert s["verdict"] == "sat" and results.startswith("sat\n((X_0 ")  # with its counterexample
 
@@ -463,11 +470,30 @@ def test_bab_with_domains_split_over_ranks(tmp_path):
     assert got[2] == got[1] and got[3] == got[1]
 
 
-def test_bab_features_not_split_yet_are_refused(tmp_path):
-    cfg = _config(tmp_path, BAB_YAML.replace("complete_verifier: bab", "complete_verifier: mip"))
-    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2)
+@pytest.mark.parametrize(
+    ("change", "mode", "named"),
+    [
+        (("complete_verifier: bab", "complete_verifier: mip"), "fsdp", "general.complete_verifier: mip"),
+        (("complete_verifier: bab", "complete_verifier: bab"), "tp", "parallel.mode: tp"),
+    ],
+)
+def test_bab_features_not_split_yet_are_refused(tmp_path, change, mode, named):
+    cfg = _config(tmp_path, BAB_YAML.replace(*change))
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2, mode=mode)
     assert proc.returncode == 1 and results == "error\n"
-    assert "not supported with parallel.world_size > 1 yet: general.complete_verifier: mip" in proc.stderr
+    assert f"not supported with parallel.world_size > 1 yet: {named}" in proc.stderr
+
+
+def test_tp_refuses_a_layer_it_cannot_shard(tmp_path):
+    """oval21's conv nets: tp shards Linear (Gemm) layers only, and says which node it cannot."""
+    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=64))
+    oval = BENCH / "oval21"
+    args = ["--onnx_path", str(oval / "onnx" / "cifar_base_kw.onnx")]
+    args += ["--vnnlib_path", str(oval / "vnnlib" / "cifar_base_kw-img8194-eps0.018300653594771243.vnnlib")]
+    proc, s, results = run(tmp_path, cfg, *args, P=2, mode="tp")
+    assert proc.returncode == 1 and results == "error\n"
+    assert "parallel.mode: tp shards Linear (Gemm) layers only; node" in proc.stderr
+    assert "is a BoundConv: use parallel.mode: fsdp" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_bab_cut_short_by_max_iterations_is_no_proof(tmp_path):

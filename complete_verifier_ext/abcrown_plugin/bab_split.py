@@ -69,8 +69,11 @@ def unsupported(all_args: dict) -> list[str]:
         found.append("bab.clip_n_verify")
     if solver["beta-crown"]["enable_opt_interm_bounds"]:
         found.append("solver.beta-crown.enable_opt_interm_bounds")
-    if all_args.get("parallel", {}).get("bab_weights") == "sharded":
+    parallel = all_args.get("parallel", {})
+    if parallel.get("bab_weights") == "sharded":
         found.append("parallel.bab_weights: sharded (BaB holds the weights whole: replicated)")
+    if parallel.get("mode") == "tp":
+        found.append("parallel.mode: tp (BaB holds the weights whole; parallel.mode: fsdp runs it)")
     return found
 
 

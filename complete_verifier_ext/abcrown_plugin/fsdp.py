@@ -34,13 +34,17 @@ from ..parallel import comm
 
 
 class Shard:
-    """The local rows of one weight and how to gather the whole."""
+    """The local rows of one weight and how to gather the whole; under ``tp`` also the native
+    ``ShardedWeight`` (mode ``tp``) that computes with them (``tp``, sharing ``local``)."""
 
-    def __init__(self, full: Tensor) -> None:
+    def __init__(self, full: Tensor, tp: bool = False) -> None:
+        from ..parallel.sharded import ShardedWeight
+
         self.shape = full.shape
         self.sizes = comm.shard_sizes(full.shape[0])
         lo, hi = comm.shard_range(full.shape[0])
-        self.local = full.detach()[lo:hi].clone()
+        self.tp = ShardedWeight(full.detach(), "tp") if tp else None
+        self.local = self.tp.local if self.tp is not None else full.detach()[lo:hi].clone()
 
     def gather(self) -> Tensor:
         return comm.all_gather_cat(self.local, 0, sizes=self.sizes)
@@ -77,13 +81,14 @@ def _copy_of(t: Tensor, full: Tensor) -> bool | None:
     return None
 
 
-def shard_net(net) -> None:
+def shard_net(net, tp: bool = False) -> None:
     """Shard the weights of ``LiRPANet`` ``net``: its BoundedModule's ``BoundParams`` and every tensor of
     its ``model_ori`` that is one of them or a copy (same values, or transposed: onnx2pytorch keeps
     every ONNX initializer as a buffer beside the ``nn.Linear`` built from it). The tensors keep their
     identity (``.data`` becomes the local rows, or a transposed view of them), so whoever else holds
     them (α,β-CROWN keeps ``model_ori`` in several places) holds the shard too, and the full storage
-    is freed."""
+    is freed. ``tp``: the shards compute column-parallel (:mod:`.tp`), which refuses layers it cannot
+    compute with."""
     from auto_LiRPA.operators import BoundConv, BoundLinear, BoundMatMul, BoundParams
 
     model = net.model_ori
@@ -99,8 +104,12 @@ def shard_net(net) -> None:
         if id(w.param) in by_id:  # a second LiRPANet on an already sharded model_ori: the same shard
             _SHARDS[w] = by_id[id(w.param)]
         elif _shardable(w.param):
+            if tp:
+                from .tp import check_layer
+
+                check_layer(node)
             full = w.param.detach()
-            shard = Shard(full)
+            shard = Shard(full, tp)
             _SHARDS[w] = shard
             for name, t in named.items():
                 if name in sharded or t.is_meta:
@@ -116,7 +125,13 @@ def shard_net(net) -> None:
             if getattr(w, attr, None) is not None:
                 setattr(w, attr, None)
     if sharded and not getattr(model, "_cve_fsdp_forward", False):
-        _gather_on_forward(model)
+        if tp:
+            from .tp import column_parallel_forward
+
+            column_parallel_forward(model, sharded)
+            model._cve_fsdp_forward = True
+        else:
+            _gather_on_forward(model)
 
 
 def share_copies(model: nn.Module) -> None:
@@ -356,9 +371,12 @@ WRAPPED = {
 }
 
 
-def install(p) -> None:
-    for dotted, make in WRAPPED.items():
-        p.wrap(dotted, make)
+def install(p, tp: bool = False) -> None:
+    """The FSDP op wrappers (``tp``: :mod:`.tp` installs its own) and the sharding after every
+    ``LiRPANet`` build."""
+    if not tp:
+        for dotted, make in WRAPPED.items():
+            p.wrap(dotted, make)
 
     def lirpanet_init(orig):
         def __init__(self, model_ori, in_size, c=None, device=None):
@@ -369,7 +387,7 @@ def install(p) -> None:
                 orig(self, model_ori, in_size, c, device)
             finally:
                 reshard_model(regather)
-            shard_net(self)
+            shard_net(self, tp)
 
         return __init__
 

@@ -94,7 +94,7 @@ def _rank_main(
     from ..parallel import comm, launch
     from ..parallel.memory import PeakMemory
     from ..spec import cache_root
-    from . import bab_split, fsdp, patches, rows
+    from . import bab_split, fsdp, patches, rows, tp
 
     rank, world = comm.rank(), comm.world_size()
     launch.set_threads(par.threads, world)
@@ -120,14 +120,16 @@ def _rank_main(
                 patches.install_clock(p)
                 rows.install(p)
                 bab_split.install(p)
-            if par.mode == "fsdp" and world > 1:
-                fsdp.install(p)
+            if par.mode in ("fsdp", "tp") and world > 1:
+                fsdp.install(p, tp=par.mode == "tp")
+                if par.mode == "tp":
+                    tp.install(p)
             phases = Phases(PeakMemory(comm.device()))
             audit = os.environ.get(AUDIT_ENV) == "1"
             full_live: list[list[str]] = []
 
             def on_phase(name: str, start: bool) -> None:
-                if name == "bounds" and audit and par.mode == "fsdp" and world > 1:
+                if name == "bounds" and audit and par.mode in ("fsdp", "tp") and world > 1:
                     full_live.append(fsdp.live_full_weights())
                 (phases.start if start else phases.end)(name)
 
@@ -257,6 +259,8 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
     except (UserError, FileNotFoundError) as e:
         return _error(results_file, writer, str(e))
     except launch.RankFailure as e:
+        if e.details and "PluginError: " not in e.reason and writer:  # a bug: keep its traceback
+            print(e.details.rstrip(), file=sys.stderr)
         return _error(results_file, writer, str(e).splitlines()[0])
     except KeyboardInterrupt:
         if writer:

@@ -454,6 +454,33 @@ def all_gather_cat_grad(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None 
     return _GatherCatGrad.apply(t, dim, list(sizes))
 
 
+class _GatherCatSameLoss(torch.autograd.Function):
+    """Forward: all-gather-cat along ``dim``. Backward: this rank's block of the gradient, no
+    communication (Megatron's "gather from region": every rank computes the same loss)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: Tensor, dim: int, sizes: list[int]) -> Tensor:
+        ctx.dim, ctx.sizes, ctx.rank = dim, sizes, rank()
+        return all_gather_cat(t, dim, sizes=sizes)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        start = sum(ctx.sizes[: ctx.rank])
+        return grad.narrow(ctx.dim, start, ctx.sizes[ctx.rank]), None, None
+
+
+def all_gather_cat_same_loss(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None) -> Tensor:
+    """``all_gather_cat`` with autograd for a loss that every rank computes identically from the result
+    (a replicated attack): backward keeps the rank's own block of the gradient. Pair it with
+    :func:`reduce_grad` on the replicated input of a column-parallel layer."""
+    if not _parallel():
+        return t
+    dim = dim % t.dim()
+    if sizes is None:
+        sizes = _exchange_sizes(t.shape[dim], t.device)
+    return _GatherCatSameLoss.apply(t, dim, list(sizes))
+
+
 class _ReduceGrad(torch.autograd.Function):
     """Forward: identity. Backward: all-reduce (SUM) of the gradient (Megatron's "copy to region")."""
 

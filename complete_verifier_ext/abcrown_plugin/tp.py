@@ -1,0 +1,208 @@
+"""TP weights inside auto_LiRPA: no rank ever builds a whole Linear weight.
+
+The weights are sharded as under FSDP (:func:`.fsdp.shard_net`: 1/P of the rows, ``(out, in)``, of
+every ``BoundLinear`` weight and of its copies in ``model_ori``), each held as the native engine's
+:class:`~complete_verifier_ext.parallel.sharded.ShardedWeight` (mode ``tp``). The op wrappers compute
+with the shards only:
+
+* ``forward`` and ``interval_propagate``: column-parallel. Each rank computes its own output slice
+  (its rows of W, its slice of the bias) and one ``all_gather`` assembles the small output. When
+  auto_LiRPA merges the spec C into the last layer's IBP (``C @ W``), the merged ``(B, spec, in)``
+  matrix is the sum of the ranks' ``C[..., rows] @ W_rows`` (one ``all_reduce``).
+* ``bound_backward``: ``A @ W`` by :meth:`ShardedWeight.linear_t`: the shards travel around the ring
+  (P - 1 passes, at most two travelling shards resident) and each multiplies the matching column
+  block of A as it arrives; in backward (α-CROWN's gradient) the ring runs again, no shard is saved.
+  ``A @ b`` uses the bias, which is small and replicated. auto_LiRPA's identity and one-hot
+  start matrices (``eyeC``, ``OneHotC``) become dense first.
+* ``model_ori`` (PGD, the clean output): each ``nn.Linear`` runs column-parallel with autograd (its
+  input's gradient is summed over the ranks, the gathered output's gradient is the rank's own
+  block: every rank runs the same attack on the same loss).
+
+Intermediate bounds are computed exactly as unpatched α,β-CROWN computes them (never IBP because of
+sharding). Supported: ``BoundLinear`` from ONNX Gemm (``transB = 1``, ``alpha = beta = 1``) with
+constant weight and bias. A sharded MatMul or Conv, or another Gemm form, is refused with one line
+(``parallel.mode: fsdp`` runs them); so are MIP/LP building and BaB (which holds the weights whole),
+before any bound is computed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..parallel import comm
+from .locate import PluginError
+
+
+def check_layer(node) -> None:
+    """Refuse a layer whose weight ``tp`` would shard but cannot compute with (one line)."""
+    from auto_LiRPA.operators import BoundLinear
+
+    if type(node) is not BoundLinear:
+        raise PluginError(
+            f"parallel.mode: tp shards Linear (Gemm) layers only; node {node.name} is a "
+            f"{type(node).__name__}: use parallel.mode: fsdp"
+        )
+    if node.transA or not node.transB or node.alpha_linear != 1.0 or node.beta_linear != 1.0:
+        raise PluginError(
+            f"parallel.mode: tp: Gemm node {node.name} has transA/transB/alpha/beta other than 0/1/1/1: "
+            "use parallel.mode: fsdp"
+        )
+
+
+def _sharded(op):
+    """The ``ShardedWeight`` of ``op``'s weight, or None (not sharded)."""
+    from . import fsdp
+
+    _, shard = fsdp._weight_node(op)
+    return shard.tp if shard is not None else None
+
+
+def _bias_rows(b: Any, sw) -> Any:
+    lo, hi = sw.rows
+    return b[..., lo:hi] if isinstance(b, Tensor) else b
+
+
+def _no_grad_through(*ts: Any) -> None:
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ts):
+        raise RuntimeError("tp: a BoundLinear forward/IBP needs a gradient; not supported")
+
+
+def wrap_forward(orig):
+    def forward(self, x, w, b=None):
+        sw = _sharded(self)
+        if sw is None:
+            return orig(self, x, w, b)
+        _no_grad_through(x)
+        y = orig(self, x, sw.local, _bias_rows(b, sw))
+        self.y_shape = torch.Size((sw.shape[1], sw.shape[0]))  # as orig sets it for the whole W
+        return comm.all_gather_cat(y, -1, sizes=sw.sizes)
+
+    forward.__wrapped__ = orig
+    return forward
+
+
+def wrap_interval(orig):
+    def interval_propagate(self, *v, C=None, w=None):
+        from auto_LiRPA.operators.base import Interval
+
+        sw = _sharded(self)
+        if sw is None or w is not None:
+            return orig(self, *v, C=C, w=w)
+        _no_grad_through(v[0][0], v[0][1], C)
+        def bias(fn) -> list:  # the bias interval through fn (the same tensor twice when constant)
+            if len(v) < 3:
+                return []
+            lo = fn(v[2][0])
+            return [Interval.make_interval(lo, lo if v[2][1] is v[2][0] else fn(v[2][1]), v[2])]
+
+        local = Interval(sw.local, sw.local)
+        if C is None:
+            lo, hi = orig(self, v[0], local, *bias(lambda b: _bias_rows(b, sw)))
+            return comm.all_gather_cat(lo, -1, sizes=sw.sizes), comm.all_gather_cat(hi, -1, sizes=sw.sizes)
+        r0, r1 = sw.rows
+        merged = comm.all_reduce(C[..., r0:r1].matmul(sw.local).contiguous(), "sum")  # C @ W: (B, spec, in)
+        return orig(self, v[0], local, *bias(C.matmul), C=None, w=merged)
+
+    interval_propagate.__wrapped__ = orig
+    return interval_propagate
+
+
+def _dense(A: Any, dtype: torch.dtype) -> Any:
+    """auto_LiRPA's ``eyeC`` / ``OneHotC`` start matrices as a dense ``(spec, B, out)`` tensor."""
+    from auto_LiRPA.patches import Patches
+    from auto_LiRPA.utils import OneHotC, eyeC
+
+    if A is None or isinstance(A, Tensor):
+        return A
+    if isinstance(A, eyeC):
+        spec, batch, n = A.shape[0], A.shape[1], int(torch.Size(A.shape[2:]).numel())
+        return torch.eye(n, device=A.device, dtype=dtype).unsqueeze(1).expand(spec, batch, n)
+    if isinstance(A, OneHotC):
+        spec, batch, n = A.shape[0], A.shape[1], int(torch.Size(A.shape[2:]).numel())
+        index = A.index if A.index.ndim == 2 else A.index.unsqueeze(1).expand(spec, batch)
+        coeffs = torch.ones(index.shape, device=A.device, dtype=dtype) if A.coeffs is None else A.coeffs
+        if coeffs.ndim == 1:
+            coeffs = coeffs.unsqueeze(1).expand(spec, batch)
+        dense = torch.zeros((spec, batch, n), device=A.device, dtype=dtype)
+        return dense.scatter(2, index.unsqueeze(-1), coeffs.to(dtype).unsqueeze(-1))
+    if isinstance(A, Patches):
+        raise PluginError("parallel.mode: tp: a Linear layer got patches-mode A matrices: use fsdp")
+    raise RuntimeError(f"tp: unexpected A-matrix type {type(A).__name__}")
+
+
+def wrap_bound_backward(orig):
+    def bound_backward(self, last_lA, last_uA, *x, start_node=None, reduce_bias=True, **kwargs):
+        sw = _sharded(self)
+        if sw is None:
+            return orig(self, last_lA, last_uA, *x, start_node=start_node, reduce_bias=reduce_bias, **kwargs)
+        plain = not any(self.is_input_perturbed(i) for i in range(1, len(x)))
+        plain = plain and not (self.swap_x_and_weight or self.batched_weight_and_bias)
+        if not plain or self.use_seperate_weights_for_lower_and_upper_bounds:
+            raise PluginError(f"parallel.mode: tp: node {self.name} has a non-constant weight: use fsdp")
+        if start_node is not None:
+            self._start = start_node.name
+        bias = x[2].lower if len(x) == 3 else None
+
+        def one_side(A):
+            A = _dense(A, sw.local.dtype)
+            if A is None:
+                return None, 0.0
+            return sw.linear_t(A.to(sw.local)), (A.to(bias).matmul(bias) if bias is not None else 0.0)
+
+        lA, lbias = one_side(last_lA)
+        uA, ubias = (lA, lbias) if last_uA is last_lA else one_side(last_uA)
+        return [(lA, uA), (None, None), (None, None)], lbias, ubias
+
+    bound_backward.__wrapped__ = orig
+    return bound_backward
+
+
+def wrap_build_solver(orig):
+    def build_solver(self, *v, **kwargs):
+        if _sharded(self) is not None:
+            raise PluginError("parallel.mode: tp: MIP/LP models need whole layers: use parallel.mode: fsdp")
+        return orig(self, *v, **kwargs)
+
+    build_solver.__wrapped__ = orig
+    return build_solver
+
+
+WRAPPED = {
+    "auto_LiRPA.operators.BoundLinear.forward": wrap_forward,
+    "auto_LiRPA.operators.BoundLinear.bound_backward": wrap_bound_backward,
+    "auto_LiRPA.operators.BoundLinear.interval_propagate": wrap_interval,
+    "auto_LiRPA.operators.BoundLinear.build_solver": wrap_build_solver,
+}
+
+
+def install(p) -> None:
+    for dotted, make in WRAPPED.items():
+        p.wrap(dotted, make)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# model_ori: column-parallel nn.Linear with autograd
+# ---------------------------------------------------------------------------------------------------------
+
+
+def column_parallel_forward(model: nn.Module, shards: dict[str, tuple[Any, bool]]) -> None:
+    """Every ``nn.Linear`` of ``model`` whose weight is sharded computes its own output columns;
+    ``shards``: the model's sharded tensors by name (``fsdp._MODEL_SHARDS[model]``)."""
+    modules = dict(model.named_modules())
+    for name, (shard, transposed) in shards.items():
+        owner, _, attr = name.rpartition(".")
+        m = modules.get(owner)
+        if attr == "weight" and not transposed and isinstance(m, nn.Linear):
+            m.forward = _linear_forward(m, shard.tp)
+
+
+def _linear_forward(m: nn.Linear, sw):
+    def forward(x: Tensor) -> Tensor:
+        bias = _bias_rows(m.bias, sw) if m.bias is not None else None
+        y = torch.nn.functional.linear(comm.reduce_grad(x), sw.local, bias)
+        return comm.all_gather_cat_same_loss(y, -1, sizes=sw.sizes)
+
+    return forward
