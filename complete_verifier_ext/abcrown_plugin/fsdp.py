@@ -24,6 +24,7 @@ Every rank must call each wrapped method in the same order: α,β-CROWN's contro
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
 from typing import Any
 
@@ -99,6 +100,13 @@ def shard_net(net, tp: bool = False) -> None:
         if type(node) not in (BoundLinear, BoundMatMul, BoundConv) or len(node.inputs) < 2:
             continue
         w = node.inputs[1]
+        if type(w) is not BoundParams and not w.perturbed and comm.rank() == 0:
+            # e.g. onnx2pytorch's Transpose of an initializer in front of a MatMul
+            print(
+                f"warning: the weight of {node.name} ({type(node).__name__}) is computed by "
+                f"{type(w).__name__} {w.name}, not a parameter: kept whole on every rank",
+                file=sys.stderr,
+            )
         if type(w) is not BoundParams or w in _SHARDS:
             continue
         if id(w.param) in by_id:  # a second LiRPANet on an already sharded model_ori: the same shard
