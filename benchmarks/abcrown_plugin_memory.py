@@ -1,5 +1,5 @@
 """Per-rank peak memory and wall time inside real α,β-CROWN: unpatched (P = 1) vs ``engine: abcrown``
-with ``parallel.mode: fsdp`` at P = 2 and 4, beside the native engine on the same models.
+with ``parallel.mode: fsdp`` and ``tp`` at P = 2 and 4, beside the native engine on the same models.
 
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/abcrown_plugin_memory.py \
         [--sizes 1024 2048 4096] [--methods crown alpha] [--out benchmarks/results]
@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from abcrown_common import REPO, provenance
 
-REPO = Path(__file__).resolve().parents[1]
 PAPER = (
     "the paper's FSDP (its fork, one GPU per rank): peak +26% to +34% above one GPU (h = 1024 to 8192, d = 4)"
 )
@@ -68,7 +68,15 @@ attack:
 
 
 def run_one(
-    engine: str, method: str, onnx: str, spec: str, world: int, chunk: int | None, tmp: Path, timeout: float
+    engine: str,
+    method: str,
+    onnx: str,
+    spec: str,
+    world: int,
+    chunk: int | None,
+    tmp: Path,
+    timeout: float,
+    mode: str = "fsdp",
 ) -> dict:
     m = {"crown": "crown", "alpha": "alpha-crown"}[method]
     cfg = tmp / f"{engine}-{method}.yaml"
@@ -90,7 +98,7 @@ def run_one(
             str(tmp / "out.txt"),
         ]
     if world > 1:
-        cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(world)]
+        cmd += ["--parallel.mode", mode, "--parallel.world_size", str(world)]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     t0 = time.monotonic()
     try:
@@ -148,7 +156,7 @@ def plot(rows: list[dict], path: Path) -> None:
     methods = sorted({r["method"] for r in rows})
     fig, axes = plt.subplots(1, len(methods), figsize=(6 * len(methods), 4), squeeze=False)
     for ax, method in zip(axes[0], methods, strict=True):
-        for run in ("unpatched", "P=1 chunked", "plugin fsdp", "native fsdp", "native"):
+        for run in ("unpatched", "P=1 chunked", "plugin fsdp", "plugin tp", "native fsdp", "native"):
             pts = sorted(
                 (r["h"], max(r["peak_mb"]), r["P"])
                 for r in rows
@@ -173,6 +181,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--methods", nargs="+", default=["crown", "alpha"])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--modes", nargs="+", default=["fsdp", "tp"], help="the plugin's parallel.mode runs")
     ap.add_argument("--no-native", action="store_true")
     ap.add_argument("--mnist", action="store_true", help="also mnist-net_256x6 prop_0_0.05 (../shared)")
     ap.add_argument("--timeout", type=float, default=1800)
@@ -182,9 +191,8 @@ def main() -> None:
         sys.exit("set ABCROWN_PATH to an alpha-beta-CROWN checkout (../shared/vendor/alpha-beta-CROWN)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+    meta = provenance()
+    commit = meta["commit"]
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -195,23 +203,23 @@ def main() -> None:
             models.append(("mnist-net_256x6", None, str(net), str(spec)))
         for model, h, onnx, spec in models:
             for method in a.methods:
-                plan = [("abcrown", "unpatched", 1, None), ("abcrown", "P=1 chunked", 1, 512)]
-                plan += [("abcrown", "plugin fsdp", P, None) for P in a.worlds]
+                plan = [("abcrown", "unpatched", 1, None, ""), ("abcrown", "P=1 chunked", 1, 512, "")]
+                plan += [("abcrown", f"plugin {m}", P, None, m) for m in a.modes for P in a.worlds]
                 if not a.no_native:
-                    plan += [("native", "native", 1, None)]
-                    plan += [("native", "native fsdp", P, None) for P in a.worlds]
-                for engine, run, P, chunk in plan:
-                    r = run_one(engine, method, onnx, spec, P, chunk, tmp, a.timeout)
+                    plan += [("native", "native", 1, None, "")]
+                    plan += [("native", "native fsdp", P, None, "fsdp") for P in a.worlds]
+                for engine, run, P, chunk, mode in plan:
+                    r = run_one(engine, method, onnx, spec, P, chunk, tmp, a.timeout, mode or "fsdp")
                     r.update(model=model, h=h, method=method, run=run, P=P, engine=engine)
                     rows.append(r)
                     print(json.dumps(r)[:300], flush=True)
                     (out / "abcrown_plugin_memory.json").write_text(
-                        json.dumps({"commit": commit, "command": " ".join(sys.argv), "rows": rows}, indent=1)
+                        json.dumps({**meta, "rows": rows}, indent=1)
                     )
     md = [
-        "# Peak memory inside alpha-beta-CROWN: unpatched vs the plugin's FSDP + row-sharded A",
+        "# Peak memory inside alpha-beta-CROWN: unpatched vs the plugin's FSDP / TP + row-sharded A",
         "",
-        f"Commit `{commit}`; command `{' '.join(['python', *sys.argv])}`; this machine (2 cores, CPU, gloo); "
+        f"Commit `{commit}`; command `{meta['command']}`; {meta['machine']}, gloo; "
         "α,β-CROWN 8250d5f / auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. One process per measurement, "
         "`MALLOC_MMAP_THRESHOLD_=65536`. Config: `device cpu`, `complete_verifier skip`, `pgd_order skip`, "
         "α-CROWN 20 iterations, lr 0.1. Peak: per-rank RSS high-water mark of α,β-CROWN's incomplete phase "
