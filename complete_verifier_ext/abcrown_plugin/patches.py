@@ -122,6 +122,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     ),
     "bab.get_split_depth": ("batch_size", "min_batch_size", "min_depth"),
     "bab.act_split_round": ("domains", "net", "batch", "iter_idx", "stats", "branching_heuristic"),
+    # called (not patched) by the plugin's BaB round: see CALLED
     "bab.check_worst_domain": ("d",),
     "branching_domains.BatchedDomainList.__len__": ("self",),
     "branching_domains.BatchedDomainList.pick_out": ("self", "batch", "device"),
@@ -177,6 +178,15 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "auto_LiRPA.operators.BoundConv.interval_propagate": ("self", "v", "C"),
     "auto_LiRPA.operators.BoundConv.build_solver": ("self", "v", "model", "C", "model_type", "solver_pkg"),
 }
+
+
+# the entries of SIGNATURES that the plugin calls with their parameters by name but does not patch
+CALLED = (
+    "bab.split_domain",
+    "bab.check_worst_domain",
+    "branching_domains.BatchedDomainList.pick_out",
+    "tensor_storage.get_tensor_storage",
+)
 
 
 def resolve(dotted: str) -> tuple[Any, str]:
