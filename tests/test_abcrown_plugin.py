@@ -478,6 +478,64 @@ def test_bab_with_domains_split_over_ranks(tmp_path):
     assert got[2] == got[1] and got[3] == got[1]
 
 
+MOVE = """
+import sys, types
+import torch
+from complete_verifier_ext.abcrown_plugin import bab_split, locate, runner
+runner._import_abcrown(locate.find({vendor!r}))
+import arguments
+sys.argv = ["abcrown"]
+arguments.Config.parse_config()
+from tensor_storage import get_tensor_storage as S
+
+def domains(n, first, unstable=True):
+    v = lambda *shape: torch.arange(first, first + n * int(torch.Size(shape).numel())).float().view(n, *shape)
+    a = torch.arange(first, first + 2 * n * 4).float().view(2, 1, n, 4)  # alpha: the batch in dim 2
+    return types.SimpleNamespace(
+        final_name="out", num_domains=n, all_lAs={{"relu": S(v(3))}}, all_global_lbs=S(v(2)),
+        all_global_ubs=S(v(2) + 1), all_thresholds=S(v(2) * 0), Cs=S(v(2, 10)),
+        all_lb_alls={{"out": S(v(2)), "x": S(torch.zeros(1, 7))}},
+        all_ub_alls={{"out": S(v(2) + 2), "x": S(torch.ones(1, 7))}},
+        all_x_Ls=None, all_x_Us=None, all_input_split_idx=None,
+        all_alphas={{"relu": {{"out": S(a, concat_dim=2)}}}},
+        unstable_interm_bounds={{"l": [S(v(5)), S(v(5) + 1)]}} if unstable else None,
+        all_betas=[f"b{{first + i}}" for i in range(n)], all_intermediate_betas=[None] * n,
+        histories=[{{"h": first + i}} for i in range(n)], split_histories=[[]] * n, depths=list(range(n)),
+    )
+
+a, b = domains(5, 0), domains(0, 100, unstable=False)  # b: a rank that never added children
+whole = {{k: s.tensor().clone() for k, s in bab_split._storages(a).items()}}
+moved = bab_split.take(a, 2)  # the top of the stack, as pick_out takes it
+assert a.num_domains == 3 and [h["h"] for h in a.histories] == [0, 1, 2]
+bab_split.put(b, moved)
+assert b.num_domains == 2 and [h["h"] for h in b.histories] == [3, 4] and b.all_betas == ["b3", "b4"]
+for key, s in bab_split._storages(b).items():
+    dim = 2 if key[0] == "alpha" else 0
+    assert torch.equal(s.tensor(), whole[key].narrow(dim, 3, 2)), key
+for key, s in bab_split._storages(a).items():
+    dim = 2 if key[0] == "alpha" else 0
+    assert torch.equal(s.tensor(), whole[key].narrow(dim, 0, 3)), key
+bab_split.put(a, bab_split.take(b, 2))  # and back: the list as it was
+for key, s in bab_split._storages(a).items():
+    assert torch.equal(s.tensor(), whole[key]), key
+assert [h["h"] for h in a.histories] == [0, 1, 2, 3, 4] and a.num_domains == 5
+try:
+    bab_split.take(a, 6)
+except RuntimeError as e:
+    print("refused:", e)
+"""
+
+
+def test_domains_move_between_lists_whole_and_in_order(tmp_path):
+    """The rebalancer's take/put on α,β-CROWN's own TensorStorages: every per-domain tensor and list
+    moves (the α with the batch in dim 2, the intermediate bounds created on a rank that had none),
+    in order, and a round trip restores the list; asking for more domains than held is an error."""
+    code = MOVE.format(vendor=str(VENDOR))
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused: asked for 6 of 5 domains" in out.stdout
+
+
 @pytest.mark.parametrize(
     ("change", "mode", "named"),
     [

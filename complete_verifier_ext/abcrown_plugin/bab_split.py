@@ -115,7 +115,8 @@ def _cpu(obj: Any) -> Any:
 def take(dl, k: int) -> dict:
     """Remove the ``k`` domains ``pick_out`` would take next; returns them as CPU tensors and lists."""
     n = dl.num_domains
-    k = min(k, n)
+    if k > n:
+        raise RuntimeError(f"asked for {k} of {n} domains")
     stores = _storages(dl)
     wrong = [key for key, s in stores.items() if len(s) != n]
     if wrong:
@@ -175,6 +176,8 @@ def rebalance(dl, counts: list[int]) -> list[int]:
     for src, dst, count in moves:
         new[src] -= count
         new[dst] += count
+    if len(dl) != new[me]:  # a domain lost here would be a domain never verified
+        raise RuntimeError(f"rank {me} holds {len(dl)} domains after rebalancing, not {new[me]}")
     return new
 
 
