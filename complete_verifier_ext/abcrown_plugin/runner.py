@@ -23,7 +23,9 @@ from . import bridge, locate
 from .locate import PluginError
 
 DEFAULT_CROWN_BATCH = 1_000_000_000  # α,β-CROWN's default solver.crown.batch_size (rows never chunked)
-SHARDED_CROWN_BATCH = 512  # what P > 1 uses when the config leaves it at the default
+SHARDED_CROWN_BATCH = (
+    512  # rows of one process's pass that P > 1 ranks share when the config leaves the default
+)
 AUDIT_ENV = "CVE_ABCROWN_AUDIT"  # "1": count live full-size weights at the start and end of each build
 
 
@@ -53,9 +55,10 @@ def check_config(checkout: locate.Checkout, args: list[str], config_path: str | 
 
 
 def _crown_batch_args(all_args: dict, world_size: int) -> list[str]:
-    """Under P > 1, α,β-CROWN's default (one pass per layer) becomes passes of 512 rows to deal out."""
+    """Under P > 1, α,β-CROWN's default (one pass per layer) becomes passes of ⌈512 / P⌉ rows to deal
+    out: what the P ranks hold at once is one 512-row pass."""
     if world_size > 1 and int(all_args["solver"]["crown"]["batch_size"]) == DEFAULT_CROWN_BATCH:
-        return ["--crown_batch_size", str(SHARDED_CROWN_BATCH)]
+        return ["--crown_batch_size", str(-(-SHARDED_CROWN_BATCH // world_size))]
     return []
 
 
