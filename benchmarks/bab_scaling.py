@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--only", default="", help="run only instances whose onnx or vnnlib name contains this")
     ap.add_argument("--tag", default="", help="suffix of the result files")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "bab_scaling"))
     args = ap.parse_args()
     if args.one:
         onnx, vnnlib, P, batch, rounds, weights = args.one

@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--alpha-model", default="1024x4")
     ap.add_argument("--alpha-iters", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "chunking"))
     args = ap.parse_args()
     if args.one:
         model, method, chunk, iters, P = args.one

@@ -1,6 +1,6 @@
 """Per-rank peak memory and wall time of sharded CROWN / α-CROWN vs the number of ranks.
 
-    python benchmarks/memory_scaling.py [--quick] [--out benchmarks/results]
+    python benchmarks/memory_scaling.py [--quick] [--out benchmarks/results/memory_scaling]
 
 Every measurement is its own process (one mode per process, DESIGN.md) started with
 ``MALLOC_MMAP_THRESHOLD_=65536`` so that RSS follows live tensors; each rank reports the peak of
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--modes", default="fsdp,tp")
     ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "memory_scaling"))
     args = ap.parse_args()
     if args.one:
         model, method, P, mode, iters = args.one

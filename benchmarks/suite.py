@@ -13,7 +13,7 @@ verdicts do not depend on P: ``--csv benchmarks/mnist_fc_quick.csv --tag=-quick 
 
 Runs ``abcrown --config configs/<name>.yaml --parallel.world_size P --summary ...`` over the folder's
 ``instances.csv`` (each instance with its csv timeout) and stores the raw summary under
-``benchmarks/results/<name>_P<P>.json``.  The report counts verified / falsified / timeout / unknown
+``benchmarks/results/<name>/<name>_P<P>.json``.  The report counts verified / falsified / timeout / unknown
 / error and, most importantly, WRONG verdicts against ``verdicts.csv`` (α,β-CROWN, VNN-COMP 2022,
 GPU) and lists the instances either tool solved alone.  ``--csv`` runs (and reports) only the
 instances of another csv, whose paths are relative to the benchmark folder.
@@ -35,8 +35,8 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def run(name: str, P: int, extra: str, tag: str = "", subset: Path | None = None) -> Path:
-    out = RESULTS / f"{name}{tag}_P{P}.json"
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / name / f"{name}{tag}_P{P}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     mode = ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)] if P > 1 else []
     cmd = [
         "abcrown",
@@ -45,7 +45,7 @@ def run(name: str, P: int, extra: str, tag: str = "", subset: Path | None = None
         "--summary",
         str(out),
         "--general.results_file",
-        str(RESULTS / f"{name}{tag}_P{P}.txt"),
+        str(RESULTS / name / f"{name}{tag}_P{P}.txt"),
         *mode,
         *(["--general.root_path", str(SHARED / name), "--general.csv_name", str(subset)] if subset else []),
         *shlex.split(extra),
@@ -75,9 +75,9 @@ def report(name: str, tag: str = "", subset: Path | None = None) -> str:
     first: dict | None = None
     notes: list[str] = []
     for P in sorted(
-        {int(p.name.split("_P")[1].split(".")[0]) for p in RESULTS.glob(f"{name}{tag}_P*.json*")}
+        {int(p.name.split("_P")[1].split(".")[0]) for p in (RESULTS / name).glob(f"{name}{tag}_P*.json*")}
     ):
-        path = RESULTS / f"{name}{tag}_P{P}.json"
+        path = RESULTS / name / f"{name}{tag}_P{P}.json"
         partial = Path(str(path) + ".partial.jsonl")
         if path.exists():
             data = json.loads(path.read_text())
@@ -145,7 +145,7 @@ def main() -> None:
         for P in (int(p) for p in args.ranks.split(",")):
             run(args.name, P, args.extra, args.tag, subset)
     table = report(args.name, args.tag, subset)
-    (RESULTS / f"{args.name}{args.tag}.md").write_text(table + "\n")
+    (RESULTS / args.name / f"{args.name}{args.tag}.md").write_text(table + "\n")
     print(table)
 
 

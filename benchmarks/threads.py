@@ -3,7 +3,7 @@
 Plain BaB (``--general.complete_verifier bab``) on one mnist_fc instance at P = 1, for every thread
 count in ``--threads`` (``parallel.threads``), alone and beside one busy-looping process, one run per
 process.  Prints a markdown table and writes it, with the commit and the commands, to
-``benchmarks/results/threads.md`` (raw rows in ``threads.json``).
+``benchmarks/results/threads/threads.md`` (raw rows in ``threads.json``).
 
     python benchmarks/threads.py [--instance mnist-net_256x4.onnx:prop_3_0.05.vnnlib] [--timeout 60]
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "threads"
 
 
 def one(onnx: Path, vnnlib: Path, threads: int, timeout: float, load: bool) -> dict:
@@ -81,7 +81,7 @@ def main() -> None:
                      f"{r['rounds']} | {r['domains']} |")  # fmt: skip
     table = "\n".join(lines) + "\n"
     print(table)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "threads.md").write_text(table)
     (RESULTS / "threads.json").write_text(json.dumps(rows, indent=1))
 

@@ -6,7 +6,7 @@
 ``../shared/reference/abcrown_cpu_mnist_fc.csv`` holds α,β-CROWN's verdict and time on 13 mnist_fc
 instances, with its VNN-COMP 2022 configs (MIP refinement with Gurobi) and with plain BaB.  This runs
 ``abcrown --config configs/mnist_fc.yaml`` on the same instances with α,β-CROWN's 120 s limit and
-writes ``benchmarks/results/vs_abcrown_cpu{_P*.json,.md}``.
+writes ``benchmarks/results/vs_abcrown_cpu/vs_abcrown_cpu{_P*.json,.md}``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 REFERENCE = SHARED / "reference" / "abcrown_cpu_mnist_fc.csv"
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "vs_abcrown_cpu"
 LIMIT_S = 120
 
 

@@ -131,7 +131,7 @@ def set_threads(threads: int, world_size: int) -> int:
     among the ranks on this host (at least 1); one inter-op thread (the engine runs no parallel graph
     ops).  Returns the number set.  The core left over is for everything else on the machine: OpenMP
     threads that wait for each other at every barrier collapse when another job takes one of their
-    cores (``benchmarks/results/threads.md``: plain BaB on mnist-net_256x4 prop_3_0.05 with a busy
+    cores (``benchmarks/results/threads/threads.md``: plain BaB on mnist-net_256x4 prop_3_0.05 with a busy
     process beside it, 17.2 s with 1 thread, a timeout at 60 s with 2; alone, 15.9 s and 16.8 s)."""
     n = threads if threads > 0 else max(1, (available_cores() - 1) // max(1, _local_world(world_size)))
     torch.set_num_threads(n)
