@@ -13,7 +13,8 @@ MIP, refused under P > 1) and ``--bab.cut.enabled false`` for oval21 (no CPLEX h
 P = 1 is α,β-CROWN unpatched (the plugin's read-only probe only); P > 1 runs only where P = 1 finished
 (a verdict to compare with), with a limit of twice P = 1's wall time plus 60 s (two cores: P = 3 shares
 them). Compared: the verdict (``wrong`` if it differs from P = 1's or from the benchmark's expected
-one), the domains BaB visited, and the BaB time. Writes ``abcrown_plugin_verdicts.{json,md}``.
+one), the domains BaB visited, and the BaB time. Writes ``abcrown_plugin_verdicts.{json,md}`` (``_small``
+with ``--small``).
 """
 
 from __future__ import annotations
