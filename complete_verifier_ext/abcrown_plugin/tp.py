@@ -92,6 +92,7 @@ def wrap_interval(orig):
         if sw is None or w is not None:
             return orig(self, *v, C=C, w=w)
         _no_grad_through(v[0][0], v[0][1], C)
+
         def bias(fn) -> list:  # the bias interval through fn (the same tensor twice when constant)
             if len(v) < 3:
                 return []
