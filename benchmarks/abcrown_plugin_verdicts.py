@@ -13,8 +13,8 @@ MIP, refused under P > 1) and ``--bab.cut.enabled false`` for oval21 (no CPLEX h
 P = 1 is α,β-CROWN unpatched (the plugin's read-only probe only); P > 1 runs only where P = 1 finished
 (a verdict to compare with), with a limit of twice P = 1's wall time plus 60 s (two cores: P = 3 shares
 them). Compared: the verdict (``wrong`` if it differs from P = 1's or from the benchmark's expected
-one), the domains BaB visited, and the BaB time. Writes ``abcrown_plugin_verdicts.{json,md}`` (``_small``
-with ``--small``).
+one), the domains BaB visited, and the BaB time. Writes ``abcrown_plugin_verdicts[_small][_CATEGORY].json``
+and a table of every JSON in ``--out``, ``abcrown_plugin_verdicts.md``.
 """
 
 from __future__ import annotations
@@ -104,12 +104,17 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="at most this many instances per category")
     ap.add_argument("--small", action="store_true", help="the 256x2 instances that need BaB instead")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_plugin_verdicts"))
+    ap.add_argument("--report", action="store_true", help="only write the table from --out's JSON files")
     a = ap.parse_args()
+    if a.report:
+        return write_report(Path(a.out))
     path = checkout()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta, rows = provenance(), []
-    stem = "abcrown_plugin_verdicts" + ("_small" if a.small else "")
+    stem = (
+        "abcrown_plugin_verdicts" + ("_small" if a.small else "") + (f"_{'_'.join(a.only)}" if a.only else "")
+    )
     todo = [i for i in instances(a.small) if not a.only or i[0] in a.only]
     if a.limit:
         todo = [
@@ -131,22 +136,31 @@ def main() -> None:
                 base = base or r
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-                (out / f"{stem}.json").write_text(
-                    json.dumps({**meta, "rows": rows}, indent=1)
-                )
-    wrong = sum(bool(r.get("wrong")) for r in rows)
-    md = [
-        "# BaB verdicts inside alpha-beta-CROWN, domain list split over the ranks",
+                (out / f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    write_report(out)
+
+
+def write_report(out: Path) -> None:
+    """``abcrown_plugin_verdicts.md`` from every ``*.json`` in ``out`` (one section per run)."""
+    md = ["# BaB verdicts inside alpha-beta-CROWN, domain list split over the ranks", ""]
+    md += [
+        "α,β-CROWN's VNN-COMP 2022 configs with plain BaB (mnist_fc `--complete_verifier bab`, oval21 cuts "
+        "off), `--device cpu`; P = 1 is α,β-CROWN unpatched, P > 1 the plugin (`fsdp`, gloo), run only "
+        "where P = 1 finished.",
         "",
-        f"Commit `{meta['commit']}`; command `{meta['command']}`; {meta['machine']}, gloo. α,β-CROWN's "
-        "VNN-COMP 2022 configs with plain BaB (mnist_fc `--complete_verifier bab`, oval21 cuts off), "
-        "`--device cpu`; P = 1 is α,β-CROWN unpatched. P > 1 only where P = 1 finished.",
-        "",
-        table(rows),
-        "",
-        f"Wrong verdicts: {wrong}.",
     ]
-    (out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    wrong = 0
+    for path in sorted(out.glob("*.json")):
+        run = json.loads(path.read_text())
+        wrong += sum(bool(r.get("wrong")) for r in run["rows"])
+        md += [
+            f"## `{path.name}`",
+            "",
+            f"Commit `{run['commit']}`; command `{run['command']}`; {run['machine']}.",
+        ]
+        md += ["", table(run["rows"]), ""]
+    md.append(f"Wrong verdicts: {wrong}.")
+    (out / "abcrown_plugin_verdicts.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
