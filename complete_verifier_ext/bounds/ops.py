@@ -248,8 +248,6 @@ class Affine(Op):
 class Add(Op):
     """y = x0 + sign * x1 for two graph tensors of the same shape (residual connections)."""
 
-    n_inputs = 2
-
     def __init__(self, sign: float = 1.0):
         self.sign = sign
 
