@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from measure import REPO
+
 BENCH = REPO.parent / "shared" / "benchmarks"
 CONFIGS = "complete_verifier/exp_configs/vnncomp22"  # α,β-CROWN's own VNN-COMP 2022 configs
 
@@ -24,16 +24,6 @@ def checkout() -> Path:
     if not BENCH.is_dir():
         sys.exit(f"{BENCH} not found (the shared VNN-COMP benchmarks)")
     return path
-
-
-def provenance() -> dict:
-    """Commit, command and machine, recorded in every results file."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return {
-        "commit": commit.stdout.strip(),
-        "command": " ".join(["python", *sys.argv]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-    }
 
 
 def run_abcrown(args: list[str], tmp: Path, timeout: float, world: int = 1, env: dict | None = None) -> dict:

@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from abcrown_common import BENCH, REPO, checkout, provenance, run_abcrown
+from abcrown_common import BENCH, REPO, checkout, run_abcrown
+from measure import provenance
 
 MNIST = BENCH / "mnist_fc"
 PAPER = "21 MB + 0.373 MB × B (the paper's authors, one GPU, P = 1)"

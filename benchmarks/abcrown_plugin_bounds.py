@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from measure import provenance
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO.parent / "shared" / "benchmarks"
 CONFIGS = "complete_verifier/exp_configs/vnncomp22"
@@ -158,10 +160,8 @@ def main() -> None:
         sys.exit(f"{BENCH} not found (the shared VNN-COMP benchmarks)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-    command = " ".join(["python", *sys.argv])
+    meta = provenance()
+    commit, command, machine = meta["commit"], meta["command"], meta["machine"]
     rows: list[dict] = []
     earlier = out / "abcrown_plugin_bounds.json"
     if a.report:
@@ -195,12 +195,14 @@ def main() -> None:
                     )
                     print(json.dumps(rows[-1])[:300], flush=True)
                     (out / "abcrown_plugin_bounds.json").write_text(
-                        json.dumps({"commit": commit, "command": command, "rows": rows}, indent=1)
+                        json.dumps(
+                            {"commit": commit, "command": command, "machine": machine, "rows": rows}, indent=1
+                        )
                     )
     md = [
         "# The plugin against unpatched alpha-beta-CROWN: bounds and verdicts, its own VNN-COMP 2022 configs",
         "",
-        f"Commit `{commit}`; command `{command}`; this machine (2 cores, CPU, gloo); α,β-CROWN 8250d5f / "
+        f"Commit `{commit}`; command `{command}`; {machine}, gloo; α,β-CROWN 8250d5f / "
         "auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. Each run: `abcrown --config <α,β-CROWN's "
         "exp_configs/vnncomp22/X.yaml> --general.engine abcrown --device cpu --complete_verifier skip` "
         "(+ `--parallel.mode fsdp --parallel.world_size P`). P = 1 is α,β-CROWN unpatched. Bounds: "

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from abcrown_common import REPO, provenance
+from measure import REPO, provenance
 
 PAPER = (
     "the paper's FSDP (its fork, one GPU per rank): peak +26% to +34% above one GPU (h = 1024 to 8192, d = 4)"

@@ -25,7 +25,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from abcrown_common import BENCH, CONFIGS, REPO, checkout, provenance, run_abcrown
+from abcrown_common import BENCH, CONFIGS, REPO, checkout, run_abcrown
+from measure import provenance
 
 OVAL = [
     ("cifar_base_kw.onnx", "cifar_base_kw-img8194-eps0.018300653594771243.vnnlib"),

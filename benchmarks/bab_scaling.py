@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import spawn_json
+from measure import provenance, spawn_json
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
@@ -147,7 +147,7 @@ def main() -> None:
                         rows.append(r)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"bab_scaling{args.tag}.json").write_text(json.dumps(rows, indent=1))
+    (out / f"bab_scaling{args.tag}.json").write_text(json.dumps({**provenance(), "rows": rows}, indent=1))
     md = table(rows)
     (out / f"bab_scaling{args.tag}.md").write_text(md + "\n")
     print(md)

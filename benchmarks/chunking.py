@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import spawn_json
+from measure import provenance, spawn_json
 from memory_scaling import wide_mlp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def main() -> None:
         + table(rows)
         + "\n"
     )
-    (out / "chunking.json").write_text(json.dumps(rows, indent=1))
+    (out / "chunking.json").write_text(json.dumps({**provenance(), "rows": rows}, indent=1))
     (out / "chunking.md").write_text(md)
     plot(rows, out / "chunking.png")
     print(md)

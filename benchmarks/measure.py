@@ -1,11 +1,33 @@
-"""Run one measurement in a fresh process (one mode per process, DESIGN.md) and read its JSON line."""
+"""Run one measurement in a fresh process (one mode per process, DESIGN.md) and read its JSON line;
+the provenance every results file records."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def provenance() -> dict:
+    """Commit, command and machine, recorded in every results file (the config is in the command, or
+    the script's own constants)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return {
+        "commit": commit.stdout.strip(),
+        "command": " ".join(["python", *sys.argv]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+    }
+
+
+def add_provenance(path: Path) -> None:
+    """Add the provenance to a results JSON that another program wrote (an ``abcrown --summary``)."""
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "provenance": provenance()}, indent=1))
 
 
 def spawn_json(script: str, args: list[str], timeout: float) -> dict | None:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import spawn_json
+from measure import provenance, spawn_json
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -200,7 +200,7 @@ def main() -> None:
                 print(f"{model} {method} P={P} {mode}: {status} [{time.time() - t0:.0f}s]", flush=True)
                 if r is not None:
                     rows.append(r)
-    (out / "memory_scaling.json").write_text(json.dumps(rows, indent=1))
+    (out / "memory_scaling.json").write_text(json.dumps({**provenance(), "rows": rows}, indent=1))
     md = table(rows)
     (out / "memory_scaling.md").write_text(md + "\n")
     plot(rows, out / "memory_scaling.png")

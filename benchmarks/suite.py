@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from measure import add_provenance
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "benchmarks"
 RESULTS = REPO / "benchmarks" / "results"
@@ -52,6 +54,7 @@ def run(name: str, P: int, extra: str, tag: str = "", subset: Path | None = None
     ]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
+    add_provenance(out)
     return out
 
 

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from measure import provenance
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
 RESULTS = REPO / "benchmarks" / "results" / "threads"
@@ -83,7 +85,7 @@ def main() -> None:
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "threads.md").write_text(table)
-    (RESULTS / "threads.json").write_text(json.dumps(rows, indent=1))
+    (RESULTS / "threads.json").write_text(json.dumps({**provenance(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

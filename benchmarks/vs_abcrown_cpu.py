@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from measure import add_provenance
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 REFERENCE = SHARED / "reference" / "abcrown_cpu_mnist_fc.csv"
@@ -51,6 +53,7 @@ def run(P: int, extra: str) -> None:
     ]  # fmt: skip
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
+    add_provenance(RESULTS / f"vs_abcrown_cpu_P{P}.json")
 
 
 def report() -> str:
