@@ -550,16 +550,31 @@ def test_bab_features_not_split_yet_are_refused(tmp_path, change, mode, named):
     assert f"not supported with parallel.world_size > 1 yet: {named}" in proc.stderr
 
 
-def test_tp_refuses_a_layer_it_cannot_shard(tmp_path):
-    """oval21's conv nets: tp shards Linear (Gemm) layers only, and says which node it cannot."""
-    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=64))
+def test_tp_conv_layers_in_matrix_mode(tmp_path):
+    """oval21's cifar_base_kw under tp (conv layers column-parallel, ``conv_transpose2d`` around the
+    ring): CROWN and α-CROWN equal unpatched α,β-CROWN's within 1e-5, no whole weight on any rank. In
+    patches mode (α,β-CROWN's default) tp says which node it cannot shard."""
     oval = BENCH / "oval21"
     args = ["--onnx_path", str(oval / "onnx" / "cifar_base_kw.onnx")]
     args += ["--vnnlib_path", str(oval / "vnnlib" / "cifar_base_kw-img8194-eps0.018300653594771243.vnnlib")]
-    proc, s, results = run(tmp_path, cfg, *args, P=2, mode="tp")
+    matrix = BOUNDS_YAML.format(chunk=256).replace("iteration: 10", "iteration: 3")
+    cfg = _config(
+        tmp_path,
+        matrix.replace("  complete_verifier: skip", "  complete_verifier: skip\n  conv_mode: matrix"),
+    )
+    p1, ref, _ = run(tmp_path, cfg, *args, name="p1")
+    p2, got, _ = run(tmp_path, cfg, *args, P=2, mode="tp", name="tp", env=_env(CVE_ABCROWN_AUDIT="1"))
+    assert p1.returncode == 0 and p2.returncode == 0, p2.stderr[-2000:]
+    for method in ("crown", "alpha_crown"):
+        a, b = ref["bounds"][method], got["bounds"][method]
+        assert [x == "inf" for x in a] == [x == "inf" for x in b]
+        assert rel([x for x in a if x != "inf"], [x for x in b if x != "inf"]) < 1e-5
+    assert got["full_weights_live"] == [[[], []]] * 2
+    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=64))
+    proc, s, results = run(tmp_path, cfg, *args, P=2, mode="tp", name="patches")
     assert proc.returncode == 1 and results == "error\n"
-    assert "parallel.mode: tp shards Linear (Gemm) layers only; node" in proc.stderr
-    assert "is a BoundConv: use parallel.mode: fsdp" in proc.stderr and "Traceback" not in proc.stderr
+    assert "parallel.mode: tp: Conv node" in proc.stderr and "general.conv_mode: matrix" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_bab_cut_short_by_max_iterations_is_no_proof(tmp_path):

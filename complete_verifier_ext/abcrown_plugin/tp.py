@@ -1,28 +1,29 @@
-"""TP weights inside auto_LiRPA: no rank ever builds a whole Linear weight.
+"""TP weights inside auto_LiRPA: no rank ever builds a whole Linear or Conv weight.
 
-The weights are sharded as under FSDP (:func:`.fsdp.shard_net`: 1/P of the rows, ``(out, in)``, of
-every ``BoundLinear`` weight and of its copies in ``model_ori``), each held as the native engine's
-:class:`~complete_verifier_ext.parallel.sharded.ShardedWeight` (mode ``tp``). The op wrappers compute
-with the shards only:
+The weights are sharded as under FSDP (:func:`.fsdp.shard_net`: 1/P of the output rows of every
+``BoundLinear`` and ``BoundConv`` weight and of its copies in ``model_ori``), each held as the native
+engine's :class:`~complete_verifier_ext.parallel.sharded.ShardedWeight` (mode ``tp``). The op
+wrappers compute with the shards only:
 
 * ``forward`` and ``interval_propagate``: column-parallel. Each rank computes its own output slice
   (its rows of W, its slice of the bias) and one ``all_gather`` assembles the small output. When
   auto_LiRPA merges the spec C into the last layer's IBP (``C @ W``), the merged ``(B, spec, in)``
   matrix is the sum of the ranks' ``C[..., rows] @ W_rows`` (one ``all_reduce``).
-* ``bound_backward``: ``A @ W`` by :meth:`ShardedWeight.linear_t`: the shards travel around the ring
-  (P - 1 passes, at most two travelling shards resident) and each multiplies the matching column
-  block of A as it arrives; in backward (α-CROWN's gradient) the ring runs again, no shard is saved.
-  ``A @ b`` uses the bias, which is small and replicated. auto_LiRPA's identity and one-hot
+* ``bound_backward``: ``A @ W`` by :meth:`ShardedWeight.linear_t`, a conv's ``conv_transpose2d(A, W)``
+  by :meth:`ShardedWeight.conv_transpose2d` (with auto_LiRPA's output padding). The shards travel
+  around the ring (P - 1 passes, at most two travelling shards resident) and each multiplies the
+  matching block of A as it arrives; in backward (α-CROWN's gradient) the ring runs again, no shard
+  is saved. ``A @ b`` uses the bias, which is small and replicated. auto_LiRPA's identity and one-hot
   start matrices (``eyeC``, ``OneHotC``) become dense first.
-* ``model_ori`` (PGD, the clean output): each ``nn.Linear`` runs column-parallel with autograd (its
-  input's gradient is summed over the ranks, the gathered output's gradient is the rank's own
-  block: every rank runs the same attack on the same loss).
+* ``model_ori`` (PGD, the clean output): each ``nn.Linear`` and ``nn.Conv2d`` runs column-parallel
+  with autograd (its input's gradient is summed over the ranks, the gathered output's gradient is
+  the rank's own block: every rank runs the same attack on the same loss).
 
 Intermediate bounds are computed exactly as unpatched α,β-CROWN computes them (never IBP because of
-sharding). Supported: ``BoundLinear`` from ONNX Gemm (``transB = 1``, ``alpha = beta = 1``) with
-constant weight and bias. A sharded MatMul or Conv, or another Gemm form, is refused with one line
-(``parallel.mode: fsdp`` runs them); so are MIP/LP building and BaB (which holds the weights whole),
-before any bound is computed.
+sharding). Supported: ``BoundLinear`` from ONNX Gemm (``transB = 1``, ``alpha = beta = 1``) and
+``BoundConv`` (2-D, one group) with ``general.conv_mode: matrix``, with constant weights and biases. A
+sharded MatMul, another Gemm form, or a conv in patches mode is refused with one line naming the node
+(``parallel.mode: fsdp`` runs them); so are MIP/LP building and BaB (which holds the weights whole).
 """
 
 from __future__ import annotations
@@ -38,11 +39,18 @@ from .locate import PluginError
 
 def check_layer(node) -> None:
     """Refuse a layer whose weight ``tp`` would shard but cannot compute with (one line)."""
-    from auto_LiRPA.operators import BoundLinear
+    from auto_LiRPA.operators import BoundConv, BoundLinear
 
+    if type(node) is BoundConv:
+        if node.conv_dim != 2 or node.groups != 1 or node.mode != "matrix":
+            raise PluginError(
+                f"parallel.mode: tp: Conv node {node.name} needs a 2-D convolution with group 1 and "
+                "general.conv_mode: matrix (patches-mode A matrices are not sharded): use parallel.mode: fsdp"
+            )
+        return
     if type(node) is not BoundLinear:
         raise PluginError(
-            f"parallel.mode: tp shards Linear (Gemm) layers only; node {node.name} is a "
+            f"parallel.mode: tp shards Linear (Gemm) and Conv layers only; node {node.name} is a "
             f"{type(node).__name__}: use parallel.mode: fsdp"
         )
     if node.transA or not node.transB or node.alpha_linear != 1.0 or node.beta_linear != 1.0:
@@ -171,11 +179,93 @@ def wrap_build_solver(orig):
     return build_solver
 
 
+def _bias_channels(b: Any, sw) -> Any:
+    lo, hi = sw.rows
+    return b[lo:hi] if isinstance(b, Tensor) else b
+
+
+def wrap_conv_forward(orig):
+    """``BoundConv.forward(x, w, b)``: the rank's output channels, then one all-gather."""
+
+    def forward(self, *x):
+        sw = _sharded(self)
+        if sw is None:
+            return orig(self, *x)
+        _no_grad_through(x[0])
+        y = orig(self, x[0], sw.local, *[_bias_channels(t, sw) for t in x[2:]])
+        return comm.all_gather_cat(y, 1, sizes=sw.sizes)
+
+    forward.__wrapped__ = orig
+    return forward
+
+
+def wrap_conv_interval(orig):
+    def interval_propagate(self, *v, C=None):
+        from auto_LiRPA.operators.base import Interval
+
+        sw = _sharded(self)
+        if sw is None:
+            return orig(self, *v, C=C)
+        _no_grad_through(v[0][0], v[0][1])
+        bias = []
+        if len(v) == 3:
+            lo = _bias_channels(v[2][0], sw)
+            bias = [
+                Interval.make_interval(lo, lo if v[2][1] is v[2][0] else _bias_channels(v[2][1], sw), v[2])
+            ]
+        lo, hi = orig(self, v[0], Interval(sw.local, sw.local), *bias, C=C)
+        return comm.all_gather_cat(lo, 1, sizes=sw.sizes), comm.all_gather_cat(hi, 1, sizes=sw.sizes)
+
+    interval_propagate.__wrapped__ = orig
+    return interval_propagate
+
+
+def wrap_conv_bound_backward(orig):
+    """Matrix mode: ``conv_transpose2d(A, W)`` around the ring of shards (``ShardedWeight``), with the
+    output padding auto_LiRPA computes; ``A · b`` with the replicated bias."""
+
+    def bound_backward(self, last_lA, last_uA, *x, **kwargs):
+        sw = _sharded(self)
+        if sw is None:
+            return orig(self, last_lA, last_uA, *x, **kwargs)
+        kh, kw = sw.shape[2:]
+        pad = tuple(
+            int(self.input_shape[2 + i])
+            - (int(self.output_shape[2 + i]) - 1) * self.stride[i]
+            + 2 * self.padding[i]
+            - 1
+            - (k - 1) * self.dilation[i]
+            for i, k in enumerate((kh, kw))
+        )
+        bias = x[2].lower if self.has_bias else None
+
+        def one_side(A):
+            A = _dense(A, sw.local.dtype)
+            if A is None:
+                return None, 0
+            spec, batch = A.shape[:2]
+            flat = A.reshape(spec * batch, *A.shape[2:]).to(sw.local)
+            nxt = sw.conv_transpose2d(flat, self.stride, self.padding, self.dilation, pad)
+            nxt = nxt.view(spec, batch, *nxt.shape[1:])
+            return nxt, (torch.einsum("sbc...,c->sb", A, bias) if bias is not None else 0)
+
+        lA, lbias = one_side(last_lA)
+        uA, ubias = (lA, lbias) if last_uA is last_lA else one_side(last_uA)
+        return [(lA, uA), (None, None), (None, None)], lbias, ubias
+
+    bound_backward.__wrapped__ = orig
+    return bound_backward
+
+
 WRAPPED = {
     "auto_LiRPA.operators.BoundLinear.forward": wrap_forward,
     "auto_LiRPA.operators.BoundLinear.bound_backward": wrap_bound_backward,
     "auto_LiRPA.operators.BoundLinear.interval_propagate": wrap_interval,
     "auto_LiRPA.operators.BoundLinear.build_solver": wrap_build_solver,
+    "auto_LiRPA.operators.BoundConv.forward": wrap_conv_forward,
+    "auto_LiRPA.operators.BoundConv.interval_propagate": wrap_conv_interval,
+    "auto_LiRPA.operators.BoundConv.bound_backward": wrap_conv_bound_backward,
+    "auto_LiRPA.operators.BoundConv.build_solver": wrap_build_solver,
 }
 
 
@@ -198,6 +288,8 @@ def column_parallel_forward(model: nn.Module, shards: dict[str, tuple[Any, bool]
         m = modules.get(owner)
         if attr == "weight" and not transposed and isinstance(m, nn.Linear):
             m.forward = _linear_forward(m, shard.tp)
+        elif attr == "weight" and not transposed and isinstance(m, nn.Conv2d) and m.padding_mode == "zeros":
+            m.forward = _conv_forward(m, shard.tp)
 
 
 def _linear_forward(m: nn.Linear, sw):
@@ -205,5 +297,16 @@ def _linear_forward(m: nn.Linear, sw):
         bias = _bias_rows(m.bias, sw) if m.bias is not None else None
         y = torch.nn.functional.linear(comm.reduce_grad(x), sw.local, bias)
         return comm.all_gather_cat_same_loss(y, -1, sizes=sw.sizes)
+
+    return forward
+
+
+def _conv_forward(m: nn.Conv2d, sw):
+    def forward(x: Tensor) -> Tensor:
+        bias = _bias_channels(m.bias, sw) if m.bias is not None else None
+        y = sw.local_conv2d(comm.reduce_grad(x), m.stride, m.padding, m.dilation)
+        if bias is not None:
+            y = y + bias.view(1, -1, 1, 1)
+        return comm.all_gather_cat_same_loss(y, 1, sizes=sw.sizes)
 
     return forward
