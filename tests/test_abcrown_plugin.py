@@ -143,6 +143,19 @@ def test_bounds_equal_unpatched_with_split_rows(unpatched, P, mode):
     assert got["full_weights_live"] == [[[], []]] * P
 
 
+def test_a_rank_that_owns_no_row_of_a_layer(tmp_path):
+    """171 rows a pass at P = 3 on 256x6: a layer bounded for all its 256 neurons has two passes, so
+    rank 2 owns none of its rows. Its α keeps only the default slot (it once kept zero rows and
+    crashed in α-CROWN) and it runs dummy passes; the bounds are one process's."""
+    cfg = _config(tmp_path, BOUNDS_YAML.format(chunk=171).replace("iteration: 10", "iteration: 3"))
+    args = instance("mnist-net_256x6", "prop_0_0.05.vnnlib")
+    p1, ref, _ = run(tmp_path, cfg, *args, name="p1")
+    p3, got, _ = run(tmp_path, cfg, *args, P=3, name="p3")
+    assert p1.returncode == 0 and p3.returncode == 0, p3.stderr[-2000:]
+    assert rel(ref["bounds"]["crown"], got["bounds"]["crown"]) < 1e-6
+    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-5
+
+
 def test_bounds_bitwise_when_rows_are_not_split(tmp_path):
     """CROWN verifies 256x2 prop_0_0.03; no layer has more unstable neurons than a pass holds, so FSDP
     alone is active and the bounds are bitwise α,β-CROWN's."""

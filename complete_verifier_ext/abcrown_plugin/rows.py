@@ -209,7 +209,7 @@ class RowAlpha:
         if self.orig_lookup is not None:  # sparse spec: row 0 is auto_LiRPA's own default slot
             rows, default = self.orig_lookup[self.own], alpha[:, :1]
         else:
-            rows, default = self.own, alpha[:, self.own[:1]]
+            rows, default = self.own, alpha[:, self.idx[:1]]  # (also on a rank that owns no row)
         local = torch.cat([default, alpha[:, rows]], 1).detach().clone()
         return local.requires_grad_(alpha.requires_grad)
 
