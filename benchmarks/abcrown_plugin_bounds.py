@@ -11,7 +11,7 @@ unchanged except for ``--device cpu`` and ``--complete_verifier skip`` (the inco
 α-CROWN), and for oval21 ``--bab.cut.enabled false``: ``oval22.yaml`` asks for CPLEX cuts, whose
 executable this machine lacks (α,β-CROWN stops with "CPLEX cutting planes are needed" at every P).
 The configs leave ``solver.crown.batch_size`` at its
-default, so the plugin deals ⌈512 / P⌉ rows a pass at P > 1; mnist_fc layers have at most 256 unstable
+default, so the plugin deals 512 rows a pass at P > 1; mnist_fc layers have at most 256 unstable
 neurons, so the mnist_fc instances also run with ``--crown_batch_size 64`` (at every P), which splits
 their rows and their α.
 
@@ -188,7 +188,7 @@ def main() -> None:
                             "vnnlib": inst[3],
                             "instance": f"{inst[2]}:{inst[3]}",
                             "chunk": chunk,
-                            "rows": chunk or ("1e9 (config)" if P == 1 else f"{-(-512 // P)} (plugin)"),
+                            "rows": chunk or ("1e9 (config)" if P == 1 else "512 (plugin)"),
                             "P": P,
                             **r,
                         }

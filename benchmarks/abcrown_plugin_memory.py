@@ -17,8 +17,7 @@ ONNX MatMul, the others Gemm), L∞ box ε = 0.02 around a random input in [0, 1
 with ``--mnist`` also VNN-COMP's mnist-net_256x6 on prop_0_0.05 (``../shared/benchmarks``);
 CROWN, and α-CROWN with 20 iterations (lr 0.1). "unpatched" is α,β-CROWN as a user runs it (its default
 ``solver.crown.batch_size`` 1e9: a layer's rows in one pass); "P=1 chunked" is the same with 512 rows a
-pass; the plugin uses ⌈512 / P⌉ at P > 1 unless the config says otherwise (the P ranks hold one
-512-row pass between them). Writes
+pass, what the plugin uses at P > 1 unless the config says otherwise. Writes
 ``abcrown_plugin_memory.{json,md,png}`` into ``--out``.
 """
 
