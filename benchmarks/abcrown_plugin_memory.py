@@ -178,7 +178,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[1024, 2048, 4096])
     ap.add_argument("--methods", nargs="+", default=["crown", "alpha"])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--modes", nargs="+", default=["fsdp", "tp"], help="the plugin's parallel.mode runs")
