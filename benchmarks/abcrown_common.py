@@ -16,6 +16,11 @@ BENCH = REPO.parent / "shared" / "benchmarks"
 CONFIGS = "complete_verifier/exp_configs/vnncomp22"  # α,β-CROWN's own VNN-COMP 2022 configs
 
 
+def instance_label(row: dict) -> str:
+    """A results row's instance as the plugin tables print it: the model and the spec, shortened."""
+    return f"{row['onnx'].removesuffix('.onnx')} {row['vnnlib'].removesuffix('.vnnlib')[:40]}"
+
+
 def checkout() -> Path:
     """``$ABCROWN_PATH`` (exits with one line when unset or not a checkout, or without the benchmarks)."""
     path = Path(os.environ.get("ABCROWN_PATH", ""))

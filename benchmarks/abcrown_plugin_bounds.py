@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from abcrown_common import instance_label
 from measure import provenance
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,8 +130,7 @@ def table(rows: list[dict]) -> str:
     ]
     ref = {(r["instance"], r["chunk"]): r for r in rows if r["P"] == 1 and "error" not in r}
     for r in rows:
-        name = f"{r['onnx'].removesuffix('.onnx')} {r['vnnlib'].removesuffix('.vnnlib')[:40]}"
-        head = f"| {r['category']} | {name} | {r['rows']} | {r['P']} |"
+        head = f"| {r['category']} | {instance_label(r)} | {r['rows']} | {r['P']} |"
         if "error" in r:
             out.append(f"{head} error: {r['error']} | | | | | |")
             continue

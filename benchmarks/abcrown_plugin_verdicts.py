@@ -25,7 +25,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from abcrown_common import BENCH, CONFIGS, REPO, checkout, run_abcrown
+from abcrown_common import BENCH, CONFIGS, REPO, checkout, instance_label, run_abcrown
 from measure import provenance
 
 OVAL = [
@@ -85,8 +85,7 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        name = f"{r['onnx'].removesuffix('.onnx')} {r['vnnlib'].removesuffix('.vnnlib')[:40]}"
-        head = f"| {r['category']} | {name} | {r['expected']} | {r['P']} |"
+        head = f"| {r['category']} | {instance_label(r)} | {r['expected']} | {r['P']} |"
         if "error" in r:
             out.append(f"{head} error: {r['error']} | | | |")
             continue
