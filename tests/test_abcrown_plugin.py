@@ -599,6 +599,18 @@ def test_bab_cut_short_by_max_iterations_is_no_proof(tmp_path):
     assert results.strip() == "timeout" and "bab.max_iterations" in proc.stderr
 
 
+def test_worst_domain_over_the_ranks_treats_nan_as_worst():
+    import torch
+
+    from complete_verifier_ext.abcrown_plugin.bab_split import _worst
+
+    nan = torch.tensor([float("nan"), -1.0])
+    assert _worst([torch.tensor([0.5]), None, nan]) is nan  # NaN proves nothing: never the best
+    a = torch.tensor([-0.2, -3.0])  # its best spec (-0.2) is worse than the other domain's (-0.1)
+    assert _worst([a, torch.tensor([-0.1])]) is a
+    assert torch.equal(_worst([None, None]), torch.tensor(1e-7))  # α,β-CROWN's value for an empty list
+
+
 def test_bab_proved_treats_nan_as_not_proven():
     import torch
 

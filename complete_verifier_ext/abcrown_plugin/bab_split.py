@@ -36,6 +36,7 @@ lockstep, the same number of β-CROWN iterations on every rank: not built).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -192,7 +193,12 @@ def _worst(candidates: list) -> torch.Tensor:
     held = [w for w in candidates if w is not None]
     if not held:
         return torch.tensor(1e-7)
-    return min(held, key=lambda w: float(w.max()))
+
+    def margin(w: torch.Tensor) -> float:  # NaN proves nothing: the worst there is
+        m = float(w.max())
+        return -math.inf if math.isnan(m) else m
+
+    return min(held, key=margin)
 
 
 def wrap_act_split_round(split_domain, check_worst_domain):
