@@ -16,6 +16,7 @@ ONNX models have a symbolic batch axis (``"batch"``), so onnxruntime accepts any
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -354,3 +355,23 @@ def exact_min_linear(net: nn.Sequential, lower, upper, c) -> tuple[float, np.nda
 
     visit(0, Ws[0], bs[0], np.zeros((0, len(lo))), np.zeros(0))
     return best[0], np.clip(best[1], lo, hi)
+
+
+@functools.lru_cache(maxsize=16)
+def _exact_ranges(sizes: tuple[int, ...], seed: int, lower: tuple, upper: tuple) -> tuple:
+    net = mlp(sizes, seed).double()
+    ranges = []
+    for i in range(len(sizes) - 2):
+        cut, n = net[: 2 * i + 1], sizes[i + 1]
+        lo = [exact_min_linear(cut, lower, upper, np.eye(n)[j])[0] for j in range(n)]
+        hi = [-exact_min_linear(cut, lower, upper, -np.eye(n)[j])[0] for j in range(n)]
+        ranges.append((np.array(lo), np.array(hi)))
+    return tuple(ranges)
+
+
+def exact_mlp_ranges(sizes: Sequence[int], seed: int, lower, upper) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The exact range ``(min, max)`` over the box of every hidden pre-activation neuron of
+    ``mlp(sizes, seed)``, layer by layer (:func:`exact_min_linear` per neuron, float64). Cached: tests
+    that bound the same network in several ways enumerate its patterns once."""
+    lo, hi = (tuple(np.asarray(b, dtype=np.float64).reshape(-1).tolist()) for b in (lower, upper))
+    return list(_exact_ranges(tuple(sizes), seed, lo, hi))
