@@ -55,12 +55,16 @@ def check_config(checkout: locate.Checkout, args: list[str], config_path: str | 
 
 
 def _crown_batch_args(all_args: dict, world_size: int) -> list[str]:
-    """Under P > 1, α,β-CROWN's default (one pass per layer) becomes passes of 512 rows to deal out.
-    (Passes of ⌈512 / P⌉ rows would lower the per-rank peak further, but split more layers, and α-CROWN
-    drifts from one process's result, up to 1.8e-4 at P = 3, where rows are dealt by α's owner after
-    the unstable sets shrink: docs/abcrown_plugin.md.)"""
+    """Under P > 1, α,β-CROWN's default (one pass per layer) becomes passes to deal out: ⌈512 / P⌉ rows
+    when the incomplete phase is CROWN (``solver.bound_prop_method: crown``), whose bounds do not
+    depend on how the rows are grouped, else 512. (α-CROWN with passes of ⌈512 / P⌉ rows splits more
+    layers and drifts from one process's result, up to 1.8e-4 at P = 3, where rows are dealt by α's
+    owner after the unstable sets shrink: docs/abcrown_plugin.md.)"""
     if world_size > 1 and int(all_args["solver"]["crown"]["batch_size"]) == DEFAULT_CROWN_BATCH:
-        return ["--crown_batch_size", str(SHARDED_CROWN_BATCH)]
+        rows = SHARDED_CROWN_BATCH
+        if all_args["solver"]["bound_prop_method"] == "crown":
+            rows = -(-rows // world_size)
+        return ["--crown_batch_size", str(rows)]
     return []
 
 
