@@ -27,8 +27,8 @@ SHARED = REPO.parent / "shared"
 
 
 def wide_mlp(h: int, d: int):
+    from complete_verifier_ext.bounds.graph import Graph
     from complete_verifier_ext.bounds.ops import Input, Linear, Relu
-    from complete_verifier_ext.model.graph import Graph
 
     gen = torch.Generator().manual_seed(0)
     g = Graph(source=f"mlp784-{h}x{d}")

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 
@@ -610,3 +610,62 @@ def load_vnnlib(path: str | os.PathLike, cache: bool = True) -> Spec:
         _save_disk(spec, disk_file)
     _MEMORY.put(key, spec)
     return spec
+
+
+class EmptyFloat32BoxError(ValueError):
+    """Raised by :func:`float32_box` (inward rounding) when some dimension contains no float32 value."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Float32 boxes
+# ----------------------------------------------------------------------------------------------------
+
+
+def _as_float64(a: Any, name: str) -> np.ndarray:
+    """Return ``a`` as a flat float64 array, rejecting NaN."""
+    arr = np.asarray(a, dtype=np.float64).reshape(-1)
+    if np.isnan(arr).any():
+        raise ValueError(f"{name} contains NaN")
+    return arr
+
+
+def float32_box(lower: Any, upper: Any, inward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Round the real box ``[lower, upper]`` to a float32 box.
+
+    ``inward=True`` rounds ``lower`` up and ``upper`` down, so every float32 point of the result lies in
+    the real box (used for attacks).  ``inward=False`` rounds ``lower`` down and ``upper`` up, so the result
+    contains the real box (used for sound bounds).  Values beyond the float32 range round to ``±inf``
+    outward and to ``±float32_max`` inward.
+
+    If inward rounding empties a dimension (the real interval contains no float32 value), the float32
+    nearest to the interval's midpoint is used when it lies inside the real interval; otherwise
+    :class:`EmptyFloat32BoxError` is raised (no float32 point of the real box exists).
+
+    Raises ``ValueError`` on NaN, on shape mismatch, or when ``lower > upper`` somewhere.
+    """
+    lo = _as_float64(lower, "lower")
+    hi = _as_float64(upper, "upper")
+    if lo.shape != hi.shape:
+        raise ValueError(f"lower and upper have different sizes: {lo.size} != {hi.size}")
+    if (lo > hi).any():
+        raise ValueError("lower > upper in some dimension")
+    with np.errstate(over="ignore"):
+        lo32 = lo.astype(np.float32)
+        hi32 = hi.astype(np.float32)
+    if inward:
+        lo32 = np.where(lo32.astype(np.float64) < lo, np.nextafter(lo32, np.float32(np.inf)), lo32)
+        hi32 = np.where(hi32.astype(np.float64) > hi, np.nextafter(hi32, np.float32(-np.inf)), hi32)
+        empty = lo32 > hi32
+        if empty.any():
+            with np.errstate(over="ignore"):
+                mid32 = (0.5 * (lo[empty] + hi[empty])).astype(np.float32)
+            mid64 = mid32.astype(np.float64)
+            if not ((lo[empty] <= mid64) & (mid64 <= hi[empty])).all():
+                bad = np.flatnonzero(empty)
+                raise EmptyFloat32BoxError(f"no float32 value in the input interval(s) {bad.tolist()}")
+            lo32[empty] = mid32
+            hi32[empty] = mid32
+    else:
+        lo32 = np.where(lo32.astype(np.float64) > lo, np.nextafter(lo32, np.float32(-np.inf)), lo32)
+        hi32 = np.where(hi32.astype(np.float64) < hi, np.nextafter(hi32, np.float32(np.inf)), hi32)
+    return lo32.astype(np.float32), hi32.astype(np.float32)

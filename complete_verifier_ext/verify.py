@@ -19,23 +19,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .attack import EmptyFloat32BoxError, check_counterexample, float32_box, format_counterexample, pgd_attack
+from .attack import check_counterexample, format_counterexample, pgd_attack
 from .bab.common import BabOptions, BabResult, Problem
 from .bab.relu_split import relu_split_bab
 from .bounds import mip, split_refine
 from .bounds.alpha import AlphaOptions, alpha_crown
 from .bounds.crown import CrownState, crown, ibp, pre_activation_nodes, spec_matrix
+from .bounds.graph import Graph
 from .bounds.mip import MipOptions, UnsupportedForMip
 from .bounds.split_refine import SplitOptions
 from .bounds.walk import Bounds, back_substitute, margin
 from .config import Config
 from .errors import UserError
-from .model.graph import Graph
 from .model.onnx_loader import load_model
 from .parallel import comm
 from .parallel.memory import PeakMemory, available_mb
 from .parallel.sharded import release_gather_buffers
-from .spec import Region, Spec, load_vnnlib
+from .spec import EmptyFloat32BoxError, Region, Spec, float32_box, load_vnnlib
 
 
 @dataclass

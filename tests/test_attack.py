@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,29 +14,12 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from complete_verifier_ext.attack import (
-    EmptyFloat32BoxError,
     check_counterexample,
     clause_margins,
-    float32_box,
     format_counterexample,
     pgd_attack,
 )
-
-try:
-    from complete_verifier_ext.spec import Clause, Region
-except ImportError:  # stand-in until spec.py exists
-
-    @dataclass(frozen=True)
-    class Clause:  # type: ignore[no-redef]
-        C: np.ndarray
-        d: np.ndarray
-
-    @dataclass(frozen=True)
-    class Region:  # type: ignore[no-redef]
-        lower: np.ndarray
-        upper: np.ndarray
-        clauses: tuple[Clause, ...]
-
+from complete_verifier_ext.spec import Clause, EmptyFloat32BoxError, Region, float32_box
 
 N_IN, N_HID, N_OUT = 4, 16, 3
 

@@ -19,8 +19,8 @@ from torch import nn
 from complete_verifier_ext import testing
 from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
 from complete_verifier_ext.bounds.crown import crown, ibp
+from complete_verifier_ext.bounds.graph import Graph
 from complete_verifier_ext.bounds.ops import Conv
-from complete_verifier_ext.model.graph import Graph
 from complete_verifier_ext.model.onnx_loader import load_model
 from complete_verifier_ext.model.torch_loader import from_sequential
 

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from complete_verifier_ext import testing
-from complete_verifier_ext.model.graph import Graph
+from complete_verifier_ext.bounds.graph import Graph
 from complete_verifier_ext.model.onnx_loader import ModelError, load_model
 from complete_verifier_ext.model.torch_loader import from_sequential
 

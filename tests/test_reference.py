@@ -23,7 +23,7 @@ import torch
 
 from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
 from complete_verifier_ext.bounds.crown import crown, ibp
-from complete_verifier_ext.model.graph import Graph
+from complete_verifier_ext.bounds.graph import Graph
 from complete_verifier_ext.model.onnx_loader import load_model
 from complete_verifier_ext.spec import Region, load_vnnlib
 from complete_verifier_ext.verify import clause_bounds, input_box, spec_rows

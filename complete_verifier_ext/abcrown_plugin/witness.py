@@ -11,9 +11,9 @@ import re
 
 import numpy as np
 
-from ..attack import EmptyFloat32BoxError, _ort_output, clause_margins, float32_box, format_counterexample
+from ..attack import _ort_output, clause_margins, format_counterexample
 from ..cli import write_atomic
-from ..spec import load_vnnlib
+from ..spec import EmptyFloat32BoxError, float32_box, load_vnnlib
 
 _X = re.compile(r"\(\s*X_(\d+)\s+([^\s()]+)\s*\)")
 

@@ -57,8 +57,8 @@ from torch import Tensor
 
 from ..bounds.alpha import AlphaOptions, alpha_crown
 from ..bounds.crown import CrownState, crown
+from ..bounds.graph import Graph
 from ..bounds.walk import back_substitute
-from ..model.graph import Graph
 from ..parallel import comm
 from .common import BabOptions, BabResult, Problem, agree_round, share_counterexample
 

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..attack import EmptyFloat32BoxError, float32_box
 from ..bounds.beta import optimise_alpha_beta
 from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
+from ..bounds.graph import Graph
 from ..bounds.ops import Relu
 from ..bounds.walk import Bounds, Box, back_substitute, margin
-from ..model.graph import Graph
 from ..parallel import comm
+from ..spec import EmptyFloat32BoxError, float32_box
 from .common import BabOptions, BabResult, Problem, agree_round
 
 STORE_DTYPE = torch.float16

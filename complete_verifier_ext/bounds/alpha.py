@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..model.graph import Graph
 from ..parallel import comm
 from .crown import CrownState, ancestors_relus, final_bounds, gather_rows, sweep
+from .graph import Graph
 from .ops import Relu
 from .walk import Alphas, Box
 

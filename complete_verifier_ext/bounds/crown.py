@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..model.graph import Graph
 from ..parallel import comm
+from .graph import Graph
 from .ops import Affine, Conv, Flatten, Linear
 from .walk import Alphas, Bounds, Box, back_substitute, concretize, finite_batch, proven_only
 

@@ -33,8 +33,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ..model.graph import Graph
 from ..parallel import comm
+from .graph import Graph
 from .ops import Affine, Flatten, Linear
 from .refine import FlatBounds, Task, refine_in_order
 from .walk import Bounds

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model.graph import Graph
 from ..parallel import comm
 from .beta import optimise_alpha_beta
 from .crown import ancestors_relus, exact_by_ibp, pre_activation_nodes
+from .graph import Graph
 from .ops import Relu
 from .refine import FlatBounds, Task, refine_in_order
 from .walk import Bounds, Box, back_substitute

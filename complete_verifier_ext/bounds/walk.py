@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..model.graph import Graph
+from .graph import Graph
 
 Box = tuple[Tensor, Tensor]
 Bounds = dict[int, Box]  # node index -> (lower, upper), each (B, *shape)

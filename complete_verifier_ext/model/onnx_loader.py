@@ -16,9 +16,9 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ..bounds.graph import Graph
 from ..bounds.ops import Add, Affine, Conv, Flatten, Input, Linear, Relu, fold_affine_into
 from ..errors import UserError
-from .graph import Graph
 
 
 class ModelError(UserError):

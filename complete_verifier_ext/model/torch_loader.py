@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..bounds.graph import Graph
 from ..bounds.ops import Affine, Conv, Flatten, Input, Linear, Relu, fold_affine_into
-from .graph import Graph
 from .onnx_loader import ModelError, check_finite
 
 

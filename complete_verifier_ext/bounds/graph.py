@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..bounds.ops import Conv, Linear, Op
 from ..parallel.sharded import ShardedWeight
+from .ops import Conv, Linear, Op
 
 
 @dataclass
