@@ -34,13 +34,13 @@ INSTANCES = [
 
 
 def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> dict:
-    from complete_verifier_ext.bab.common import BabOptions, Problem
+    from complete_verifier_ext.bab.common import BabOptions
     from complete_verifier_ext.bab.relu_split import ReluSplitBab
     from complete_verifier_ext.config import load_config
     from complete_verifier_ext.parallel import comm
     from complete_verifier_ext.parallel.memory import PeakMemory
-    from complete_verifier_ext.spec import Region
-    from complete_verifier_ext.verify import Clock, bound_region, input_box, load_instance, spec_rows
+    from complete_verifier_ext.spec import Clauses, Region
+    from complete_verifier_ext.verify import Clock, bound_region, input_box, load_instance
 
     P = comm.world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // P))
@@ -61,8 +61,7 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> 
     region = spec.regions[0]
     _, state, cb = bound_region(graph, region, cfg, Clock(time.monotonic() + 600), {})
     region = Region(region.lower, region.upper, (region.clauses[int(cb.argmin())],))  # as the pipeline does
-    C, d, owner = spec_rows(region)
-    problem = Problem(C, torch.tensor(d), torch.tensor(owner), len(region.clauses))
+    problem = Clauses.of(region.clauses)
     opts = BabOptions(batch_size=max(2, batch // P), branching="kfsb", candidates=3, iteration=20)
     done = [0]
 

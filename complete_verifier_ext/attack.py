@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .spec import EmptyFloat32BoxError, _as_float64, float32_box
+from .spec import Clauses, EmptyFloat32BoxError, _as_float64, float32_box
 
 if TYPE_CHECKING:
     from complete_verifier_ext.spec import Clause, Region
@@ -57,60 +57,15 @@ _CFG_DEFAULTS: dict[str, Any] = {
 # ----------------------------------------------------------------------------------------------------
 
 
-def _clause_arrays(clause: Clause) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(C, d)`` of a clause as float64 arrays of shapes ``(k, n_out)`` and ``(k,)``."""
-    C = np.asarray(clause.C, dtype=np.float64)
-    d = np.asarray(clause.d, dtype=np.float64).reshape(-1)
-    if C.ndim == 1:
-        C = C.reshape(1, -1)
-    if C.shape[0] != d.size:
-        raise ValueError(f"clause has {C.shape[0]} rows in C but {d.size} entries in d")
-    return C, d
-
-
 def clause_margins(y: np.ndarray, clauses: Sequence[Clause]) -> np.ndarray:
-    """Return, for each clause, ``max(C @ y - d)`` (float64, shape ``(num_clauses,)``).
+    """Return, for each clause, ``max(C @ y - d)`` (float64, shape ``(num_clauses,)``): the margins of
+    :class:`spec.Clauses` at one output ``y``.
 
     A margin ``<= 0`` means the clause holds at ``y``.  A clause with no rows always holds (margin -inf).
     A NaN margin (a NaN output, or inf - inf) is no counterexample: it counts as ``+inf``.
     """
-    yv = np.asarray(y, dtype=np.float64).reshape(-1)
-    out = np.empty(len(clauses), dtype=np.float64)
-    for i, clause in enumerate(clauses):
-        C, d = _clause_arrays(clause)
-        if C.shape[0] == 0:
-            out[i] = -np.inf
-            continue
-        if C.shape[1] != yv.size:
-            raise ValueError(f"clause {i} expects {C.shape[1]} outputs, got {yv.size}")
-        with np.errstate(invalid="ignore"):
-            out[i] = np.max(np.nan_to_num(C @ yv - d, nan=np.inf, posinf=np.inf, neginf=-np.inf))
-    return out
-
-
-def _padded_clauses(clauses: Sequence[Clause], n_out: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack clauses into padded float64 tensors ``C (K, R, n_out)``, ``d (K, R)`` and row mask ``(K, R)``."""
-    arrays = [_clause_arrays(c) for c in clauses]
-    rows = max(1, max(C.shape[0] for C, _ in arrays))
-    C_pad = np.zeros((len(arrays), rows, n_out), dtype=np.float64)
-    d_pad = np.zeros((len(arrays), rows), dtype=np.float64)
-    mask = np.zeros((len(arrays), rows), dtype=bool)
-    for k, (C, d) in enumerate(arrays):
-        if C.shape[0] == 0:
-            continue
-        if C.shape[1] != n_out:
-            raise ValueError(f"clause {k} expects {C.shape[1]} outputs, the model has {n_out}")
-        C_pad[k, : C.shape[0]] = C
-        d_pad[k, : C.shape[0]] = d
-        mask[k, : C.shape[0]] = True
-    return torch.from_numpy(C_pad), torch.from_numpy(d_pad), torch.from_numpy(mask)
-
-
-def _row_margins(y: torch.Tensor, C: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Row margins ``C_k @ y_b - d_k`` for every point and clause: shape ``(B, K, R)`` (float64); NaN (a
-    NaN output, or inf - inf) is no counterexample: ``+inf``."""
-    m = torch.einsum("kro,bo->bkr", C, y) - d
-    return torch.where(torch.isnan(m), torch.inf, m)
+    yv = torch.from_numpy(np.asarray(y, dtype=np.float64).reshape(1, -1))
+    return Clauses.of(clauses, yv.shape[1]).point_margins(yv)[0].numpy()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -233,18 +188,18 @@ def pgd_attack(
 
     best_x: torch.Tensor | None = None
     best_margin = math.inf
-    padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    stacked: Clauses | None = None
     for step in range(steps):
         if should_stop():
             break
         with torch.enable_grad():
             xg = x.detach().requires_grad_(True)
             y = _forward_flat(forward, xg, input_shape).double()
-            if padded is None:
-                padded = _padded_clauses(clauses, y.shape[1])
-            C, d, mask = padded
-            rows = _row_margins(y, C, d)  # (B, K, R)
-            margins = rows.detach().masked_fill(~mask, -math.inf).amax(dim=2)  # (B, K)
+            if stacked is None:
+                stacked = Clauses.of(clauses, y.shape[1])
+                attacked = stacked.owner[None, :] == own[:, None]  # (B, S): the rows of each point's clause
+            rows = stacked.point_rows(y)  # (B, S)
+            margins = stacked.per_clause(rows.detach())  # (B, K)
             point_best, _ = margins.min(dim=1)
             b = int(torch.argmin(point_best))
             if point_best[b].item() <= 0.0 and point_best[b].item() < best_margin:
@@ -254,8 +209,7 @@ def pgd_attack(
                 break
             if step == steps - 1:
                 break  # the update would never be evaluated
-            own_rows = rows[torch.arange(x.shape[0]), own]  # (B, R)
-            loss = (torch.relu(own_rows) * mask[own]).sum()
+            loss = torch.where(attacked, torch.relu(rows), 0.0).sum()
             grad = torch.autograd.grad(loss, xg, allow_unused=True)[0] if loss.requires_grad else None
         if grad is None:
             grad = torch.zeros_like(x)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .attack import check_counterexample, format_counterexample, pgd_attack
-from .bab.common import BabOptions, BabResult, Problem
+from .bab.common import BabOptions, BabResult
 from .bab.relu_split import relu_split_bab
 from .bounds import mip, split_refine
 from .bounds.alpha import AlphaOptions, alpha_crown
@@ -28,14 +28,14 @@ from .bounds.crown import CrownState, crown, ibp, pre_activation_nodes, spec_mat
 from .bounds.graph import Graph
 from .bounds.mip import MipOptions, UnsupportedForMip
 from .bounds.split_refine import SplitOptions
-from .bounds.walk import Bounds, back_substitute, margin
+from .bounds.walk import Bounds, back_substitute
 from .config import Config
 from .errors import UserError
 from .model.onnx_loader import load_model
 from .parallel import comm
 from .parallel.memory import PeakMemory, available_mb
 from .parallel.sharded import release_gather_buffers
-from .spec import EmptyFloat32BoxError, Region, Spec, float32_box, load_vnnlib
+from .spec import Clauses, EmptyFloat32BoxError, Region, Spec, float32_box, load_vnnlib
 
 
 @dataclass
@@ -98,21 +98,6 @@ class Clock:
         return Clock(deadline, self.say)
 
 
-def spec_rows(region: Region) -> tuple[Tensor, np.ndarray, np.ndarray]:
-    """All clause rows stacked (``Region.stacked``): C (S, n_out) float32, d (S,), clause of every row."""
-    C, d, owner = region.stacked()
-    return torch.tensor(C, dtype=torch.float32), d, owner
-
-
-def clause_bounds(lb_rows: Tensor, d: np.ndarray, owner: np.ndarray, n_clauses: int) -> np.ndarray:
-    """Lower bound of the amount by which each clause fails: max over its rows of lb(C y) - d
-    (``bounds.walk.margin``: less float32 rounding; a NaN bound proves nothing, ``-inf``)."""
-    rows = margin(lb_rows.detach().cpu()[0], torch.as_tensor(d)).numpy()
-    out = np.full(n_clauses, -np.inf)
-    np.maximum.at(out, owner, rows)
-    return out
-
-
 def input_box(region: Region, graph: Graph) -> tuple[Tensor, Tensor]:
     """The outward-rounded float32 box, shaped (1, *input_shape)."""
     lo, hi = float32_box(region.lower, region.upper, inward=False)
@@ -150,20 +135,20 @@ def bound_region(
 
     Returns (verified, the state of the last CROWN-type sweep, which BaB starts from, the clause
     bounds of the strongest method)."""
-    C, d, owner = spec_rows(region)
-    n = len(region.clauses)
+    cl = Clauses.of(region.clauses)
+    C = cl.C
     box = input_box(region, graph)
     method = cfg.solver.bound_prop_method
     clock.say("IBP")
     with torch.no_grad():
         lb, _ = ibp(graph, box, C)
-    cb = clause_bounds(lb, d, owner, n)
+    cb = cl.bound(lb)
     bounds.setdefault("ibp", []).extend(cb.tolist())
     if (cb > 0).all() or method == "ibp":
         return bool((cb > 0).all()), None, cb
     clock.say(f"CROWN (IBP worst {cb.min():+.4g})")
     lb, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp, chunk=cfg.solver.crown.batch_size)
-    cb = clause_bounds(lb, d, owner, n)
+    cb = cl.bound(lb)
     bounds.setdefault("crown", []).extend(cb.tolist())
     if (cb > 0).all() or method == "crown":
         return bool((cb > 0).all()), state, cb
@@ -172,10 +157,10 @@ def bound_region(
     clock.say(f"α-CROWN (CROWN worst {cb.min():+.4g})")
 
     def step(it: int, best: Tensor) -> None:
-        clock.say(f"α-CROWN {it + 1}/{a.iteration}: worst {clause_bounds(best, d, owner, n).min():+.4g}")
+        clock.say(f"α-CROWN {it + 1}/{a.iteration}: worst {cl.bound(best).min():+.4g}")
 
     lb, state = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=step)
-    cb = np.maximum(clause_bounds(lb, d, owner, n), cb)
+    cb = np.maximum(cl.bound(lb), cb)
     bounds.setdefault("alpha_crown", []).extend(cb.tolist())
     return bool((cb > 0).all()), state, cb
 
@@ -200,7 +185,8 @@ def refine_region(
     log = clock.say
     box = input_box(region, graph)
     pre = pre_activation_nodes(graph)
-    C, d, owner = spec_rows(region)
+    cl = Clauses.of(region.clauses)
+    C, owner = cl.C, cl.owner.numpy()
     record: dict[int, Tensor] = {}
     out = len(graph.nodes) - 1
     rows = torch.as_tensor(cb[owner] <= 0)  # the clauses still open (the quick search may prove some)
@@ -215,7 +201,7 @@ def refine_region(
         lb, new = alpha_crown(
             graph, box, C, CrownState({**state.bounds, **refined}, state.rows, []), opts, clock.expired
         )
-        new_cb = np.maximum(clause_bounds(lb, d, owner, len(region.clauses)), cb)
+        new_cb = np.maximum(cl.bound(lb), cb)
         return bool((new_cb > 0).all()), new, new_cb
 
     def finish(result: tuple[bool, CrownState, np.ndarray]) -> tuple[bool, CrownState, np.ndarray]:
@@ -282,9 +268,10 @@ def output_milp(
     layers is left to BaB (with a warning)."""
     budget = share * max(0.0, clock.deadline - time.monotonic())
     log = clock.say
-    C, d, owner = spec_rows(region)
+    cl = Clauses.of(region.clauses)
+    d, owner = cl.d.numpy(), cl.owner.numpy()
     todo = [int(i) for i in np.argsort(cb, kind="stable") if cb[i] <= 0]
-    C64 = C.double().cpu().numpy()
+    C64 = cl.C.double().numpy()  # the float32 rows that the bounds and the MILPs bound
     clauses = [(C64[owner == i], d[owner == i]) for i in todo]
     opts = MipOptions(threads=torch.get_num_threads())
     try:
@@ -378,7 +365,7 @@ def complete(
     of the refinement and of what comes after it.  Returns the verdict (``unsat`` when every open
     clause is proven) and ``cb`` with the bounds BaB proved (its least verified leaf bound, > 0)."""
     total = BabResult("unsat", domains=0, rounds=0)
-    owner = spec_rows(region)[2]
+    owner = Clauses.of(region.clauses).owner.numpy()
     cb = cb.copy()
     todo = [int(i) for i in np.argsort(cb, kind="stable") if cb[i] <= 0]
     if share_time:
@@ -409,8 +396,8 @@ def complete_clause(
     graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None
 ) -> BabResult:
     """Branch and bound on one region (ReLU splits, or input splits when enabled)."""
-    C, d, owner = spec_rows(region)
-    problem = Problem(C, torch.tensor(d), torch.tensor(owner), len(region.clauses))
+    problem = Clauses.of(region.clauses)
+    C = problem.C
     box = input_box(region, graph)
     opts = bab_options(cfg)
     if opts.input_split:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from complete_verifier_ext import testing
-from complete_verifier_ext.bab.common import BabOptions, BabResult, Problem
+from complete_verifier_ext.bab.common import BabOptions, BabResult
 from complete_verifier_ext.bab.input_split import (
     Domains,
     branch_dims,
@@ -30,6 +30,7 @@ from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
 from complete_verifier_ext.bounds.crown import crown
 from complete_verifier_ext.model.torch_loader import from_sequential
 from complete_verifier_ext.parallel import comm, launch
+from complete_verifier_ext.spec import Clauses
 
 NETS = {2: ([2, 16, 16, 2], 6), 3: ([3, 12, 12, 3], 0)}  # input dim -> (sizes, seed); interior minima
 GRID = {2: 1001, 3: 121}
@@ -63,7 +64,7 @@ def _grid(dim: int) -> tuple[list[float], list[float], list[list[float]]]:
     return mins, errs, args
 
 
-def _case(name: str) -> tuple[int, Problem]:
+def _case(name: str) -> tuple[int, Clauses]:
     """Named properties on the box [-1, 1]^dim; a counterexample is an x with (C y)_s <= d_s for the rows s
     of some clause."""
     dim = 2 if name.endswith("2") else 3
@@ -81,7 +82,7 @@ def _case(name: str) -> tuple[int, Problem]:
         raise KeyError(name)
     n_out = NETS[dim][0][-1]
     C = torch.stack([torch.eye(n_out)[0] - torch.eye(n_out)[j] for j in range(1, len(d) + 1)])
-    problem = Problem(C, torch.tensor(d, dtype=torch.float64), torch.arange(len(d)), len(d))
+    problem = Clauses(C, torch.tensor(d, dtype=torch.float64), torch.arange(len(d)), len(d))
     return dim, problem
 
 

@@ -27,12 +27,12 @@ import pytest
 import torch
 
 from complete_verifier_ext import testing
-from complete_verifier_ext.bab.common import BabOptions, BabResult, Problem
+from complete_verifier_ext.bab.common import BabOptions, BabResult
 from complete_verifier_ext.bab.relu_split import relu_split_bab
 from complete_verifier_ext.bounds.crown import crown
 from complete_verifier_ext.model.torch_loader import from_sequential
 from complete_verifier_ext.parallel import comm, launch
-from complete_verifier_ext.spec import float32_box
+from complete_verifier_ext.spec import Clauses, float32_box
 
 OPTS = {"batch_size": 8, "iteration": 30, "max_domains": 20_000}  # settings the named cases are run with
 MARGIN = 0.05  # thresholds sit MARGIN * scale below / above the exact minimum
@@ -73,9 +73,9 @@ def _spec(sizes, seed, box, n_rows, sat=()) -> dict:
     return {"sizes": list(sizes), "seed": seed, "lo": lo, "hi": hi, "rows": rows, "d": d}
 
 
-def _problem(rows, d) -> Problem:
+def _problem(rows, d) -> Clauses:
     k = len(rows)
-    return Problem(
+    return Clauses(
         torch.tensor(rows, dtype=torch.float32), torch.tensor(d, dtype=torch.float64), torch.arange(k), k
     )
 

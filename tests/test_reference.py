@@ -25,8 +25,8 @@ from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
 from complete_verifier_ext.bounds.crown import crown, ibp
 from complete_verifier_ext.bounds.graph import Graph
 from complete_verifier_ext.model.onnx_loader import load_model
-from complete_verifier_ext.spec import Region, load_vnnlib
-from complete_verifier_ext.verify import clause_bounds, input_box, spec_rows
+from complete_verifier_ext.spec import Clauses, Region, load_vnnlib
+from complete_verifier_ext.verify import input_box
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 REFERENCE = SHARED / "reference"
@@ -123,8 +123,8 @@ def test_auto_lirpa_ibp_and_crown(shared_dir: Path, line: dict | None) -> None:
     for k, (label, j) in enumerate(line["pairs"]):  # clause k: Y_j >= Y_label; bound Y_label - Y_j
         C[k, label] += 1.0
         C[k, j] -= 1.0
-    spec_C, d, _ = spec_rows(region)
-    assert torch.equal(spec_C, C) and not d.any(), "the pairs should be the spec's clauses in file order"
+    spec = Clauses.of(region.clauses)
+    assert torch.equal(spec.C, C) and not spec.d.any(), "the pairs should be the spec's clauses in file order"
     box = _nearest_box(region, graph)
     lb_ibp, _ = ibp(graph, box, C)
     np.testing.assert_allclose(lb_ibp[0].numpy(), line["ibp"], rtol=RTOL, atol=ATOL, err_msg="IBP")
@@ -143,15 +143,14 @@ def _clause_bounds(shared_dir: Path, row: dict, alpha: bool) -> tuple[np.ndarray
     bench = shared_dir / "benchmarks" / "mnist_fc"
     graph = _graph(str(bench / row["onnx"]))
     region = _region(bench / row["vnnlib"])
-    C, d, owner = spec_rows(region)
-    n = len(region.clauses)
+    clauses = Clauses.of(region.clauses)
     box = input_box(region, graph)
-    lb, state = crown(graph, box, C, intersect=False)
-    cb = clause_bounds(lb, d, owner, n)
+    lb, state = crown(graph, box, clauses.C, intersect=False)
+    cb = clauses.bound(lb)
     if not alpha:
         return cb, np.array([])
-    lb_a, _ = alpha_crown(graph, box, C, state, ALPHA_100)
-    return cb, clause_bounds(lb_a, d, owner, n)
+    lb_a, _ = alpha_crown(graph, box, clauses.C, state, ALPHA_100)
+    return cb, clauses.bound(lb_a)
 
 
 @pytest.mark.parametrize("row", _params(ABCROWN, lambda r: _instance_id(r["onnx"], r["vnnlib"])))

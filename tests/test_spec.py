@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from complete_verifier_ext import spec as spec_module
-from complete_verifier_ext.spec import Clause, Region, Spec, SpecError, load_vnnlib
+from complete_verifier_ext.spec import Clause, Clauses, Region, Spec, SpecError, load_vnnlib
 
 
 @pytest.fixture(autouse=True)
@@ -78,9 +79,13 @@ def test_several_clauses_keep_file_order_and_multi_row_clause(tmp_path: Path) ->
         [([0.0, -1.0, 1.0], 0.0), ([0.0, 1.0, 0.0], 3.0)],
         [([0.0, 0.0, 1.0], -0.5)],
     ]
-    C, d, index = region.stacked()
-    assert C.shape == (4, 3) and d.shape == (4,)
-    assert list(index) == [0, 1, 1, 2]
+    stacked = Clauses.of(region.clauses)
+    assert stacked.C.shape == (4, 3) and stacked.d.shape == (4,) and stacked.n_clauses == 3
+    assert stacked.owner.tolist() == [0, 1, 1, 2]
+    # the margin of a clause is the max over its rows of C y - d; <= 0: it holds
+    y = torch.tensor([[0.0, 4.0, 1.0]], dtype=torch.float64)
+    assert stacked.point_margins(y).tolist() == [[1.0, 1.0, 1.5]]
+    assert stacked.violated(torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)).tolist() == [True]
 
 
 def test_separate_y_asserts_form_one_clause(tmp_path: Path) -> None:

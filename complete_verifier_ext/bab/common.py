@@ -1,4 +1,5 @@
-"""Shared pieces of branch and bound: options, results, clause margins, lockstep round decisions."""
+"""Shared pieces of branch and bound: options, results, lockstep round decisions (the clause margins
+are :class:`spec.Clauses`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from ..bounds.walk import margin
 from ..config import Config
 from ..parallel import comm
 
@@ -50,39 +49,6 @@ class BabResult:
             self.max_queue = [
                 max(a, b) for a, b in zip(self.max_queue or other.max_queue, other.max_queue, strict=True)
             ]
-
-
-def _nan_to(m: Tensor, value: float) -> Tensor:
-    return torch.where(torch.isnan(m), value, m)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One region of a spec, as BaB sees it: counterexample iff some clause has all rows C y <= d."""
-
-    C: Tensor  # (S, n_out) float32
-    d: Tensor  # (S,) float64
-    owner: Tensor  # (S,) clause index of each row
-    n_clauses: int
-
-    def margins(self, lb: Tensor) -> Tensor:
-        """Lower bounds (B, S) of C y -> per-clause margins (B, n_clauses): max over rows of lb - d
-        (``bounds.walk.margin``: less float32 rounding; a NaN bound proves nothing, ``-inf``)."""
-        return self._per_clause(margin(lb, self.d))
-
-    def point_margins(self, y: Tensor) -> Tensor:
-        """Outputs (B, n_out) of concrete points -> their clause margins (B, n_clauses); a NaN output
-        is no counterexample: its margin counts as ``+inf``."""
-        m = (y @ self.C.T.to(y.dtype)).double() - self.d
-        return self._per_clause(_nan_to(m, torch.inf))
-
-    def _per_clause(self, m: Tensor) -> Tensor:
-        out = torch.full((m.shape[0], self.n_clauses), -torch.inf, dtype=torch.float64)
-        return out.scatter_reduce(1, self.owner.expand(m.shape[0], -1), m, "amax")
-
-    def violated(self, y: Tensor) -> Tensor:
-        """Outputs (B, n_out) -> (B,) True where some clause holds (a counterexample)."""
-        return (self.point_margins(y) <= 0).any(1)
 
 
 def agree_round(

@@ -1,7 +1,7 @@
 """Input-split branch and bound: complete verification of low-dimensional inputs by bisecting the box.
 
 A *domain* is a sub-box of the input box together with its per-clause margins (lower bounds of the
-amount by which each clause fails, see :meth:`Problem.margins`) and the input coefficients ``a`` of the
+amount by which each clause fails, see :meth:`Clauses.margins`) and the input coefficients ``a`` of the
 linear lower bound ``a·x + c`` of its worst spec row. Each round:
 
 1. every rank pops up to ``opts.batch_size`` of its own domains with the lowest margin and bisects each
@@ -60,7 +60,8 @@ from ..bounds.crown import CrownState, crown
 from ..bounds.graph import Graph
 from ..bounds.walk import back_substitute
 from ..parallel import comm
-from .common import BabOptions, BabResult, Problem, agree_round, share_counterexample
+from ..spec import Clauses
+from .common import BabOptions, BabResult, agree_round, share_counterexample
 
 __all__ = ["METHODS", "input_split_bab"]
 
@@ -158,7 +159,7 @@ def split(d: Domains) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def bound_batch(
-    graph: Graph, lo: Tensor, hi: Tensor, problem: Problem, method: str, opts: BabOptions
+    graph: Graph, lo: Tensor, hi: Tensor, problem: Clauses, method: str, opts: BabOptions
 ) -> tuple[Tensor, CrownState]:
     """Lower bounds (B, S) of ``C y`` on every box (B, n), and the sweep's state. Collective.
 
@@ -176,7 +177,7 @@ def bound_batch(
     return lb, state
 
 
-def worst_rows(problem: Problem, lb: Tensor, margins: Tensor) -> Tensor:
+def worst_rows(problem: Clauses, lb: Tensor, margins: Tensor) -> Tensor:
     """For every domain, the spec row that gives the margin of its worst clause (B,)."""
     clause = margins.argmin(1)  # (B,)
     m = lb.double() - problem.d  # (B, S)
@@ -270,7 +271,7 @@ def rebalance(queue: Domains, sizes: list[int], n: int) -> Domains:
 
 def _bound_children(
     graph: Graph,
-    problem: Problem,
+    problem: Clauses,
     method: str,
     opts: BabOptions,
     lo: Tensor,
@@ -313,7 +314,7 @@ def _bound_children(
 def input_split_bab(
     graph: Graph,
     box: tuple[Tensor, Tensor],
-    problem: Problem,
+    problem: Clauses,
     opts: BabOptions,
     expired: Callable[[], bool],
     method: str = "crown",

@@ -32,10 +32,10 @@ from ..bounds.beta import optimise_alpha_beta
 from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
 from ..bounds.graph import Graph
 from ..bounds.ops import Relu
-from ..bounds.walk import Bounds, Box, back_substitute, margin
+from ..bounds.walk import Bounds, Box, back_substitute
 from ..parallel import comm
-from ..spec import EmptyFloat32BoxError, float32_box
-from .common import BabOptions, BabResult, Problem, agree_round
+from ..spec import Clauses, EmptyFloat32BoxError, float32_box
+from .common import BabOptions, BabResult, agree_round
 
 STORE_DTYPE = torch.float16
 Branch = tuple[int, int]  # (pre-activation node, flat neuron index)
@@ -59,7 +59,7 @@ MAX_RETRIES = 4  # a fully split domain is re-bounded (β keeps optimising) this
 class BetaCrown:
     """Batched β-CROWN bounding of domains (rows are not split: the domain axis is)."""
 
-    def __init__(self, graph: Graph, box: Box, problem: Problem, opts: BabOptions):
+    def __init__(self, graph: Graph, box: Box, problem: Clauses, opts: BabOptions):
         self.graph, self.problem, self.opts = graph, problem, opts
         self.box = box  # (1, *in)
         self.out = len(graph.nodes) - 1
@@ -134,7 +134,7 @@ class BetaCrown:
         lo, hi = box
         if A0 is None or lb.shape[0] == 0:
             return lo.clone()
-        margins = margin(lb, self.problem.d)
+        margins = self.problem.row_margins(lb)
         row = margins.argmin(1)  # (B,)
         a = A0[row, torch.arange(lb.shape[0])]  # (B, *in)
         return torch.where(a >= 0, lo, hi)
@@ -162,7 +162,7 @@ def babsr_scores(
 
 class ReluSplitBab:
     def __init__(
-        self, graph: Graph, box: Box, problem: Problem, opts: BabOptions, lower: np.ndarray, upper: np.ndarray
+        self, graph: Graph, box: Box, problem: Clauses, opts: BabOptions, lower: np.ndarray, upper: np.ndarray
     ):
         self.graph, self.problem, self.opts = graph, problem, opts
         self.bc = BetaCrown(graph, box, problem, opts)
@@ -231,7 +231,7 @@ class ReluSplitBab:
         cex = self.falsify(x, lb)
         if self.inner is None:  # no float32 point lies in the box: nothing can be a counterexample
             cex = None
-        open_rows = margin(lb, self.problem.d) <= 0  # (B, S): rows not yet proven
+        open_rows = self.problem.row_margins(lb) <= 0  # (B, S): rows not yet proven
         bounds = (
             {
                 k: (torch.cat([d.bounds[k][0] for d in doms]), torch.cat([d.bounds[k][1] for d in doms]))
@@ -464,7 +464,7 @@ class ReluSplitBab:
 def relu_split_bab(
     graph: Graph,
     box: Box,
-    problem: Problem,
+    problem: Clauses,
     state: CrownState,
     opts: BabOptions,
     expired: Callable[[], bool],
