@@ -143,8 +143,8 @@ class BetaCrown:
 def babsr_scores(
     bc: BetaCrown, record: dict[int, Tensor], bounds: Bounds, split: dict[int, Tensor], rows: Tensor
 ) -> dict[int, Tensor]:
-    """Score of splitting each free unstable neuron: |A| × the gap of its triangle relaxation
-    (``-l u / (u - l)``), summed over the rows that are not yet verified.  (B, n_k) per node."""
+    """Score of splitting each free unstable neuron (``Relu.split_score``), its weight |A| summed over
+    the rows that are not yet verified.  (B, n_k) per node."""
     scores = {}
     for j in bc.relus:
         k = bc.relu_in[j]
@@ -152,11 +152,8 @@ def babsr_scores(
         A = record.get(j)
         if A is None:
             continue
-        free = (lo < 0) & (hi > 0) & (split[k] == 0)  # (B, *shape)
-        gap = torch.where(free, -lo * hi / (hi - lo).clamp(min=1e-12), torch.zeros_like(lo))
         w = (A.abs() * rows.T.reshape(A.shape[0], A.shape[1], *[1] * (A.dim() - 2))).sum(0)  # (B, *shape)
-        s = (w * gap).flatten(1)
-        scores[k] = torch.where(free.flatten(1), s, torch.full_like(s, -1.0))
+        scores[k] = Relu.split_score(w, lo, hi, split[k] == 0).flatten(1)
     return scores
 
 

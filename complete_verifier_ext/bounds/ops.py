@@ -171,6 +171,17 @@ class Relu(Op):
         return up_slope, up_bias, lo_slope
 
     @staticmethod
+    def split_score(weight: Tensor, lower: Tensor, upper: Tensor, free: Tensor | None = None) -> Tensor:
+        """BaBSR's score of splitting a neuron (broadcasts): ``weight`` (how much the bounds of interest
+        depend on it, e.g. |A| summed over their rows) × the gap of its triangle relaxation,
+        ``-l u / (u - l)``; -1 where the neuron is stable or not ``free``. The one score that BaB's
+        branching, the split refinement and the MILP refinement's order use."""
+        unstable = (lower < 0) & (upper > 0)
+        free = unstable if free is None else unstable & free
+        gap = -lower * upper / (upper - lower).clamp(min=1e-12)
+        return torch.where(free, weight * gap, -1.0)
+
+    @staticmethod
     def lower_slope(lower: Tensor, upper: Tensor, alpha: Tensor | None, default: Tensor) -> Tensor:
         """The lower slope: α (clamped to [0, 1]) on unstable neurons, exact on stable ones."""
         if alpha is None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..parallel import comm
+from .ops import Relu
 from .walk import Bounds
 
 Task = tuple[int, float]  # (flat neuron j, side s): a lower bound of s * z_j is wanted
@@ -50,10 +51,9 @@ def refine_in_order(
             break
         l, u = cur[k]
         uns = np.nonzero((l < 0) & (u > 0))[0]
-        gap = -l[uns] * u[uns] / (u[uns] - l[uns])
-        if weight is not None and k in weight:
-            gap = gap * weight[k].reshape(-1)[uns]
-        order = uns[np.argsort(-gap, kind="stable")]
+        w = weight[k].reshape(-1) if weight is not None and k in weight else np.ones_like(l)
+        score = Relu.split_score(*(torch.from_numpy(v) for v in (w, l, u))).numpy()
+        order = uns[np.argsort(-score[uns], kind="stable")]
         tasks = [(int(j), side) for j in order for side in (1.0, -1.0)]
         P, n = comm.world_size(), len(tasks)
         mine = tasks[comm.rank() :: P]  # dealt round-robin: every rank starts with the most useful

@@ -80,12 +80,11 @@ def bound_targets(
     lo = torch.cat([bounds[q][0].reshape(-1) for q in ins]) if ins else torch.zeros(0)
     hi = torch.cat([bounds[q][1].reshape(-1) for q in ins]) if ins else torch.zeros(0)
     unstable = (lo < 0) & (hi > 0)
-    gap = torch.where(unstable, -lo * hi / (hi - lo).clamp(min=1e-12), torch.zeros_like(lo))
     reach = [
         record[r][0].reshape(T, -1).abs() if r in record else torch.zeros(T, m)
         for r, m in zip(relus, sizes, strict=True)
     ]
-    score = torch.where(unstable, torch.cat(reach, 1) * gap, -1.0) if ins else torch.zeros(T, 0)
+    score = Relu.split_score(torch.cat(reach, 1), lo, hi) if ins else torch.zeros(T, 0)
     d = min(opts.depth, int(unstable.sum()))
     top = score.topk(d, 1).indices  # (T, d): unstable neurons, the most useful first
     L = 1 << d
