@@ -17,7 +17,6 @@ from torch import Tensor
 
 from ..parallel import comm
 from .graph import Graph
-from .ops import Affine, Conv, Flatten, Linear
 from .walk import Alphas, Bounds, Box, back_substitute, concretize, finite_batch, proven_only
 
 
@@ -42,13 +41,9 @@ def exact_by_ibp(graph: Graph, k: int) -> bool:
     layers = 0
     while k != 0:
         node = graph.nodes[k]
-        if (
-            node.op.is_relu
-            or len(node.inputs) != 1
-            or not isinstance(node.op, (Linear, Conv, Affine, Flatten))
-        ):
+        if node.op.is_relu or len(node.inputs) != 1 or not node.op.affine:
             return False
-        layers += isinstance(node.op, (Linear, Conv))
+        layers += node.op.weight is not None
         if layers > 1:
             return False
         k = node.inputs[0]
@@ -240,7 +235,7 @@ def ibp_final(graph: Graph, bounds: Bounds, C: Tensor) -> Tensor:
     B = bounds[0][0].shape[0]
     ok = functools.reduce(torch.logical_and, (finite_batch(b) for b in bounds.values()))
     A = spec_matrix(C, B, node.shape)
-    if isinstance(node.op, Linear):
+    if node.op.folds_spec:
         A_in, bias = node.op.backward(A, graph.nodes[node.inputs[0]].shape)
         return proven_only(concretize(A_in[0], bounds[node.inputs[0]]) + bias, ok).T
     return proven_only(concretize(A, bounds[out]), ok).T

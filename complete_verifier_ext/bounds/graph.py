@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..parallel.sharded import ShardedWeight
-from .ops import Conv, Linear, Op
+from .ops import Op
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Graph:
     @property
     def sharded(self) -> bool:
         """True when some weight is really split over the ranks."""
-        return any(isinstance(n.op, (Linear, Conv)) and n.op.weight.sharded for n in self.nodes)
+        return any(n.op.weight is not None and n.op.weight.sharded for n in self.nodes)
 
     @contextlib.contextmanager
     def replicated(self) -> Iterator[Graph]:
@@ -78,7 +78,7 @@ class Graph:
         assumes one process)."""
         saved = []
         for node in self.nodes:
-            if isinstance(node.op, (Linear, Conv)) and node.op.weight.sharded:
+            if node.op.weight is not None and node.op.weight.sharded:
                 saved.append((node.op, node.op.weight))
                 node.op.weight = ShardedWeight(node.op.weight.gathered().clone(), "none")
         try:
@@ -90,7 +90,7 @@ class Graph:
     def shard(self, mode: str) -> Graph:
         """Re-wrap every Linear/Conv weight as this rank's shard (``mode``: none|fsdp|tp), in place."""
         for node in self.nodes:
-            if isinstance(node.op, (Linear, Conv)) and node.op.weight.mode != mode:
+            if node.op.weight is not None and node.op.weight.mode != mode:
                 full = node.op.weight.local
                 node.op.weight = ShardedWeight(full, mode)
         return self

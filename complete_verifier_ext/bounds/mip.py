@@ -35,7 +35,6 @@ import torch
 
 from ..parallel import comm
 from .graph import Graph
-from .ops import Affine, Flatten, Linear
 from .refine import FlatBounds, Task, refine_in_order
 from .walk import Bounds
 
@@ -77,25 +76,16 @@ def chain_layers(graph: Graph) -> tuple[list[Layer], Layer]:
         if node.inputs != (k - 1,):
             raise UnsupportedForMip(f"node {node.name} does not read the node before it")
         op = node.op
-        if isinstance(op, Flatten):
-            continue
-        if isinstance(op, Affine):
-            s = np.broadcast_to(op.scale.double().cpu().numpy(), node.shape).reshape(-1)
-            t = np.broadcast_to(op.shift.double().cpu().numpy(), node.shape).reshape(-1)
-            M = np.diag(s) if M is None else s[:, None] * M
-            c = s * c + t
-        elif isinstance(op, Linear):
-            W = op.weight.gathered().double().cpu().numpy()
-            b = np.zeros(W.shape[0]) if op.bias is None else op.bias.double().cpu().numpy()
-            M = W.copy() if M is None else W @ M
-            c = W @ c + b
-        elif op.is_relu:
+        if op.is_relu:
             if M is None:
                 raise UnsupportedForMip(f"ReLU {node.name} directly on the input")
             layers.append(Layer(M, c, k - 1))
             M, c = None, np.zeros(int(np.prod(node.shape)))
-        else:
-            raise UnsupportedForMip(f"node {node.name}: {type(op).__name__} has no MILP encoding")
+            continue
+        try:
+            M, c = op.compose_affine(M, c, node.shape)
+        except NotImplementedError:
+            raise UnsupportedForMip(f"node {node.name}: {type(op).__name__} has no MILP encoding") from None
     if not layers:
         raise UnsupportedForMip(f"{graph.source}: no ReLU")
     out = len(graph.nodes) - 1

@@ -18,6 +18,7 @@ optional slope tensor ``alpha`` (α-CROWN).  Weights of ``Linear``/``Conv`` live
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,9 +34,19 @@ def _fold(A: Tensor) -> tuple[Tensor, tuple[int, int]]:
 
 
 class Op:
-    """Base class of the bound operators."""
+    """Base class of the bound operators. What the bound code asks of an op beyond its three methods
+    are these capabilities (so a new operator touches this file and its loader only):"""
 
-    is_relu = False
+    is_relu = False  # the one nonlinearity: relaxed, split by BaB, encoded exactly by the MILP
+    affine = False  # the output is an affine map of its one input (IBP of one such layer is exact)
+    weight: ShardedWeight | None = None  # Linear/Conv: the weight that fsdp/tp shard
+    folds_spec = False  # IBP of ``C @ y`` folds ``C`` into this op when it is the last node
+
+    def compose_affine(self, M: np.ndarray | None, c: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
+        """This op applied after ``x -> M x + c`` (``M`` None: the identity), as ``(M', c')`` in float64
+        with whole weights (the MILP encoding, collective under FSDP); ``shape``: the op's output shape
+        per sample. Raises ``NotImplementedError`` for an op with no such encoding."""
+        raise NotImplementedError(type(self).__name__)
 
     def forward(self, *xs: Tensor) -> Tensor:
         raise NotImplementedError
@@ -53,6 +64,9 @@ class Input(Op):
 
 class Linear(Op):
     """y = x @ W.T + b with x: (B, in), W: (out, in) sharded on dim 0, b: (out,) replicated."""
+
+    affine = True
+    folds_spec = True
 
     def __init__(self, weight: Tensor, bias: Tensor | None, mode: str = "none"):
         self.weight = ShardedWeight(weight.detach().to(torch.float32), mode)
@@ -92,9 +106,16 @@ class Linear(Op):
         bias = 0.0 if self.bias is None else A @ self.bias  # (S, B)
         return [self.weight.linear_t(A)], bias
 
+    def compose_affine(self, M, c, shape):
+        W = self.weight.gathered().double().cpu().numpy()
+        b = np.zeros(W.shape[0]) if self.bias is None else self.bias.double().cpu().numpy()
+        return (W.copy() if M is None else W @ M), W @ c + b
+
 
 class Conv(Op):
     """2-D convolution (groups = 1); W: (out, in, kh, kw) sharded on dim 0; b replicated."""
+
+    affine = True
 
     def __init__(self, weight: Tensor, bias: Tensor | None, stride, padding, dilation, mode: str = "none"):
         self.weight = ShardedWeight(weight.detach().to(torch.float32), mode)
@@ -220,6 +241,8 @@ class Relu(Op):
 class Flatten(Op):
     """Reshape to ``out_shape`` (per sample); covers ONNX Flatten and Reshape."""
 
+    affine = True
+
     def __init__(self, out_shape):
         self.out_shape = tuple(out_shape)
 
@@ -232,12 +255,17 @@ class Flatten(Op):
     def backward(self, A: Tensor, in_shape):
         return [A.reshape(A.shape[0], A.shape[1], *in_shape)], 0.0
 
+    def compose_affine(self, M, c, shape):
+        return M, c
+
 
 class Affine(Op):
     """Elementwise y = x * scale + shift with constants broadcast to the per-sample shape.
 
     Covers Add/Sub/Mul/Div by constants, Neg, BatchNorm in inference mode, Identity/Dropout.
     """
+
+    affine = True
 
     def __init__(self, scale: Tensor | float = 1.0, shift: Tensor | float = 0.0):
         self.scale = torch.as_tensor(scale, dtype=torch.float32)
@@ -254,6 +282,11 @@ class Affine(Op):
         A_in = (A * self.scale).expand(*A.shape[:2], *in_shape)
         bias = (A * torch.broadcast_to(self.shift, tuple(in_shape))).flatten(2).sum(-1)
         return [A_in], bias
+
+    def compose_affine(self, M, c, shape):
+        s = np.broadcast_to(self.scale.double().cpu().numpy(), shape).reshape(-1)
+        t = np.broadcast_to(self.shift.double().cpu().numpy(), shape).reshape(-1)
+        return (np.diag(s) if M is None else s[:, None] * M), s * c + t
 
 
 class Add(Op):
