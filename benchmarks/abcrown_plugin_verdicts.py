@@ -6,7 +6,7 @@
 
 Instances (``../shared/benchmarks``): the mnist_fc 256x4 and 256x6 instances that α,β-CROWN could not
 verify without BaB at VNN-COMP 2022 (its GPU time above 10 s), cheapest first, and two oval21; with
-``--small``, the 256x2 ones (above 9 s); with ``--gpu-s LO HI``, the unsat 256x4/6 ones whose GPU time lies
+``--small``, the 256x2 ones (above 9 s); with ``--gpu-s LO HI``, the sat and unsat 256x4/6 (with ``--small``: 256x2) ones whose GPU time lies
 in (LO, HI] (e.g. 7.2 10: those BaB may or may not be needed for on this machine; P > 1 runs only
 where P = 1 visited domains). Each runs α,β-CROWN's own VNN-COMP 2022 config
 (``mnistfc.yaml``, ``mnistfc_small.yaml`` for 256x2, ``oval22.yaml``) with ``--device cpu``,
@@ -41,13 +41,14 @@ def instances(
     small: bool = False, gpu_s: tuple[float, float] | None = None
 ) -> list[tuple[str, str, str, str]]:
     """(category, expected, onnx, vnnlib): mnist_fc 256x4/6 (or, ``small``, 256x2) needing BaB,
-    cheapest first, then oval21 (not with ``small``). ``gpu_s``: the unsat mnist_fc instances whose
-    VNN-COMP 2022 GPU time lies in ``(lo, hi]`` instead (no oval21)."""
+    cheapest first, then oval21 (not with ``small``). ``gpu_s``: the sat and unsat mnist_fc instances
+    whose VNN-COMP 2022 GPU time lies in ``(lo, hi]`` instead (no oval21)."""
     rows = list(csv.DictReader((BENCH / "mnist_fc" / "verdicts.csv").open()))
     lo, hi = gpu_s or ((9.0 if small else 10.0), float("inf"))
 
-    def needs_bab(r: dict) -> bool:
-        return r["expected"] == "unsat" and lo < float(r["abcrown_vnncomp2022_gpu_time_s"]) <= hi
+    def needs_bab(r: dict) -> bool:  # a band also takes the sat ones (BaB may find the counterexample)
+        wanted = ("sat", "unsat") if gpu_s else ("unsat",)
+        return r["expected"] in wanted and lo < float(r["abcrown_vnncomp2022_gpu_time_s"]) <= hi
 
     hard = [r for r in rows if ("256x2" in r["onnx"]) == small and needs_bab(r)]
     hard.sort(key=lambda r: float(r["abcrown_vnncomp2022_gpu_time_s"]))
@@ -115,8 +116,8 @@ def main() -> None:
         nargs=2,
         default=None,
         metavar=("LO", "HI"),
-        help="the unsat mnist_fc instances with VNN-COMP 2022 GPU time in (LO, HI] instead; P > 1 runs "
-        "only where P = 1 needed BaB",
+        help="the sat/unsat mnist_fc instances with VNN-COMP 2022 GPU time in (LO, HI] instead; P > 1 "
+        "runs only where P = 1 needed BaB",
     )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_plugin_verdicts"))
     ap.add_argument("--report", action="store_true", help="only write the table from --out's JSON files")

@@ -40,7 +40,7 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> 
     from complete_verifier_ext.parallel import comm
     from complete_verifier_ext.parallel.memory import PeakMemory
     from complete_verifier_ext.spec import Clauses, Region
-    from complete_verifier_ext.verify import Clock, bound_region, input_box, load_instance
+    from complete_verifier_ext.verify import Clock, RegionRun, bound_region, input_box, load_instance
 
     P = comm.world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // P))
@@ -59,8 +59,11 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> 
     )
     graph, spec = load_instance(cfg, str(MNIST / "onnx" / onnx), str(MNIST / "vnnlib" / vnnlib))
     region = spec.regions[0]
-    _, state, cb = bound_region(graph, region, cfg, Clock(time.monotonic() + 600), {})
-    region = Region(region.lower, region.upper, (region.clauses[int(cb.argmin())],))  # as the pipeline does
+    run = RegionRun(graph, region, cfg, Clock(time.monotonic() + 600), {})
+    bound_region(run)
+    region = Region(
+        region.lower, region.upper, (region.clauses[int(run.cb.argmin())],)
+    )  # as the pipeline does
     problem = Clauses.of(region.clauses)
     opts = BabOptions(batch_size=max(2, batch // P), branching="kfsb", candidates=3, iteration=20)
     done = [0]
@@ -74,7 +77,7 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> 
     t0 = time.perf_counter()
     bab = ReluSplitBab(graph, input_box(region, graph), problem, opts, region.lower, region.upper)
     with graph.replicated() if weights == "replicated" else contextlib.nullcontext():
-        res = bab.run(state, lambda: comm.all_reduce_flag(done[0] >= rounds, "or"), on_round)
+        res = bab.run(run.state, lambda: comm.all_reduce_flag(done[0] >= rounds, "or"), on_round)
     elapsed = time.perf_counter() - t0
     peak = comm.all_gather_cat(torch.tensor([pm.peak_mb()], dtype=torch.float64)).tolist()
     return {

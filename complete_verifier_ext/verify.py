@@ -124,108 +124,131 @@ def attack(graph: Graph, region: Region, cfg: Config, clock: Clock, onnx_path: s
     return format_counterexample(x, y) if ok else None
 
 
-def bound_region(
-    graph: Graph,
-    region: Region,
-    cfg: Config,
-    clock: Clock,
-    bounds: dict[str, list[float]],
-) -> tuple[bool, CrownState | None, np.ndarray]:
-    """Run IBP, then CROWN, then α-CROWN (up to ``solver.bound_prop_method``).
+@dataclass
+class RegionRun:
+    """One region of a spec on its way through the stages: what every stage reads, and the bounds
+    they leave for the next one."""
 
-    Returns (verified, the state of the last CROWN-type sweep, which BaB starts from, the clause
-    bounds of the strongest method)."""
-    cl = Clauses.of(region.clauses)
-    C = cl.C
-    box = input_box(region, graph)
+    graph: Graph
+    region: Region
+    cfg: Config
+    clock: Clock
+    bounds: dict[str, list[float]]  # method -> the clause bounds reported in the summary (all regions)
+    clauses: Clauses = field(init=False)
+    box: tuple[Tensor, Tensor] = field(init=False)  # the outward-rounded float32 input box
+    state: CrownState | None = None  # the last CROWN-type sweep: where BaB and the refinement start
+    cb: np.ndarray = field(init=False)  # lower bound of every clause's margin (> 0: proven)
+    work: BabResult = field(default_factory=lambda: BabResult("timeout"))  # what the searches did
+
+    def __post_init__(self) -> None:
+        self.clauses = Clauses.of(self.region.clauses)
+        self.box = input_box(self.region, self.graph)
+        self.cb = np.full(self.clauses.n_clauses, -np.inf)
+
+    @property
+    def proven(self) -> bool:
+        return bool((self.cb > 0).all())
+
+    def record(self, method: str) -> None:
+        self.bounds.setdefault(method, []).extend(self.cb.tolist())
+
+
+def bound_region(run: RegionRun) -> bool:
+    """IBP, then CROWN, then α-CROWN (up to ``solver.bound_prop_method``); ``run.state`` becomes the
+    last CROWN-type sweep (which BaB starts from), ``run.cb`` the clause bounds of the strongest
+    method. Returns whether the region is proven."""
+    cfg, clock, cl, box, C = run.cfg, run.clock, run.clauses, run.box, run.clauses.C
     method = cfg.solver.bound_prop_method
     clock.say("IBP")
     with torch.no_grad():
-        lb, _ = ibp(graph, box, C)
-    cb = cl.bound(lb)
-    bounds.setdefault("ibp", []).extend(cb.tolist())
-    if (cb > 0).all() or method == "ibp":
-        return bool((cb > 0).all()), None, cb
-    clock.say(f"CROWN (IBP worst {cb.min():+.4g})")
-    lb, state = crown(graph, box, C, intersect=cfg.solver.intersect_ibp, chunk=cfg.solver.crown.batch_size)
-    cb = cl.bound(lb)
-    bounds.setdefault("crown", []).extend(cb.tolist())
-    if (cb > 0).all() or method == "crown":
-        return bool((cb > 0).all()), state, cb
+        lb, _ = ibp(run.graph, box, C)
+    run.cb = cl.bound(lb)
+    run.record("ibp")
+    if run.proven or method == "ibp":
+        return run.proven
+    clock.say(f"CROWN (IBP worst {run.cb.min():+.4g})")
+    lb, run.state = crown(
+        run.graph, box, C, intersect=cfg.solver.intersect_ibp, chunk=cfg.solver.crown.batch_size
+    )
+    run.cb = cl.bound(lb)
+    run.record("crown")
+    if run.proven or method == "crown":
+        return run.proven
     a = cfg.solver.alpha_crown
-    opts = alpha_options(cfg)
-    clock.say(f"α-CROWN (CROWN worst {cb.min():+.4g})")
+    clock.say(f"α-CROWN (CROWN worst {run.cb.min():+.4g})")
 
     def step(it: int, best: Tensor) -> None:
         clock.say(f"α-CROWN {it + 1}/{a.iteration}: worst {cl.bound(best).min():+.4g}")
 
-    lb, state = alpha_crown(graph, box, C, state, opts, should_stop=clock.expired, on_step=step)
-    cb = np.maximum(cl.bound(lb), cb)
-    bounds.setdefault("alpha_crown", []).extend(cb.tolist())
-    return bool((cb > 0).all()), state, cb
+    opts = alpha_options(cfg)
+    lb, run.state = alpha_crown(run.graph, box, C, run.state, opts, should_stop=clock.expired, on_step=step)
+    run.cb = np.maximum(cl.bound(lb), run.cb)
+    run.record("alpha_crown")
+    return run.proven
 
 
-def refine_region(
-    graph: Graph,
-    region: Region,
-    cfg: Config,
-    clock: Clock,
-    state: CrownState,
-    cb: np.ndarray,
-    bounds: dict[str, list[float]],
-) -> tuple[bool, CrownState, np.ndarray]:
+def open_rows_weight(run: RegionRun) -> dict[int, np.ndarray]:
+    """|A| of the rows of the clauses still open (the quick search may prove some) at every ReLU input,
+    summed over the rows: which neurons their bounds depend on (the refinement's order)."""
+    graph, owner, C = run.graph, run.clauses.owner.numpy(), run.clauses.C
+    record: dict[int, Tensor] = {}
+    out = len(graph.nodes) - 1
+    rows = torch.as_tensor(run.cb[owner] <= 0)
+    with torch.no_grad():
+        A = spec_matrix(C[rows.to(C.device)], 1, graph.nodes[out].shape)
+        back_substitute(graph, out, A, run.state.bounds, run.box, record=record)
+    return {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
+
+
+def split_options(cfg: Config) -> SplitOptions:
+    m, beta = cfg.solver.mip, cfg.solver.beta_crown
+    return SplitOptions(
+        depth=m.refine_split_depth,
+        layers=m.refine_layers,
+        iteration=beta.iteration,
+        lr_alpha=cfg.solver.alpha_crown.lr_alpha,  # α starts afresh, as in α-CROWN
+        lr_beta=beta.lr_beta,
+        lr_decay=beta.lr_decay,
+        max_domains=8 * cfg.solver.batch_size,
+        passes=m.refine_split_passes,
+    )
+
+
+def refine_region(run: RegionRun) -> bool:
     """``bab-refine``: tighten every intermediate bound (``solver.mip.refine_method``: ``split``, batched
     β-CROWN over splits of earlier neurons; ``milp``; or ``split+milp``, MILP from split's bounds for
     the rest of the budget unless they verify the region already), then run α-CROWN again on the
-    tightened bounds.  Returns (verified, the new state BaB starts from, clause bounds).  A network
-    that is not a chain of Linear and ReLU layers gets no MILP refinement (with a warning)."""
+    tightened bounds, which become ``run.state`` and ``run.cb``. Returns whether the region is proven.
+    A network that is not a chain of Linear and ReLU layers gets no MILP refinement (with a warning)."""
+    graph, cfg, clock, box, state = run.graph, run.cfg, run.clock, run.box, run.state
     m = cfg.solver.mip
     budget = m.refine_neuron_time_percentage * max(0.0, clock.deadline - time.monotonic())
     deadline = time.monotonic() + budget
     log = clock.say
-    box = input_box(region, graph)
-    pre = pre_activation_nodes(graph)
-    cl = Clauses.of(region.clauses)
-    C, owner = cl.C, cl.owner.numpy()
-    record: dict[int, Tensor] = {}
-    out = len(graph.nodes) - 1
-    rows = torch.as_tensor(cb[owner] <= 0)  # the clauses still open (the quick search may prove some)
-    with torch.no_grad():  # |A| of their rows at every ReLU: which neurons their bounds depend on
-        A = spec_matrix(C[rows.to(C.device)], 1, graph.nodes[out].shape)
-        back_substitute(graph, out, A, state.bounds, box, record=record)
-    weight = {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
-    refined = {k: state.bounds[k] for k in pre}
+    C, weight = run.clauses.C, open_rows_weight(run)
+    refined = {k: state.bounds[k] for k in pre_activation_nodes(graph)}
     opts = alpha_options(cfg)
 
-    def recheck(refined: Bounds) -> tuple[bool, CrownState, np.ndarray]:  # α-CROWN on the new bounds
+    def recheck(refined: Bounds) -> tuple[CrownState, np.ndarray]:  # α-CROWN on the new bounds
         lb, new = alpha_crown(
             graph, box, C, CrownState({**state.bounds, **refined}, state.rows, []), opts, clock.expired
         )
-        new_cb = np.maximum(cl.bound(lb), cb)
-        return bool((new_cb > 0).all()), new, new_cb
+        return new, np.maximum(run.clauses.bound(lb), run.cb)
 
-    def finish(result: tuple[bool, CrownState, np.ndarray]) -> tuple[bool, CrownState, np.ndarray]:
-        bounds.setdefault("refined", []).extend(result[2].tolist())
-        return result
+    def finish(result: tuple[CrownState, np.ndarray]) -> bool:
+        run.state, run.cb = result
+        run.record("refined")
+        return run.proven
 
+    checked = None
     if m.refine_method in ("split", "split+milp"):
-        beta = cfg.solver.beta_crown
-        split_opts = SplitOptions(
-            depth=m.refine_split_depth,
-            layers=m.refine_layers,
-            iteration=beta.iteration,
-            lr_alpha=cfg.solver.alpha_crown.lr_alpha,  # α starts afresh, as in α-CROWN
-            lr_beta=beta.lr_beta,
-            lr_decay=beta.lr_decay,
-            max_domains=8 * cfg.solver.batch_size,
-            passes=m.refine_split_passes,
-        )
+        split_opts = split_options(cfg)
         replicate = comm.world_size() > 1 and cfg.parallel.mode == "fsdp"
         with graph.replicated() if replicate else contextlib.nullcontext():
             refined, _ = split_refine.refine_bounds(graph, box, refined, split_opts, deadline, log, weight)
     if m.refine_method == "split+milp":  # split's bounds may do already: then no MILP
         checked = recheck(refined)
-        if checked[0]:
+        if (checked[1] > 0).all():
             return finish(checked)
     if m.refine_method in ("milp", "split+milp"):  # after split: the rest of the budget, from its bounds
         try:
@@ -245,47 +268,36 @@ def refine_region(
         except UnsupportedForMip as e:
             if comm.rank() == 0:
                 print(f"warning: bab-refine: {graph.source}: {e}; no MILP refinement", file=sys.stderr)
-            if m.refine_method == "milp":
-                return False, state, cb
+            if checked is None:  # milp alone: nothing refined
+                return False
             return finish(checked)  # split's bounds, checked already
     return finish(recheck(refined))
 
 
-def output_milp(
-    graph: Graph,
-    region: Region,
-    cfg: Config,
-    clock: Clock,
-    state: CrownState,
-    cb: np.ndarray,
-    bounds: dict[str, list[float]],
-    share: float,
-) -> tuple[BabResult | None, np.ndarray]:
-    """A MILP of the whole network (``mip.prove_clauses``) for every clause that ``cb`` leaves open,
-    worst first, on the bounds of ``state``, for ``share`` of the time left.  Returns (``unsat``,
-    or ``sat`` with a point checked on the network, when that decides the region, else None; the
-    clause bounds with what the MILPs proved).  A network that is not a chain of Linear and ReLU
-    layers is left to BaB (with a warning)."""
+def output_milp(run: RegionRun, share: float) -> BabResult | None:
+    """A MILP of the whole network (``mip.prove_clauses``) for every clause that ``run.cb`` leaves
+    open, worst first, on the bounds of ``run.state``, for ``share`` of the time left; what they prove
+    goes into ``run.cb``. Returns ``unsat``, or ``sat`` with a point checked on the network, when that
+    decides the region, else None. A network that is not a chain of Linear and ReLU layers is left to
+    BaB (with a warning)."""
+    graph, region, clock = run.graph, run.region, run.clock
     budget = share * max(0.0, clock.deadline - time.monotonic())
-    log = clock.say
-    cl = Clauses.of(region.clauses)
-    d, owner = cl.d.numpy(), cl.owner.numpy()
-    todo = [int(i) for i in np.argsort(cb, kind="stable") if cb[i] <= 0]
-    C64 = cl.C.double().numpy()  # the float32 rows that the bounds and the MILPs bound
+    d, owner = run.clauses.d.numpy(), run.clauses.owner.numpy()
+    todo = [int(i) for i in np.argsort(run.cb, kind="stable") if run.cb[i] <= 0]
+    C64 = run.clauses.C.double().numpy()  # the float32 rows that the bounds and the MILPs bound
     clauses = [(C64[owner == i], d[owner == i]) for i in todo]
     opts = MipOptions(threads=torch.get_num_threads())
     try:
-        box, deadline = input_box(region, graph), time.monotonic() + budget
-        names = [str(i) for i in todo]
-        found = mip.prove_clauses(graph, box, state.bounds, clauses, opts, deadline, log, names)
+        deadline, names = time.monotonic() + budget, [str(i) for i in todo]
+        found = mip.prove_clauses(graph, run.box, run.state.bounds, clauses, opts, deadline, clock.say, names)
     except UnsupportedForMip as e:
         if comm.rank() == 0:
             print(f"warning: output milp: {graph.source}: {e}; left to BaB", file=sys.stderr)
-        return None, cb
-    cb = cb.copy()
+        return None
+    run.cb = run.cb.copy()
     for i, r in zip(todo, found, strict=True):
-        cb[i] = max(cb[i], r.bound)
-    bounds.setdefault("output_milp", []).extend(cb.tolist())
+        run.cb[i] = max(run.cb[i], r.bound)
+    run.record("output_milp")
     try:
         lo, hi = float32_box(region.lower, region.upper, inward=True)
     except EmptyFloat32BoxError:  # no float32 point in the box: nothing found can be a counterexample
@@ -295,8 +307,8 @@ def output_milp(
             x = np.clip(r.point, lo, hi).astype(np.float32)
             ok, _ = check_counterexample(graph, graph.input_shape, x, region)
             if comm.all_reduce_flag(ok, "and"):
-                return BabResult("sat", counterexample=x), cb
-    return (BabResult("unsat") if (cb > 0).all() else None), cb
+                return BabResult("sat", counterexample=x)
+    return BabResult("unsat") if run.proven else None
 
 
 def alpha_options(cfg: Config) -> AlphaOptions:
@@ -348,48 +360,50 @@ def clause_state(state: CrownState | None, rows: np.ndarray) -> CrownState | Non
     return CrownState(state.bounds, state.rows, state.gathered, out_alpha)
 
 
-def complete(
-    graph: Graph,
-    region: Region,
-    cfg: Config,
-    clock: Clock,
-    state: CrownState | None,
-    cb: np.ndarray,
-    share_time: bool = False,
-) -> tuple[BabResult, np.ndarray]:
-    """Branch and bound on the clauses that the bounds ``cb`` leave open, one at a time, so that each
-    search carries only that clause's rows.  By default worst first with all the time each, as
-    α,β-CROWN does: the first clause that is not proven decides the verdict.  With ``share_time``
-    (the quick search before the refinement), easiest first, each with an equal share of the time
-    left, going on past the clauses it does not prove: as many as possible are then out of the way
-    of the refinement and of what comes after it.  Returns the verdict (``unsat`` when every open
-    clause is proven) and ``cb`` with the bounds BaB proved (its least verified leaf bound, > 0)."""
+def search_worst_first(run: RegionRun) -> BabResult:
+    """Branch and bound on the clauses that ``run.cb`` leaves open, one at a time (each search carries
+    only that clause's rows), worst first with all the time each, as α,β-CROWN does: the first clause
+    that is not proven decides the verdict."""
+    return _clause_searches(run, run.clock, easiest_first=False)
+
+
+def search_easiest_first(run: RegionRun, clock: Clock) -> BabResult:
+    """The quick search before the refinement: the open clauses easiest first, each with an equal share
+    of ``clock``'s time left, going on past the clauses it does not prove, so that as many as possible
+    are out of the way of the refinement and of what comes after it."""
+    return _clause_searches(run, clock, easiest_first=True)
+
+
+def _clause_searches(run: RegionRun, clock: Clock, easiest_first: bool) -> BabResult:
+    """The searches of :func:`search_worst_first` / :func:`search_easiest_first`: the verdict (``unsat``
+    when every open clause is proven), with the bounds BaB proved (its least verified leaf bound,
+    > 0) put into ``run.cb``."""
     total = BabResult("unsat", domains=0, rounds=0)
-    owner = Clauses.of(region.clauses).owner.numpy()
-    cb = cb.copy()
-    todo = [int(i) for i in np.argsort(cb, kind="stable") if cb[i] <= 0]
-    if share_time:
+    owner = run.clauses.owner.numpy()
+    run.cb = run.cb.copy()
+    todo = [int(i) for i in np.argsort(run.cb, kind="stable") if run.cb[i] <= 0]
+    if easiest_first:
         todo.reverse()
     failed: BabResult | None = None
     for n, i in enumerate(todo):
-        one = Region(region.lower, region.upper, (region.clauses[i],))
+        one = Region(run.region.lower, run.region.upper, (run.region.clauses[i],))
         slot = clock
-        if share_time:
+        if easiest_first:
             slot = clock.within(
                 time.monotonic() + max(0.0, clock.deadline - time.monotonic()) / (len(todo) - n)
             )
-        res = complete_clause(graph, one, cfg, slot, clause_state(state, owner == i))
+        res = complete_clause(run.graph, one, run.cfg, slot, clause_state(run.state, owner == i))
         total.add_work(res)
         if res.verdict == "unsat":
-            cb[i] = max(cb[i], res.bound)
+            run.cb[i] = max(run.cb[i], res.bound)
             continue
         failed = res
-        if res.verdict == "sat" or not share_time or clock.expired():
+        if res.verdict == "sat" or not easiest_first or clock.expired():
             break
     if failed is None:
-        return total, cb
+        return total
     failed.domains, failed.rounds, failed.max_queue = total.domains, total.rounds, total.max_queue
-    return failed, cb
+    return failed
 
 
 def complete_clause(
@@ -439,49 +453,67 @@ def complete_clause(
         )
 
 
-def complete_region(
-    graph: Graph,
-    region: Region,
-    cfg: Config,
-    clock: Clock,
-    state: CrownState | None,
-    cb: np.ndarray,
-    bounds: dict[str, list[float]],
-) -> BabResult:
-    """Branch and bound on a region the incomplete bounds left open.  With ``bab-refine``: first a
-    plain search for ``solver.mip.quick_bab_percentage`` of the time left, clause by clause, easiest
-    first (easy instances end there, and the clauses it proves are out of the way), then the
-    refinement (``refine_region``), then ``solver.mip.output_milp_percentage`` of the time left for
-    a MILP per open clause (``output_milp``; all of it with ``mip``), then the search again from
-    the refined bounds on the clauses still open."""
-    m = cfg.solver.mip
-    refine = cfg.general.complete_verifier in ("bab-refine", "mip") and state is not None
+Stage = Callable[[RegionRun], "BabResult | None"]
+
+
+def _quick_search(run: RegionRun) -> BabResult | None:
+    """``solver.mip.quick_bab_percentage`` of the time left for :func:`search_easiest_first`."""
+    share = run.cfg.solver.mip.quick_bab_percentage
+    clock = run.clock.within(time.monotonic() + share * max(0.0, run.clock.deadline - time.monotonic()))
+    res = search_easiest_first(run, clock)
+    run.record("quick_bab")
+    if res.verdict in ("unsat", "sat") or run.clock.expired():
+        return res
+    run.work.add_work(res)
+    return None
+
+
+def _refine(run: RegionRun) -> BabResult | None:
+    verified = refine_region(run)
+    if verified or run.clock.expired():
+        return BabResult("unsat" if verified else "timeout")
+    return None
+
+
+def _output_milp(run: RegionRun) -> BabResult | None:
+    """``solver.mip.output_milp_percentage`` of the time left (all of it with ``mip``)."""
+    cfg = run.cfg
+    share = 1.0 if cfg.general.complete_verifier == "mip" else cfg.solver.mip.output_milp_percentage
+    decided = output_milp(run, share)
+    if decided is not None or run.clock.expired():
+        return decided or BabResult("timeout")
+    return None
+
+
+def complete_stages(run: RegionRun) -> list[Stage]:
+    """The stages of the complete phase, chosen once from the config. Plain BaB:
+    :func:`search_worst_first`. With ``bab-refine``/``mip`` (and a CROWN-type state to refine): a quick
+    search (:func:`search_easiest_first`, ``solver.mip.quick_bab_percentage`` of the time; easy
+    instances end there, and the clauses it proves are out of the way), the refinement
+    (:func:`refine_region`), a MILP per open clause (:func:`output_milp`), then the search again
+    from the refined bounds on the clauses still open."""
+    cfg, m = run.cfg, run.cfg.solver.mip
+    refine = cfg.general.complete_verifier in ("bab-refine", "mip") and run.state is not None
     if not refine or cfg.bab.branching.input_split.enable:
-        return complete(graph, region, cfg, clock, state, cb)[0]
-    work = BabResult("timeout", domains=0, rounds=0)
-    if m.quick_bab_percentage > 0:
-        quick = clock.within(
-            time.monotonic() + m.quick_bab_percentage * max(0.0, clock.deadline - time.monotonic())
-        )
-        res, cb = complete(graph, region, cfg, quick, state, cb, share_time=True)
-        bounds.setdefault("quick_bab", []).extend(cb.tolist())
-        if res.verdict in ("unsat", "sat") or clock.expired():
+        return [search_worst_first]
+    milp_share = 1.0 if cfg.general.complete_verifier == "mip" else m.output_milp_percentage
+    return [
+        *([_quick_search] if m.quick_bab_percentage > 0 else []),
+        _refine,
+        *([_output_milp] if milp_share > 0 else []),
+        search_worst_first,
+    ]
+
+
+def complete_region(run: RegionRun) -> BabResult:
+    """Branch and bound on a region the incomplete bounds left open: the first stage that decides
+    returns, with the work of the stages before it."""
+    for stage in complete_stages(run):
+        res = stage(run)
+        if res is not None:
+            res.add_work(run.work)
             return res
-        work.add_work(res)
-    verified, state, cb = refine_region(graph, region, cfg, clock, state, cb, bounds)
-    if verified or clock.expired():
-        work.verdict = "unsat" if verified else "timeout"
-        return work
-    share = 1.0 if cfg.general.complete_verifier == "mip" else m.output_milp_percentage
-    if share > 0:
-        decided, cb = output_milp(graph, region, cfg, clock, state, cb, bounds, share)
-        if decided is not None or clock.expired():
-            decided = decided or BabResult("timeout")
-            decided.add_work(work)
-            return decided
-    res = complete(graph, region, cfg, clock, state, cb)[0]
-    res.add_work(work)
-    return res
+    raise AssertionError("the last stage always decides")
 
 
 def compute_device(cfg: Config) -> torch.device:
@@ -565,17 +597,16 @@ def _verify_instance(
             if cex is not None:
                 verdict = "sat"
                 break
+        run = RegionRun(graph, region, cfg, clock, bounds)
+        verified = False
         if box_overflows(region):  # nothing can be proven; the attack (before or after) still runs
             message = (
                 "the input box is wider than float32 can hold: no bound computed (only an attack decides it)"
             )
-            verified, state, cb = False, None, np.full(len(region.clauses), -np.inf)
-        elif not cfg.general.enable_incomplete_verification:  # straight to BaB (from CROWN's bounds)
-            verified, state, cb = False, None, np.full(len(region.clauses), -np.inf)
-        else:
-            verified, state, cb = bound_region(graph, region, cfg, clock, bounds)
+        elif cfg.general.enable_incomplete_verification:  # else straight to BaB (from CROWN's bounds)
+            verified = bound_region(run)
         if not verified and cfg.general.complete_verifier != "skip" and not clock.expired() and not message:
-            res = complete_region(graph, region, cfg, clock, state, cb, bounds)
+            res = complete_region(run)
             out_of_time = out_of_time or res.verdict == "timeout"  # also a search that left a round out
             work = work or BabResult("unsat")
             work.add_work(res)

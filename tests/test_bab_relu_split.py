@@ -261,8 +261,8 @@ def test_two_clauses_unsat_and_sat():
 
 @pytest.mark.parametrize("share_time", [False, True])
 def test_the_quick_search_proves_the_easy_clauses_first(share_time):
-    """``verify.complete`` takes a region's open clauses one by one.  Before the refinement
-    (``share_time``) it goes easiest first and on past a clause it cannot prove, so the clauses it
+    """The two searches take a region's open clauses one by one.  Before the refinement
+    (``search_easiest_first``) it goes easiest first and on past a clause it cannot prove, so the clauses it
     proves are out of the way; after it, worst first, and the first clause not proven ends the
     search.  Clause 0 is easy (CROWN proves it; its bound is given as -0.1 so that it counts as open),
     clause 1 needs more domains than ``bab.max_domains`` allows, so its search says unknown."""
@@ -285,7 +285,11 @@ def test_the_quick_search_proves_the_easy_clauses_first(share_time):
     _, state = crown(graph, verify.input_box(region, graph), C)
     cfg, _ = load_config(None, ["--bab.max_domains", "1", "--solver.batch_size", "8"])
     clock = verify.Clock(time.monotonic() + 60)
-    res, cb = verify.complete(graph, region, cfg, clock, state, np.array([-0.1, -1.0]), share_time)
+    run = verify.RegionRun(graph, region, cfg, clock, {})
+    run.state, run.cb = state, np.array([-0.1, -1.0])
+    search = verify.search_easiest_first if share_time else verify.search_worst_first
+    res = search(run, clock) if share_time else search(run)
+    cb = run.cb
     assert res.verdict == "unknown", res
     if share_time:  # easiest first: clause 0 is proven, with a sound bound, and clause 1 still tried
         assert 0 < cb[0] <= m[0][0] - d[0] + 1e-5 and cb[1] == -1.0
