@@ -9,8 +9,8 @@ verify without BaB at VNN-COMP 2022 (its GPU time above 10 s), cheapest first, a
 ``--small``, the 256x2 ones (above 9 s); with ``--gpu-s LO HI``, the sat and unsat 256x4/6 (with
 ``--small``: 256x2) ones whose GPU time lies in (LO, HI] (e.g. 7.2 10: those BaB may or may not be
 needed for on this machine; P > 1 runs only where P = 1 visited domains). Each runs α,β-CROWN's
-own VNN-COMP 2022 config
-(``mnistfc.yaml``, ``mnistfc_small.yaml`` for 256x2, ``oval22.yaml``) with ``--device cpu``,
+own VNN-COMP 2022 config (``mnistfc.yaml``, ``mnistfc_small.yaml`` for 256x2, ``oval22.yaml``) with
+``--device cpu``,
 ``--timeout T`` and plain BaB: ``--complete_verifier bab`` for mnist_fc (its ``bab-refine`` needs
 MIP, refused under P > 1) and ``--bab.cut.enabled false`` for oval21 (no CPLEX here).
 
