@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..bounds.beta import optimise_alpha_beta
+from ..bounds.beta import optimise_alpha_beta, split_bound
 from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
 from ..bounds.graph import Graph
 from ..bounds.ops import Relu
-from ..bounds.walk import Bounds, Box, back_substitute
+from ..bounds.walk import Bounds, Box
 from ..parallel import comm
 from ..spec import Clauses, EmptyFloat32BoxError, float32_box
 from .common import BabOptions, BabResult, agree_round
@@ -109,9 +109,8 @@ class BetaCrown:
 
         def bound() -> Tensor:
             nonlocal best, best_record
-            coef = {k: -split[k].to(torch.float32) * beta[k].clamp(min=0) for k in self.pre}
             record: dict[int, Tensor] = {}
-            lb = back_substitute(g, self.out, A, bounds, box, alpha, coef, record)  # (S, B)
+            lb = split_bound(g, self.out, A, bounds, box, alpha, split, beta, record)  # (S, B)
             lbT = lb.detach().T
             if not best_record or bool((lbT > best).any()):
                 best = torch.maximum(best, lbT)
@@ -351,7 +350,7 @@ class ReluSplitBab:
             starts = torch.tensor([o for _, o in offs])
             block = torch.searchsorted(starts, top_i, right=True) - 1  # (B, kk): which node
             neuron = top_i - starts[block]
-        cb, coef = {}, {}
+        cb, sp, bt = {}, {}, {}
         for k in bc.pre:
             shape = g.nodes[k].shape
             if B:
@@ -365,14 +364,14 @@ class ReluSplitBab:
                     lo[act, nr] = lo[act, nr].clamp(min=0.0)
                     hi[ina, nr] = hi[ina, nr].clamp(max=0.0)
                 cb[k] = (lo.view(n, *shape), hi.view(n, *shape))
-                coef[k] = (-split[k].float() * beta[k].clamp(min=0)).repeat_interleave(2 * kk, 1)
+                sp[k], bt[k] = split[k].repeat_interleave(2 * kk, 0), beta[k].repeat_interleave(2 * kk, 1)
             else:
                 cb[k] = (torch.zeros(0, *shape), torch.zeros(0, *shape))
-                coef[k] = torch.zeros(S, 0, *shape)
+                sp[k], bt[k] = torch.zeros(0, *shape), torch.zeros(S, 0, *shape)
         al = {j: a.repeat_interleave(2 * kk, 1) for j, a in alpha.items()}
         box = (bc.box[0].expand(n, *bc.box[0].shape[1:]), bc.box[1].expand(n, *bc.box[1].shape[1:]))
         A = spec_matrix(self.problem.C, n, g.nodes[bc.out].shape)
-        lb = back_substitute(g, bc.out, A, cb, box, al, coef).T  # (n, S)
+        lb = split_bound(g, bc.out, A, cb, box, al, sp, bt).T  # (n, S)
         if not B:
             return []
         worst = self.problem.margins(lb).min(1).values.view(B, kk, 2)

@@ -12,6 +12,30 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .graph import Graph
+from .walk import Alphas, Bounds, Box, back_substitute
+
+
+def split_bound(
+    graph: Graph,
+    start: int,
+    A: Tensor,
+    bounds: Bounds,
+    box: Box,
+    alpha: Alphas,
+    split: dict[int, Tensor],
+    beta: dict[int, Tensor],
+    record: dict[int, Tensor] | None = None,
+) -> Tensor:
+    """β-CROWN's lower bounds (S, B) of ``sum(A * value(start))`` under ReLU splits: the
+    back-substitution with the split term ``-split · β⁺`` at every pre-activation node of ``beta``
+    (``split``: +1 where the neuron is split active, z >= 0; -1 inactive, z <= 0; 0 free; β: the
+    constraint's multiplier, (S, B, *shape)). It is the Lagrangian of the split constraints: sound for
+    every β >= 0 (and α in [0, 1]); ``optimise_alpha_beta`` tightens it. The one split bound of BaB,
+    its branching and the split refinement."""
+    coef = {k: -split[k].to(b.dtype) * b.clamp(min=0) for k, b in beta.items()}
+    return back_substitute(graph, start, A, bounds, box, alpha, coef, record)
+
 
 def optimise_alpha_beta(
     alpha: dict[int, Tensor],

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..parallel import comm
-from .beta import optimise_alpha_beta
+from .beta import optimise_alpha_beta, split_bound
 from .crown import ancestors_relus, exact_by_ibp, pre_activation_nodes
 from .graph import Graph
 from .ops import Relu
@@ -115,8 +115,7 @@ def bound_targets(
 
     def bound() -> Tensor:
         nonlocal best
-        coef = {q: -split_q[q] * beta[q].clamp(min=0) for q in ins}
-        lb = back_substitute(graph, k, A_b, bb, box_b, alpha, coef)[0]  # (B,)
+        lb = split_bound(graph, k, A_b, bb, box_b, alpha, split_q, beta)[0]  # (B,)
         best = torch.maximum(best, lb.detach())
         return lb
 
