@@ -16,13 +16,12 @@ import pytest
 import torch
 
 from complete_verifier_ext import testing
-from complete_verifier_ext.bab.common import BabOptions, BabResult
+from complete_verifier_ext.bab.common import BabOptions, BabResult, rebalance_plan
 from complete_verifier_ext.bab.input_split import (
     Domains,
     branch_dims,
     evaluate,
     input_split_bab,
-    rebalance_plan,
     split,
     spread_pick,
 )

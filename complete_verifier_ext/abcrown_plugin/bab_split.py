@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from ..bab.input_split import rebalance_plan
+from ..bab.common import rebalance_plan
 from ..parallel import comm
 
 _picked_total: int | None = None  # domains picked this round on all ranks, for get_split_depth

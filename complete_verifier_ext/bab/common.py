@@ -1,5 +1,5 @@
-"""Shared pieces of branch and bound: options, results, lockstep round decisions (the clause margins
-are :class:`spec.Clauses`)."""
+"""Shared pieces of branch and bound: options, results, lockstep round decisions, the rebalancing plan
+(the clause margins are :class:`spec.Clauses`)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,27 @@ class BabResult:
             self.max_queue = [
                 max(a, b) for a, b in zip(self.max_queue or other.max_queue, other.max_queue, strict=True)
             ]
+
+
+def rebalance_plan(sizes: list[int]) -> list[tuple[int, int, int]]:
+    """Moves ``(src, dst, count)`` that even out the queue sizes (to within one), in a fixed order.
+
+    A pure function of ``sizes``: every rank computes the same plan from the same gathered numbers.
+    """
+    p, total = len(sizes), sum(sizes)
+    target = [total // p + (1 if r < total % p else 0) for r in range(p)]
+    surplus = [[r, sizes[r] - target[r]] for r in range(p) if sizes[r] > target[r]]
+    deficit = [[r, target[r] - sizes[r]] for r in range(p) if sizes[r] < target[r]]
+    moves: list[tuple[int, int, int]] = []
+    i = j = 0
+    while i < len(surplus) and j < len(deficit):
+        count = min(surplus[i][1], deficit[j][1])
+        moves.append((surplus[i][0], deficit[j][0], count))
+        surplus[i][1] -= count
+        deficit[j][1] -= count
+        i += surplus[i][1] == 0
+        j += deficit[j][1] == 0
+    return moves
 
 
 def agree_round(

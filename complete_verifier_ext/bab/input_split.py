@@ -61,7 +61,7 @@ from ..bounds.graph import Graph
 from ..bounds.walk import back_substitute
 from ..parallel import comm
 from ..spec import Clauses
-from .common import BabOptions, BabResult, agree_round, share_counterexample
+from .common import BabOptions, BabResult, agree_round, rebalance_plan, share_counterexample
 
 __all__ = ["METHODS", "input_split_bab"]
 
@@ -213,27 +213,6 @@ def evaluate(graph: Graph, x: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------------------------------------
 # Rebalancing
 # ----------------------------------------------------------------------------------------------------------
-
-
-def rebalance_plan(sizes: list[int]) -> list[tuple[int, int, int]]:
-    """Moves ``(src, dst, count)`` that even out the queue sizes (to within one), in a fixed order.
-
-    A pure function of ``sizes``: every rank computes the same plan from the same gathered numbers.
-    """
-    p, total = len(sizes), sum(sizes)
-    target = [total // p + (1 if r < total % p else 0) for r in range(p)]
-    surplus = [[r, sizes[r] - target[r]] for r in range(p) if sizes[r] > target[r]]
-    deficit = [[r, target[r] - sizes[r]] for r in range(p) if sizes[r] < target[r]]
-    moves: list[tuple[int, int, int]] = []
-    i = j = 0
-    while i < len(surplus) and j < len(deficit):
-        count = min(surplus[i][1], deficit[j][1])
-        moves.append((surplus[i][0], deficit[j][0], count))
-        surplus[i][1] -= count
-        deficit[j][1] -= count
-        i += surplus[i][1] == 0
-        j += deficit[j][1] == 0
-    return moves
 
 
 def spread_pick(queue: Domains, count: int) -> Tensor:

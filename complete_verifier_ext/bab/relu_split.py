@@ -35,7 +35,7 @@ from ..bounds.ops import Relu
 from ..bounds.walk import Bounds, Box
 from ..parallel import comm
 from ..spec import Clauses, EmptyFloat32BoxError, float32_box
-from .common import BabOptions, BabResult, agree_round
+from .common import BabOptions, BabResult, agree_round, rebalance_plan
 
 STORE_DTYPE = torch.float16
 Branch = tuple[int, int]  # (pre-activation node, flat neuron index)
@@ -394,8 +394,9 @@ class ReluSplitBab:
 
     def rebalance(self) -> None:
         """Every rank sees all queue sizes; when a rank cannot fill its next batch (or the queues differ
-        by more than a batch), half the difference goes from the fullest rank to the emptiest, in a
-        fixed order, so that every rank takes the same decisions."""
+        by more than a batch), :func:`rebalance_plan` evens them out (to within one) in a fixed order,
+        so that every rank takes the same decisions, with one collective. A sender gives domains
+        spread over its queue sorted by bound, keeping a fair share of its hard ones."""
         P = comm.world_size()
         if P == 1:
             return
@@ -404,15 +405,21 @@ class ReluSplitBab:
         starving = min(sizes) < per_round and max(sizes) - min(sizes) > 1
         if not starving and max(sizes) - min(sizes) <= self.opts.batch_size:
             return
-        src, dst = int(np.argmax(sizes)), int(np.argmin(sizes))
-        n = (sizes[src] - sizes[dst]) // 2
-        moving = None
-        if comm.rank() == src:
+        moves, me = rebalance_plan(sizes), comm.rank()
+        give = sum(c for src, _, c in moves if src == me)
+        sent: list[Domain] = []
+        if give:
             self.queue.sort(key=lambda d: d.worst)
-            moving, self.queue = self.queue[1::2][:n], self.queue[0::2] + self.queue[1::2][n:]
-        moving = comm.broadcast_object(moving, src=src)
-        if comm.rank() == dst:
-            self.queue.extend(moving)
+            n = len(self.queue)
+            pos = {(2 * i + 1) * n // (2 * give) for i in range(give)}  # spread over the sorted queue
+            sent = [d for i, d in enumerate(self.queue) if i in pos]
+            self.queue = [d for i, d in enumerate(self.queue) if i not in pos]
+        every = comm.all_gather_object(sent)
+        taken = [0] * P  # each sender's list is handed out in the plan's order
+        for src, dst, count in moves:
+            if dst == me:
+                self.queue.extend(every[src][taken[src] : taken[src] + count])
+            taken[src] += count
 
     def run(
         self,
