@@ -568,6 +568,49 @@ def verify_instance(
         release_gather_buffers()  # the next instance's layers have other shapes
 
 
+@dataclass
+class RegionVerdict:
+    verdict: str  # sat | unsat | unknown
+    counterexample: str | None = None  # sat: VNN-COMP "((X_0 v) ... (Y_0 v) ...)", checked
+    search: BabResult | None = None  # what the complete phase did, if it ran
+    message: str = ""
+
+
+def verify_region(run: RegionRun, onnx_path: str) -> RegionVerdict:
+    """One region of the spec: the attack (before or after the rest, ``attack.pgd_order``), the
+    incomplete bounds, then the complete phase's stages. ``unsat`` when the region is proven, ``sat``
+    with a counterexample checked on the network (and onnxruntime), else ``unknown``."""
+    graph, region, cfg, clock = run.graph, run.region, run.cfg, run.clock
+    order = cfg.attack.pgd_order
+    if order == "before":
+        cex = attack(graph, region, cfg, clock, onnx_path)
+        if cex is not None:
+            return RegionVerdict("sat", cex)
+    out, verified = RegionVerdict("unknown"), False
+    if box_overflows(region):  # nothing can be proven; the attack (before or after) still runs
+        out.message = (
+            "the input box is wider than float32 can hold: no bound computed (only an attack decides it)"
+        )
+    elif cfg.general.enable_incomplete_verification:  # else straight to BaB (from CROWN's bounds)
+        verified = bound_region(run)
+    if not verified and cfg.general.complete_verifier != "skip" and not clock.expired() and not out.message:
+        res = out.search = complete_region(run)
+        verified = res.verdict == "unsat"
+        if res.verdict == "sat" and res.counterexample is not None:
+            ok, y = check_counterexample(graph, graph.input_shape, res.counterexample, region, onnx_path)
+            if comm.all_reduce_flag(ok, "and"):
+                out.verdict, out.counterexample = "sat", format_counterexample(res.counterexample, y)
+                return out
+    if not verified and order == "after":
+        cex = attack(graph, region, cfg, clock, onnx_path)
+        if cex is not None:
+            out.verdict, out.counterexample = "sat", cex
+            return out
+    if verified:
+        out.verdict = "unsat"
+    return out
+
+
 def _verify_instance(
     cfg: Config,
     graph: Graph,
@@ -590,39 +633,17 @@ def _verify_instance(
     bounds: dict[str, list[float]] = {}
     verdict, cex, message, out_of_time = "unsat", None, "", False
     work: BabResult | None = None  # what the searches did, all regions together
-    order = cfg.attack.pgd_order
     for region in spec.regions:
-        if order == "before":
-            cex = attack(graph, region, cfg, clock, onnx_path)
-            if cex is not None:
-                verdict = "sat"
-                break
-        run = RegionRun(graph, region, cfg, clock, bounds)
-        verified = False
-        if box_overflows(region):  # nothing can be proven; the attack (before or after) still runs
-            message = (
-                "the input box is wider than float32 can hold: no bound computed (only an attack decides it)"
-            )
-        elif cfg.general.enable_incomplete_verification:  # else straight to BaB (from CROWN's bounds)
-            verified = bound_region(run)
-        if not verified and cfg.general.complete_verifier != "skip" and not clock.expired() and not message:
-            res = complete_region(run)
-            out_of_time = out_of_time or res.verdict == "timeout"  # also a search that left a round out
+        r = verify_region(RegionRun(graph, region, cfg, clock, bounds), onnx_path)
+        message = message or r.message
+        if r.search is not None:
+            out_of_time = out_of_time or r.search.verdict == "timeout"  # also a search that left a round out
             work = work or BabResult("unsat")
-            work.add_work(res)
-            if res.verdict == "unsat":
-                verified = True
-            elif res.verdict == "sat" and res.counterexample is not None:
-                ok, y = check_counterexample(graph, graph.input_shape, res.counterexample, region, onnx_path)
-                if comm.all_reduce_flag(ok, "and"):
-                    cex, verdict = format_counterexample(res.counterexample, y), "sat"
-                    break
-        if not verified and order == "after":
-            cex = attack(graph, region, cfg, clock, onnx_path)
-            if cex is not None:
-                verdict = "sat"
-                break
-        if not verified:
+            work.add_work(r.search)
+        if r.verdict == "sat":
+            verdict, cex = "sat", r.counterexample
+            break
+        if r.verdict == "unknown":
             verdict = "unknown"
     if verdict == "unknown" and (out_of_time or clock.expired()):
         verdict = "timeout"
