@@ -290,6 +290,17 @@ def _bound_children(
     return kept, cex, total
 
 
+def _flat_box(box: tuple[Tensor, Tensor], n: int) -> tuple[Tensor, Tensor]:
+    """The one box of ``n`` inputs as flat float32 CPU tensors (checked)."""
+    lo0 = box[0].detach().reshape(-1).to(torch.float32).cpu()
+    hi0 = box[1].detach().reshape(-1).to(torch.float32).cpu()
+    if lo0.numel() != n or hi0.numel() != n:
+        raise ValueError(f"input split needs one box of {n} inputs, got {tuple(box[0].shape)}")
+    if not bool((lo0 <= hi0).all()):
+        raise ValueError("input box has lower > upper")
+    return lo0, hi0
+
+
 def input_split_bab(
     graph: Graph,
     box: tuple[Tensor, Tensor],
@@ -308,12 +319,7 @@ def input_split_bab(
     if method not in METHODS:
         raise ValueError(f"unknown bound method {method!r} for input split; expected one of {METHODS}")
     n = math.prod(graph.input_shape)
-    lo0 = box[0].detach().reshape(-1).to(torch.float32).cpu()
-    hi0 = box[1].detach().reshape(-1).to(torch.float32).cpu()
-    if lo0.numel() != n or hi0.numel() != n:
-        raise ValueError(f"input split needs one box of {n} inputs, got {tuple(box[0].shape)}")
-    if not bool((lo0 <= hi0).all()):
-        raise ValueError("input box has lower > upper")
+    lo0, hi0 = _flat_box(box, n)
     nc = problem.n_clauses
     root = comm.rank() == 0
     lo = lo0[None].clone() if root else torch.zeros(0, n)

@@ -397,12 +397,18 @@ def prove_clauses(
     n = max(1, min(opts.threads, -(-len(clauses) // P)))
     with ThreadPoolExecutor(n) as pool:
         list(pool.map(lambda _: work(), range(n)))
-    table = torch.zeros(len(clauses), 2, dtype=torch.float64)  # (status code + 1, bound); 0: not mine
+    return _merged(results, len(clauses))
+
+
+def _merged(results: dict[int, ClauseResult], n: int) -> list[ClauseResult]:
+    """Every rank's results (clause i solved on rank i % P) on every rank. Collective."""
+    P = comm.world_size()
+    table = torch.zeros(n, 2, dtype=torch.float64)  # (status code + 1, bound); 0: not mine
     for i, r in results.items():
         table[i] = torch.tensor([_CODES.index(r.status) + 1.0, r.bound])
     table = comm.all_reduce(table, "sum")
     merged = []
-    for i in range(len(clauses)):
+    for i in range(n):
         code, bound = int(table[i, 0]), float(table[i, 1])
         status = _CODES[code - 1] if code else "unknown"
         point = None

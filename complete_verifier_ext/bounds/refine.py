@@ -28,6 +28,21 @@ FlatBounds = dict[int, tuple[np.ndarray, np.ndarray]]  # node -> (lo, hi), flat 
 Solver = Callable[[int, list[Task], FlatBounds, float], np.ndarray]
 
 
+def _tightened(l: np.ndarray, u: np.ndarray, tasks, values, margin) -> tuple[np.ndarray, np.ndarray]:
+    """``(l, u)`` with every solved task ``(j, side)``'s value (a lower bound of ``side * z_j``, moved
+    ``margin`` outward) applied; an unsolved one (not finite) changes nothing."""
+    new_l, new_u = l.copy(), u.copy()
+    for (j, side), v in zip(tasks, values, strict=True):
+        if not np.isfinite(v):
+            continue
+        v = v - margin(v)  # a lower bound of side * z_j
+        if side > 0:
+            new_l[j] = max(new_l[j], v)
+        else:
+            new_u[j] = min(new_u[j], -v)
+    return new_l, new_u
+
+
 def refine_in_order(
     nodes: list[int],
     bounds: Bounds,
@@ -62,15 +77,7 @@ def refine_in_order(
         sizes = [len(range(q, n, P)) for q in range(P)]
         allv = comm.all_gather_cat(torch.tensor(found, dtype=torch.float64), 0, sizes=sizes).numpy()
         dealt = [tasks[t] for q in range(P) for t in range(q, n, P)]  # the order of the gathered values
-        new_l, new_u = l.copy(), u.copy()
-        for (j, side), v in zip(dealt, allv, strict=True):
-            if not np.isfinite(v):
-                continue
-            v = v - margin(v)  # a lower bound of side * z_j
-            if side > 0:
-                new_l[j] = max(new_l[j], v)
-            else:
-                new_u[j] = min(new_u[j], -v)
+        new_l, new_u = _tightened(l, u, dealt, allv, margin)
         now_stable = int((((new_l >= 0) | (new_u <= 0))[uns]).sum())
         stats["stabilised"] += now_stable
         stats["layers"] += 1
