@@ -164,7 +164,8 @@ def residual_onnx(path: str | os.PathLike, seed: int) -> str:
     ``"y"`` ``(batch, RESIDUAL_OUTPUTS)``.
 
     ``n = (x - mean) / std`` (per channel) -> Conv(3x3, pad 1) -> BatchNormalization -> Relu (``h``) ->
-    Conv(3x3, pad 1) -> Add(``h``) -> Relu -> Flatten -> Gemm.  Returns the path.
+    Conv(3x3, pad 1) -> Add(``h``) -> Relu -> Flatten -> Gemm.  Returns the path.  (Long because it
+    writes the graph out node by node, in the order above.)
     """
     gen = _gen(seed)
     c, hgt, wid = RESIDUAL_INPUT_SHAPE
@@ -287,7 +288,8 @@ def exact_min_linear(net: nn.Sequential, lower, upper, c) -> tuple[float, np.nda
     per pattern minimises ``c · y`` there, and the smallest LP value over the feasible patterns is the
     global minimum (the polyhedra cover the box).  Layer by layer, neurons whose sign is fixed over the
     box by the affine map of the pattern so far are not enumerated, and a partial pattern whose
-    polyhedron is empty is dropped.  Returns ``(value, argmin)`` (float64).
+    polyhedron is empty is dropped.  Returns ``(value, argmin)`` (float64).  (One function: the
+    enumeration's steps share the pattern state, and it is the tests' ground truth, best read whole.)
     """
     import itertools
 
