@@ -88,6 +88,21 @@ def test_several_clauses_keep_file_order_and_multi_row_clause(tmp_path: Path) ->
     assert stacked.violated(torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)).tolist() == [True]
 
 
+def test_a_nan_or_infinite_bound_proves_no_clause_and_a_nan_output_is_no_counterexample(tmp_path: Path):
+    body = BOX + "(assert (or (and (>= Y_0 Y_2)) (and (>= Y_1 Y_2) (<= Y_1 3)) (and (<= Y_2 -0.5))))\n"
+    (region,) = load_vnnlib(write(tmp_path, body), cache=False).regions
+    clauses = Clauses.of(region.clauses)
+    nan, inf = float("nan"), float("inf")
+    lb = torch.tensor([[nan, 5.0, 5.0, 5.0], [-inf, 5.0, 5.0, 5.0], [5.0, 5.0, 5.0, 5.0]])
+    m = clauses.margins(lb)  # rows 0 | 1, 2 | 3 are the clauses
+    assert m[0, 0] == -inf and m[1, 0] == -inf  # not proven: -inf, never NaN
+    assert (m[:, 1:] > 0).all() and (m[2] > 0).all() and not torch.isnan(m).any()
+    assert (clauses.bound(lb[:1]) > 0).tolist() == [False, True, True]
+    y = torch.tensor([[nan, 0.0, 0.0], [inf, 0.0, inf]], dtype=torch.float64)
+    pm = clauses.point_margins(y)
+    assert pm[0, 0] == inf and pm[1, 0] == inf  # NaN (and inf - inf) outputs hold no clause
+
+
 def test_separate_y_asserts_form_one_clause(tmp_path: Path) -> None:
     body = BOX + "(assert (<= Y_0 1))\n(assert (and (>= Y_1 2) (> Y_2 Y_0)))\n"
     (region,) = load_vnnlib(write(tmp_path, body), cache=False).regions

@@ -72,6 +72,12 @@ def rebalance_plan(sizes: list[int]) -> list[tuple[int, int, int]]:
     return moves
 
 
+def spread_positions(n: int, count: int) -> list[int]:
+    """``count`` positions spread evenly over ``0 .. n-1`` (``count <= n``): the domains a rebalancing
+    sender gives away from its queue sorted by bound, so that it keeps a fair share of its hard ones."""
+    return [(2 * i + 1) * n // (2 * count) for i in range(count)]
+
+
 def agree_round(
     found: bool, n_local: int, worst: float, expired: Callable[[], bool]
 ) -> tuple[bool, int, float, bool]:

@@ -61,7 +61,7 @@ from ..bounds.graph import Graph
 from ..bounds.walk import back_substitute
 from ..parallel import comm
 from ..spec import Clauses
-from .common import BabOptions, BabResult, agree_round, rebalance_plan, share_counterexample
+from .common import BabOptions, BabResult, agree_round, rebalance_plan, share_counterexample, spread_positions
 
 __all__ = ["METHODS", "input_split_bab"]
 
@@ -219,9 +219,7 @@ def spread_pick(queue: Domains, count: int) -> Tensor:
     """``count`` indices spread evenly over the queue sorted by margin (the sender keeps a fair share of
     its hard domains and gives one away)."""
     order = torch.argsort(queue.key(), stable=True)
-    n = len(queue)
-    pos = torch.tensor([math.floor((i + 0.5) * n / count) for i in range(count)], dtype=torch.long)
-    return order[pos]
+    return order[torch.tensor(spread_positions(len(queue), count), dtype=torch.long)]
 
 
 def rebalance(queue: Domains, sizes: list[int], n: int) -> Domains:

@@ -35,7 +35,7 @@ from ..bounds.ops import Relu
 from ..bounds.walk import Bounds, Box
 from ..parallel import comm
 from ..spec import Clauses, EmptyFloat32BoxError, float32_box
-from .common import BabOptions, BabResult, agree_round, rebalance_plan
+from .common import BabOptions, BabResult, agree_round, rebalance_plan, spread_positions
 
 STORE_DTYPE = torch.float16
 Branch = tuple[int, int]  # (pre-activation node, flat neuron index)
@@ -410,8 +410,7 @@ class ReluSplitBab:
         sent: list[Domain] = []
         if give:
             self.queue.sort(key=lambda d: d.worst)
-            n = len(self.queue)
-            pos = {(2 * i + 1) * n // (2 * give) for i in range(give)}  # spread over the sorted queue
+            pos = set(spread_positions(len(self.queue), give))
             sent = [d for i, d in enumerate(self.queue) if i in pos]
             self.queue = [d for i, d in enumerate(self.queue) if i not in pos]
         every = comm.all_gather_object(sent)
