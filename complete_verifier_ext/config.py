@@ -152,6 +152,9 @@ class GeneralConfig:
         verbose: print what every stage does on its own line of stderr (PGD, each bound method, every
             alpha-CROWN step with its worst clause bound, every BaB round with domains left, worst bound
             and domains/s, the refinement's layers); without it, a terminal shows one progress line.
+        sparse_alpha: keep alpha-CROWN's slopes only for the neurons unstable when it starts (as
+            alpha-beta-CROWN's ``sparse_alpha``); ``false``: one slope per neuron (the same bounds,
+            more memory).
         engine: ``native`` (this package's engine) or ``abcrown`` (a real alpha-beta-CROWN checkout named
             by ``$ABCROWN_PATH``, sharded at runtime; the YAML then goes to alpha-beta-CROWN as it is, see
             docs/abcrown_plugin.md).
@@ -167,6 +170,7 @@ class GeneralConfig:
     deterministic: bool = _opt(False)
     double_fp: bool = _opt(False)
     verbose: bool = _opt(False)
+    sparse_alpha: bool = _opt(True)
     engine: str = _opt("native", choices=("native", "abcrown"))
 
 
@@ -214,12 +218,16 @@ class AlphaCrownConfig:
         early_stop_patience: alpha-beta-CROWN's patience (also spelled ``solver.early_stop_patience``);
             not implemented: alpha-CROWN stops early only once every row is proven, and a value other
             than 10 is warned.
+        alpha_dtype: how the alpha and beta of every branch-and-bound domain are stored between rounds:
+            ``float16`` (alpha-beta-CROWN's default: half the memory; any alpha in [0, 1] and beta >= 0
+            is sound, and bounds are always recomputed from the stored values) or ``auto`` (float32).
     """
 
     iteration: int = _opt(100, minimum=0)
     lr_alpha: float = _opt(0.1, minimum=0)
     lr_decay: float = _opt(0.98, minimum=0)
     early_stop_patience: int = _opt(10, minimum=0)
+    alpha_dtype: str = _opt("float16", choices=("float16", "auto"))
 
 
 @dataclass(frozen=True)
@@ -492,7 +500,7 @@ _IGNORED_KEYS_BY_SECTION = {
     "general": """adhoc_tuning buffer_has_batchdim conv_mode deterministic_opt eval_adv_example
         graph_optimizer loss_reduction_func no_batchdim_buffers onnx_adv_example output_file precompile_jit
         prepare_only record_bounds reset_seed_after_precompile return_optimized_model save_adv_example
-        save_output show_adv_example sparse_alpha sparse_interm store_all_specs_on_cpu
+        save_output show_adv_example sparse_interm store_all_specs_on_cpu
         verify_onnxruntime_output""",
     "model": """bound_opts cache_onnx_conversion check_optimized check_optmized debug_onnx
         flatten_final_output onnx_loader onnx_optimization_flags onnx_quirks
@@ -502,7 +510,7 @@ _IGNORED_KEYS_BY_SECTION = {
         forward_before_compute_bounds init_bound_prop_method min_batch_size_ratio
         optimize_disjuncts_separately prune_after_crown skip_with_refined_bound start_save_best
         use_float64_in_last_iteration""",
-    "solver.alpha-crown": """alpha alpha_dtype apply_output_constraints_to disable_optimization
+    "solver.alpha-crown": """alpha apply_output_constraints_to disable_optimization
         full_conv_alpha input_split_alpha_iteration input_split_lr_alpha matmul_share_alphas max_coeff_mul
         max_time no_joint_opt share_alphas share_slopes""",
     "solver.crown": "max_crown_size activation_bound_option compare_crown_with_ibp",

@@ -314,7 +314,11 @@ def output_milp(run: RegionRun, share: float) -> BabResult | None:
 def alpha_options(cfg: Config) -> AlphaOptions:
     a = cfg.solver.alpha_crown
     return AlphaOptions(
-        iteration=a.iteration, lr_alpha=a.lr_alpha, lr_decay=a.lr_decay, chunk=cfg.solver.crown.batch_size
+        iteration=a.iteration,
+        lr_alpha=a.lr_alpha,
+        lr_decay=a.lr_decay,
+        chunk=cfg.solver.crown.batch_size,
+        sparse=cfg.general.sparse_alpha,
     )
 
 
@@ -348,6 +352,7 @@ def bab_options(cfg: Config) -> BabOptions:
         lr_beta=beta.lr_beta,
         lr_decay=beta.lr_decay,
         input_split=b.input_split.enable,
+        store_dtype=torch.float16 if cfg.solver.alpha_crown.alpha_dtype == "float16" else torch.float32,
     )
 
 

@@ -18,9 +18,9 @@ from torch import nn
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
-from complete_verifier_ext.bounds.crown import crown, ibp
+from complete_verifier_ext.bounds.crown import crown, final_bounds, ibp
 from complete_verifier_ext.bounds.graph import Graph
-from complete_verifier_ext.bounds.ops import Conv
+from complete_verifier_ext.bounds.ops import Conv, Slopes
 from complete_verifier_ext.model.onnx_loader import load_model
 from complete_verifier_ext.model.torch_loader import from_sequential
 
@@ -286,6 +286,44 @@ def test_alpha_not_below_its_crown_start(intersect: bool, seed: int) -> None:
     lb_c, state = crown(g, box, C, intersect=intersect)
     lb_a, _ = alpha_crown(g, box, C, state, ALPHA_FAST)
     assert (lb_a >= lb_c - ulp_tol(lb_c)).all(), (lb_a - lb_c).min().item()
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_sparse_alpha_is_dense_alpha(kind: str) -> None:
+    """α kept for the start's unstable neurons only (``general.sparse_alpha``) is the same optimisation as
+    α over every neuron: the bounds of the first steps agree to float32 rounding, and the output's
+    slopes handed to BaB are dense, equal on the kept neurons."""
+    if kind == "mlp":
+        g, shape = from_sequential(testing.mlp([5, 16, 16, 16, 3], 3), (5,)), (5,)
+    else:
+        g, shape = from_sequential(testing.cnn(3, (2, 8, 8)), (2, 8, 8)), (2, 8, 8)
+    box = random_box(shape, batch=2, seed=3, rad=(0.1, 0.4))
+    C = random_spec(3, 6)
+    _, state = crown(g, box, C)
+    runs = {}
+    for sparse in (False, True):
+        opts = AlphaOptions(iteration=5, early_stop=False, sparse=sparse)
+        runs[sparse] = alpha_crown(g, box, C, state, opts)
+    torch.testing.assert_close(runs[True][0], runs[False][0], rtol=1e-5, atol=1e-5)
+    for j, dense in runs[False][1].out_alpha.items():
+        assert runs[True][1].out_alpha[j].shape == dense.shape
+        torch.testing.assert_close(runs[True][1].out_alpha[j], dense, rtol=1e-4, atol=1e-4)
+
+
+def test_sparse_slopes_outside_their_index_stay_sound() -> None:
+    """A :class:`Slopes` whose index misses unstable neurons (here: it holds none) gives those neurons the
+    upper slope as lower slope, in [0, 1] through the origin: still a lower bound of every sample."""
+    g = from_sequential(testing.mlp([4, 12, 12, 2], 8), (4,))
+    box = random_box((4,), batch=2, seed=8, rad=(0.3, 0.8))
+    C = random_spec(2, 9)
+    _, state = crown(g, box, C)
+    empty = torch.zeros(0, dtype=torch.long)
+    relus = [k for k, n in enumerate(g.nodes) if n.op.is_relu]
+    alphas = {j: Slopes(torch.zeros(C.shape[0], 2, 0), empty) for j in relus}
+    lb, _ = final_bounds(g, state, box, C, alphas)
+    x = box[0] + (box[1] - box[0]) * torch.rand(4000, 2, 4, generator=torch.Generator().manual_seed(0))
+    y = torch.stack([g.forward(x[:, b]) for b in range(2)], 1) @ C.T  # (n, B, S)
+    assert (y.min(0).values >= lb - 1e-5).all()
 
 
 # ---------------------------------------------------------------------------------------------------------

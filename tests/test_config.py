@@ -319,7 +319,7 @@ def test_single_warning_lists_all_ignored_keys(tmp_path):
     path = write_yaml(
         tmp_path,
         """
-        general: {conv_mode: matrix, sparse_alpha: false}
+        general: {conv_mode: matrix, sparse_interm: false}
         model: {cache_onnx_conversion: true}
         specification: {norm: .inf, epsilon: 0.1, type: lp}
         solver:
@@ -340,7 +340,7 @@ def test_single_warning_lists_all_ignored_keys(tmp_path):
     assert warning.startswith(path + ": ")
     for key in [
         "general.conv_mode",
-        "general.sparse_alpha",
+        "general.sparse_interm",
         "model.cache_onnx_conversion",
         "specification.norm",
         "specification.epsilon",

@@ -29,6 +29,7 @@ class BabOptions:
     input_split: bool = _DEFAULT.bab.branching.input_split.enable
     pgd_steps: int = 10  # sign-gradient steps from the candidate points of each round (0: corners only)
     pgd_points: int = 256  # how many candidates (lowest bounds first) take those steps
+    store_dtype: torch.dtype = torch.float16  # α and β of the domains between rounds (alpha_dtype)
 
 
 @dataclass

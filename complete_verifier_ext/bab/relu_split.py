@@ -37,7 +37,6 @@ from ..parallel import comm
 from ..spec import Clauses, EmptyFloat32BoxError, float32_box
 from .common import BabOptions, BabResult, agree_round, rebalance_plan, spread_positions
 
-STORE_DTYPE = torch.float16
 Branch = tuple[int, int]  # (pre-activation node, flat neuron index)
 
 
@@ -46,8 +45,8 @@ class Domain:
     worst: float  # min over clauses of the margin lower bound: the priority (lowest first)
     bounds: dict[int, tuple[Tensor, Tensor]]  # pre-activation node -> (lo, hi), each (1, *shape) float32
     splits: dict[int, Tensor]  # pre-activation node -> (1, *shape) int8: +1 active, -1 inactive, 0 free
-    alpha: dict[int, Tensor]  # ReLU node -> (S, 1, *shape), STORE_DTYPE
-    beta: dict[int, Tensor]  # pre-activation node -> (S, 1, *shape), STORE_DTYPE
+    alpha: dict[int, Tensor]  # ReLU node -> (S, 1, *shape), BabOptions.store_dtype
+    beta: dict[int, Tensor]  # pre-activation node -> (S, 1, *shape), BabOptions.store_dtype
     branch: tuple[int, int] | None  # (pre-activation node, flat neuron) to split next
     depth: int = 0
     retries: int = 0  # times it came back unverified with nothing left to split
@@ -183,12 +182,12 @@ class ReluSplitBab:
         for j in self.bc.relus:  # α-CROWN's best slopes when it ran, else CROWN's adaptive ones
             start = state.out_alpha.get(j) if state.out_alpha else None
             if start is not None and start.shape[0] == S:
-                alpha[j] = start.detach().to(STORE_DTYPE).clone()
+                alpha[j] = start.detach().to(self.opts.store_dtype).clone()
             else:
                 lo, hi = bounds[self.bc.relu_in[j]]
                 slope = Relu.relaxation(lo, hi)[2]
-                alpha[j] = slope.unsqueeze(0).expand(S, *lo.shape).to(STORE_DTYPE).clone()
-        beta = {k: torch.zeros(S, 1, *g.nodes[k].shape, dtype=STORE_DTYPE) for k in self.bc.pre}
+                alpha[j] = slope.unsqueeze(0).expand(S, *lo.shape).to(self.opts.store_dtype).clone()
+        beta = {k: torch.zeros(S, 1, *g.nodes[k].shape, dtype=self.opts.store_dtype) for k in self.bc.pre}
         splits = {k: torch.zeros(1, *g.nodes[k].shape, dtype=torch.int8) for k in self.bc.pre}
         return Domain(-np.inf, bounds, splits, alpha, beta, None)
 
@@ -251,8 +250,8 @@ class ReluSplitBab:
                 d.retries += 1
                 self.stuck = self.stuck or d.retries > MAX_RETRIES
             d.worst = float(worst[b])
-            d.alpha = {j: a[:, b : b + 1].to(STORE_DTYPE) for j, a in alpha.items()}
-            d.beta = {k: t[:, b : b + 1].to(STORE_DTYPE) for k, t in beta.items()}
+            d.alpha = {j: a[:, b : b + 1].to(self.opts.store_dtype) for j, a in alpha.items()}
+            d.beta = {k: t[:, b : b + 1].to(self.opts.store_dtype) for k, t in beta.items()}
             d.branch = choice[b]
             keep.append(d)
         return keep, cex, B

@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from ..parallel import comm
-from .crown import CrownState, ancestors_relus, final_bounds, gather_rows, sweep
+from .crown import CrownState, ancestors_relus, final_bounds, gather_rows, sweep, unstable_index
 from .graph import Graph
-from .ops import Relu
+from .ops import Relu, Slopes
 from .walk import Alphas, Box
 
 
@@ -36,18 +36,33 @@ class AlphaOptions:
     lr_decay: float = 0.98
     early_stop: bool = True  # stop once every output row is positive
     chunk: int | None = None  # neurons per back-substitution pass of an intermediate layer (None: all)
+    sparse: bool = True  # α only for the neurons unstable at the start (``general.sparse_alpha``)
 
 
-def init_alphas(graph: Graph, state: CrownState, n_rows: dict[int, int]) -> dict[int, Alphas]:
-    """α for every start node in ``n_rows`` (start -> local rows), from CROWN's adaptive slopes."""
+def init_alphas(
+    graph: Graph, state: CrownState, n_rows: dict[int, int], sparse: bool = True
+) -> dict[int, Alphas]:
+    """α for every start node in ``n_rows`` (start -> local rows), from CROWN's adaptive slopes:
+    ``(rows, B, *shape_j)`` per ReLU j, or with ``sparse`` :class:`Slopes` over the neurons of j that
+    are unstable in ``state`` for some batch element (later bounds only tighten, so no neuron
+    outside them becomes unstable)."""
     alphas: dict[int, Alphas] = {}
     for s, rows in n_rows.items():
         alphas[s] = {}
         for j in ancestors_relus(graph, s):
             lo, hi = state.bounds[graph.nodes[j].inputs[0]]
             slope = Relu.relaxation(lo, hi)[2]  # (B, *shape_j)
-            alphas[s][j] = slope.unsqueeze(0).repeat(rows, *[1] * slope.dim()).requires_grad_(True)
+            if sparse:
+                idx = unstable_index(lo, hi)
+                values = slope.flatten(1)[:, idx].unsqueeze(0).repeat(rows, 1, 1).requires_grad_(True)
+                alphas[s][j] = Slopes(values, idx)
+            else:
+                alphas[s][j] = slope.unsqueeze(0).repeat(rows, *[1] * slope.dim()).requires_grad_(True)
     return alphas
+
+
+def _param(a: Tensor | Slopes) -> Tensor:
+    return a.values if isinstance(a, Slopes) else a
 
 
 def local_rows(state: CrownState, graph: Graph, n_spec: int) -> dict[int, int]:
@@ -69,13 +84,13 @@ def alpha_crown(
 ) -> tuple[Tensor, CrownState]:
     """Optimised lower bounds (B, S) of ``C @ y``, never below CROWN's; and the last sweep's state."""
     out = len(graph.nodes) - 1
-    alphas = init_alphas(graph, state, local_rows(state, graph, C.shape[0]))
-    params = [a for per_start in alphas.values() for a in per_start.values()]
+    alphas = init_alphas(graph, state, local_rows(state, graph, C.shape[0]), opts.sparse)
+    params = [_param(a) for per_start in alphas.values() for a in per_start.values()]
     opt = torch.optim.Adam(params, lr=opts.lr_alpha)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, opts.lr_decay)
     best: Tensor | None = None
     s0, s1 = comm.shard_range(C.shape[0])  # this rank's output rows
-    best_alpha = {j: a.detach().clone() for j, a in alphas.get(out, {}).items()}
+    best_alpha = {j: _param(a).detach().clone() for j, a in alphas.get(out, {}).items()}
     last = state
     ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
     for it in range(opts.iteration):
@@ -86,6 +101,7 @@ def alpha_crown(
         better = lb_local.detach() > (-torch.inf if best is None else best[:, s0:s1].T)  # (S_r, B)
         best = lb.detach() if best is None else torch.maximum(best, lb.detach())
         for j, a in alphas.get(out, {}).items():
+            a = _param(a)
             mask = better.view(*better.shape, *[1] * (a.dim() - 2))
             best_alpha[j] = torch.where(mask, a.detach(), best_alpha[j])
         last = cur
@@ -106,8 +122,19 @@ def alpha_crown(
                 a.clamp_(0.0, 1.0)
     if best is None:  # zero iterations requested
         best, _ = final_bounds(graph, state, box, C)
-    out_alpha = {j: gather_rows(a, 0, False, C.shape[0]) for j, a in best_alpha.items()}
+    out_alpha = {
+        j: _dense_out(graph, state, j, alphas[out][j], gather_rows(a, 0, False, C.shape[0]))
+        for j, a in best_alpha.items()
+    }
     detached = CrownState(
         {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}, state.rows, [], out_alpha
     )
     return best, detached
+
+
+def _dense_out(graph: Graph, state: CrownState, j: int, kept: Tensor | Slopes, values: Tensor) -> Tensor:
+    """The output rows' best α of ReLU j as a dense ``(S, B, *shape_j)`` (what BaB starts from)."""
+    if not isinstance(kept, Slopes):
+        return values
+    lo, hi = state.bounds[graph.nodes[j].inputs[0]]
+    return Slopes(values, kept.index).dense(Relu.relaxation(lo, hi)[2])

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..parallel import comm
 from .graph import Graph
+from .ops import Slopes
 from .walk import Alphas, Bounds, Box, back_substitute, concretize, finite_batch, proven_only
 
 
@@ -124,10 +125,12 @@ def neuron_rows(
     return gathered[0], gathered[1], gathered
 
 
-def _alpha_rows(alpha: Tensor, r: int, c0: int, m: int) -> Tensor:
+def _alpha_rows(alpha: Tensor | Slopes, r: int, c0: int, m: int) -> Tensor | Slopes:
     """The α of rows ``c0 .. c0 + m`` of a start node's ``[+e; -e]`` layout of ``2 r`` rows."""
     if m == r:
         return alpha
+    if isinstance(alpha, Slopes):
+        return Slopes(_alpha_rows(alpha.values, r, c0, m), alpha.index)
     return torch.cat([alpha[c0 : c0 + m], alpha[r + c0 : r + c0 + m]])
 
 

@@ -18,6 +18,8 @@ optional slope tensor ``alpha`` (α-CROWN).  Weights of ``Linear``/``Conv`` live
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -161,6 +163,27 @@ class Conv(Op):
         return [A_in.reshape(S, B, *A_in.shape[1:])], bias
 
 
+@dataclass(frozen=True)
+class Slopes:
+    """α of one ReLU kept for the neurons ``index`` only (``general.sparse_alpha``, auto_LiRPA's
+    sparse-features α): ``values`` (S, B, len(index)), ``index`` flat neuron indices (long).
+
+    Every neuron outside ``index`` takes the upper slope ``u/(u-l)`` as its lower slope: exact on a
+    stable neuron, and on an unstable one a slope in [0, 1] through the origin, which is a lower
+    bound of the ReLU too, so a sparse α is sound whatever ``index`` holds. α-CROWN takes ``index``
+    from the bounds it starts from, a superset of the unstable neurons of every later (tighter) step.
+    """
+
+    values: Tensor
+    index: Tensor
+
+    def dense(self, default: Tensor) -> Tensor:
+        """(S, B, *shape): ``values`` at ``index``, ``default`` (B, *shape) elsewhere."""
+        S = self.values.shape[0]
+        full = default.flatten(1).unsqueeze(0).expand(S, -1, -1)
+        return full.index_copy(2, self.index, self.values.to(full.dtype)).view(S, *default.shape)
+
+
 class Relu(Op):
     """y = max(x, 0) with the CROWN relaxation.
 
@@ -228,14 +251,29 @@ class Relu(Op):
         self._relax_cache = (key, value)
         return value
 
-    def backward_relu(self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Tensor | None = None):
-        """A: (S, B, *shape); lower/upper: (B, *shape); alpha: (S, B, *shape) or None."""
+    def backward_relu(self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Tensor | Slopes | None = None):
+        """A: (S, B, *shape); lower/upper: (B, *shape); alpha: (S, B, *shape), :class:`Slopes` or None."""
         up_slope, up_bias, lo_slope = self._cached_relaxation(lower, upper)
-        lo_slope = self.lower_slope(lower, upper, alpha, lo_slope)
-        A_pos, A_neg = A.clamp(min=0), A.clamp(max=0)
-        A_in = A_pos * lo_slope + A_neg * up_slope
+        A_neg = A.clamp(max=0)
         bias = (A_neg * up_bias).flatten(2).sum(-1)
-        return [A_in], bias
+        if isinstance(alpha, Slopes):
+            return [self._sparse_backward(A, lower, upper, alpha, up_slope, lo_slope)], bias
+        lo_slope = self.lower_slope(lower, upper, alpha, lo_slope)
+        return [A.clamp(min=0) * lo_slope + A_neg * up_slope], bias
+
+    def _sparse_backward(
+        self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Slopes, up_slope: Tensor, lo_slope: Tensor
+    ) -> Tensor:
+        """``A_pos · lower slope + A_neg · upper slope`` written as ``A · upper slope`` plus, on the
+        neurons of ``alpha.index``, ``A_pos · (α - upper slope)``: autograd then keeps only the
+        ``(S, B, len(index))`` pieces, never a dense A-matrix, for α's gradient."""
+        idx = alpha.index
+        flat = A.flatten(2)  # (S, B, n)
+        up = up_slope.flatten(1)
+        lo_u, hi_u = lower.flatten(1)[:, idx], upper.flatten(1)[:, idx]
+        slope_u = torch.where((lo_u < 0) & (hi_u > 0), alpha.values.clamp(0, 1), lo_slope.flatten(1)[:, idx])
+        corr = flat[:, :, idx].clamp(min=0) * (slope_u - up[:, idx])
+        return (flat * up).index_add(2, idx, corr).view_as(A)
 
 
 class Flatten(Op):

@@ -11,10 +11,11 @@ import torch
 from torch import Tensor
 
 from .graph import Graph
+from .ops import Slopes
 
 Box = tuple[Tensor, Tensor]
 Bounds = dict[int, Box]  # node index -> (lower, upper), each (B, *shape)
-Alphas = dict[int, Tensor]  # ReLU node index -> slopes (S, B, *shape)
+Alphas = dict[int, Tensor | Slopes]  # ReLU node index -> slopes (S, B, *shape), or sparse ones
 
 
 def finite_batch(box: Box) -> Tensor:
