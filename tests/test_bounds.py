@@ -18,9 +18,11 @@ from torch import nn
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
-from complete_verifier_ext.bounds.crown import crown, final_bounds, ibp
+from complete_verifier_ext.bounds.crown import _unit_rows, crown, final_bounds, ibp, pre_activation_nodes
 from complete_verifier_ext.bounds.graph import Graph
-from complete_verifier_ext.bounds.ops import Conv, Slopes
+from complete_verifier_ext.bounds.ops import Add, Affine, Conv, Flatten, Input, Linear, Relu, Slopes
+from complete_verifier_ext.bounds.walk import back_substitute
+from complete_verifier_ext.bounds.window import Window, accumulate
 from complete_verifier_ext.model.onnx_loader import load_model
 from complete_verifier_ext.model.torch_loader import from_sequential
 
@@ -380,3 +382,69 @@ def test_conv_backward_equals_dense(hw, kernel, stride, padding, dilation) -> No
     lhs = (A * op.forward(x)).flatten(2).sum(-1)
     rhs = (A_in * x).flatten(2).sum(-1) + bias
     torch.testing.assert_close(lhs, rhs, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Window rows (conv neurons kept local) = dense rows
+# ---------------------------------------------------------------------------------------------------------
+
+
+def strided_residual_graph(seed: int = 0) -> Graph:
+    """(2, 9, 9) -> conv 3x3 -> per-channel affine (BN) -> ReLU -> [conv 3x3 stride 2 | conv 1x1 stride 2]
+    -> Add -> ReLU -> conv 3x3 dilation 2 -> -(x) affine -> ReLU -> Flatten -> Linear: every op a window
+    goes through, padding on every border, odd sizes, a stride and a dilation."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def conv(c_out, c_in, k, stride, pad, dil=1):
+        W = torch.randn(c_out, c_in, k, k, generator=gen) * 0.5
+        return Conv(W, torch.randn(c_out, generator=gen) * 0.1, (stride,) * 2, (pad,) * 2, (dil,) * 2)
+
+    g = Graph()
+    g.add("x", Input(), (), (2, 9, 9))
+    g.add("c1", conv(3, 2, 3, 1, 1), (0,), (3, 9, 9))
+    g.add(
+        "bn",
+        Affine(torch.rand(3, 1, 1, generator=gen) + 0.5, torch.randn(3, 1, 1, generator=gen)),
+        (1,),
+        (3, 9, 9),
+    )
+    g.add("r1", Relu(), (2,), (3, 9, 9))
+    g.add("c2", conv(4, 3, 3, 2, 1), (3,), (4, 5, 5))
+    g.add("sc", conv(4, 3, 1, 2, 0), (3,), (4, 5, 5))
+    g.add("add", Add(), (4, 5), (4, 5, 5))
+    g.add("r2", Relu(), (6,), (4, 5, 5))
+    g.add("c3", conv(3, 4, 3, 1, 2, 2), (7,), (3, 5, 5))
+    g.add("neg", Affine(-1.0, 0.2), (8,), (3, 5, 5))
+    g.add("r3", Relu(), (9,), (3, 5, 5))
+    g.add("flat", Flatten((75,)), (10,), (75,))
+    g.add("fc", Linear(torch.randn(3, 75, generator=gen) * 0.2, torch.zeros(3)), (11,), (3,))
+    return g
+
+
+def test_window_rows_equal_dense_rows() -> None:
+    g = strided_residual_graph()
+    box = random_box((2, 9, 9), batch=2, seed=1, rad=(0.1, 0.5))
+    _, state = crown(g, box, random_spec(3, 2))
+    for k in pre_activation_nodes(g):
+        n = torch.Size(g.nodes[k].shape).numel()
+        every = torch.arange(n)
+        dense = back_substitute(g, k, _unit_rows(every, 2, g.nodes[k].shape, False), state.bounds, box)
+        window = back_substitute(g, k, _unit_rows(every, 2, g.nodes[k].shape, True), state.bounds, box)
+        torch.testing.assert_close(window, dense, rtol=1e-5, atol=1e-5)
+    run_all_methods(g, box, random_spec(3, 2), "strided residual")
+
+
+def test_window_dense_and_union_by_hand() -> None:
+    """A 1x1 window at the corner (0, 4) of a (1, 2, 5) map, and one of 2x2 sticking out at (-1, 3):
+    dense() puts the values where they belong; accumulate() of two windows offset by (1, 1) is their
+    sum on the union."""
+    a = Window(torch.tensor([7.0]).view(1, 1, 1, 1, 1), torch.tensor([0]), torch.tensor([4]), (1, 2, 5))
+    expected = torch.zeros(1, 1, 1, 2, 5)
+    expected[..., 0, 4] = 7.0
+    torch.testing.assert_close(a.dense(), expected)
+    b = Window(torch.ones(1, 1, 1, 2, 2), torch.tensor([-1]), torch.tensor([3]), (1, 2, 5)).masked()
+    assert b.values.flatten().tolist() == [0.0, 0.0, 1.0, 1.0]  # the row above the map is padding
+    c = Window(torch.ones(1, 1, 1, 1, 1) * 2, torch.tensor([0]), torch.tensor([4]), (1, 2, 5))
+    s = accumulate(b, c)
+    assert isinstance(s, Window) and s.values.shape[3:] == (2, 2)
+    torch.testing.assert_close(s.dense(), b.dense() + c.dense())

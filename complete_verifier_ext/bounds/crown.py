@@ -10,6 +10,7 @@ only its rows and one all-gather of the ``(B, rows)`` bounds gives every rank th
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from ..parallel import comm
 from .graph import Graph
 from .ops import Slopes
 from .walk import Alphas, Bounds, Box, back_substitute, concretize, finite_batch, proven_only
+from .window import Window
 
 
 @dataclass
@@ -105,24 +107,33 @@ def neuron_rows(
     local = idx[r0:r1]
     r = len(local)
     B = box[0].shape[0]
-    n = bounds[k][0][0].numel()
     most = max(comm.shard_sizes(len(idx)))
     step = max(1, min(chunk or most, most))
     lower, upper = [], []
     for c0 in range(0, max(most, 1), step):
         part = local[c0 : c0 + step]
         m = len(part)
-        C = torch.zeros(2 * m, B, n)  # (2m, B, n)
-        ar = torch.arange(m)
-        C[ar, :, part] = 1.0
-        C[ar + m, :, part] = -1.0
         a = None if alphas is None else {j: _alpha_rows(t, r, c0, m) for j, t in alphas.items()}
-        lb = back_substitute(graph, k, C.view(2 * m, B, *graph.nodes[k].shape), bounds, box, a)  # (2m, B)
+        lb = back_substitute(graph, k, _unit_rows(part, B, graph.nodes[k].shape, a is None), bounds, box, a)
         lower.append(lb[:m])
         upper.append(lb[m:])
     both = torch.stack([torch.cat(lower).T, -torch.cat(upper).T])  # (2, B, r)
     gathered = gather_rows(both, 2, grad, len(idx))  # (2, B, R)
     return gathered[0], gathered[1], gathered
+
+
+def _unit_rows(part: Tensor, B: int, shape, windows: bool) -> Tensor | Window:
+    """Rows ``[+e_i; -e_i]`` for the neurons ``part`` of a node of ``shape``: ``(2m, B, *shape)``, or
+    for a conv feature map (without α) 1x1 :class:`Window` rows, which stay local as they go back."""
+    m = len(part)
+    signs = torch.cat([torch.ones(m), -torch.ones(m)])
+    if windows and len(shape) == 3:
+        return Window.of_neurons(torch.cat([part, part]), signs, B, tuple(shape))
+    C = torch.zeros(2 * m, B, math.prod(shape))  # (2m, B, n)
+    ar = torch.arange(m)
+    C[ar, :, part] = 1.0
+    C[ar + m, :, part] = -1.0
+    return C.view(2 * m, B, *shape)
 
 
 def _alpha_rows(alpha: Tensor | Slopes, r: int, c0: int, m: int) -> Tensor | Slopes:

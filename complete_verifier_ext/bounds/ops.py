@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..parallel import comm
 from ..parallel.sharded import ShardedWeight
+from .window import Window
 
 Box = tuple[Tensor, Tensor]
 
@@ -43,6 +44,7 @@ class Op:
     affine = False  # the output is an affine map of its one input (IBP of one such layer is exact)
     weight: ShardedWeight | None = None  # Linear/Conv: the weight that fsdp/tp shard
     folds_spec = False  # IBP of ``C @ y`` folds ``C`` into this op when it is the last node
+    windows = False  # ``backward`` also takes a :class:`Window` A-matrix (else the walker densifies it)
 
     def compose_affine(self, M: np.ndarray | None, c: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
         """This op applied after ``x -> M x + c`` (``M`` None: the identity), as ``(M', c')`` in float64
@@ -118,6 +120,7 @@ class Conv(Op):
     """2-D convolution (groups = 1); W: (out, in, kh, kw) sharded on dim 0; b replicated."""
 
     affine = True
+    windows = True
 
     def __init__(self, weight: Tensor, bias: Tensor | None, stride, padding, dilation, mode: str = "none"):
         self.weight = ShardedWeight(weight.detach().to(torch.float32), mode)
@@ -154,13 +157,30 @@ class Conv(Op):
             pads.append(in_shape[i + 1] - full)
         return tuple(pads)
 
-    def backward(self, A: Tensor, in_shape) -> tuple[list[Tensor | None], Tensor | float]:
+    def backward(self, A: Tensor | Window, in_shape) -> tuple[list[Tensor | Window | None], Tensor | float]:
         # A: (S, B, C_out, H', W') -> (S, B, C_in, H, W) by a transposed convolution (never unrolled)
+        if isinstance(A, Window):
+            return self._window_backward(A, tuple(in_shape))
         flat, (S, B) = _fold(A)
         out_pad = self.output_padding(in_shape, A.shape[2:])
         A_in = self.weight.conv_transpose2d(flat, self.stride, self.padding, self.dilation, out_pad)
         bias = 0.0 if self.bias is None else (A.sum((3, 4)) @ self.bias)  # (S, B)
         return [A_in.reshape(S, B, *A_in.shape[1:])], bias
+
+    def _window_backward(self, A: Window, in_shape) -> tuple[list[Tensor | Window], Tensor | float]:
+        """The window ``(h, w)`` at corner ``(t, l)`` comes from the input window ``((h - 1) s + d (k - 1)
+        + 1, ...)`` at ``(t s - p, l s - p)``: a transposed convolution without padding, whose entries on
+        the padding are then dropped. Dense once it covers the input map."""
+        flat, (S, B) = _fold(A.values)
+        A_in = self.weight.conv_transpose2d(flat, self.stride, 0, self.dilation, 0)
+        win = Window(
+            A_in.reshape(S, B, *A_in.shape[1:]),
+            A.top * self.stride[0] - self.padding[0],
+            A.left * self.stride[1] - self.padding[1],
+            in_shape,
+        ).masked()
+        bias = 0.0 if self.bias is None else (A.values.sum((3, 4)) @ self.bias)  # (S, B)
+        return [win.dense() if win.covers_map() else win], bias
 
 
 @dataclass(frozen=True)
@@ -193,6 +213,7 @@ class Relu(Op):
     """
 
     is_relu = True
+    windows = True  # without α
 
     def __init__(self) -> None:
         self._relax_cache: tuple | None = None  # see _cached_relaxation
@@ -254,12 +275,23 @@ class Relu(Op):
     def backward_relu(self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Tensor | Slopes | None = None):
         """A: (S, B, *shape); lower/upper: (B, *shape); alpha: (S, B, *shape), :class:`Slopes` or None."""
         up_slope, up_bias, lo_slope = self._cached_relaxation(lower, upper)
+        if isinstance(A, Window):
+            if alpha is not None:
+                return self.backward_relu(A.dense(), lower, upper, alpha)
+            return self._window_backward(A, up_slope, up_bias, lo_slope)
         A_neg = A.clamp(max=0)
         bias = (A_neg * up_bias).flatten(2).sum(-1)
         if isinstance(alpha, Slopes):
             return [self._sparse_backward(A, lower, upper, alpha, up_slope, lo_slope)], bias
         lo_slope = self.lower_slope(lower, upper, alpha, lo_slope)
         return [A.clamp(min=0) * lo_slope + A_neg * up_slope], bias
+
+    @staticmethod
+    def _window_backward(A: Window, up_slope: Tensor, up_bias: Tensor, lo_slope: Tensor):
+        """The dense relaxation read at the window (slopes of neurons outside the map are 0)."""
+        A_pos, A_neg = A.values.clamp(min=0), A.values.clamp(max=0)
+        A_in = A_pos * A.gather(lo_slope) + A_neg * A.gather(up_slope)
+        return [A.with_values(A_in)], (A_neg * A.gather(up_bias)).flatten(2).sum(-1)
 
     def _sparse_backward(
         self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Slopes, up_slope: Tensor, lo_slope: Tensor
@@ -304,6 +336,7 @@ class Affine(Op):
     """
 
     affine = True
+    windows = True
 
     def __init__(self, scale: Tensor | float = 1.0, shift: Tensor | float = 0.0):
         self.scale = torch.as_tensor(scale, dtype=torch.float32)
@@ -316,7 +349,11 @@ class Affine(Op):
         a, b = self.forward(box[0]), self.forward(box[1])
         return torch.minimum(a, b), torch.maximum(a, b)
 
-    def backward(self, A: Tensor, in_shape):
+    def backward(self, A: Tensor | Window, in_shape):
+        if isinstance(A, Window):  # scale and shift read at the window, as maps (1, C, H, W)
+            scale = A.gather(torch.broadcast_to(self.scale, tuple(in_shape))[None])
+            shift = A.gather(torch.broadcast_to(self.shift, tuple(in_shape))[None])
+            return [A.with_values(A.values * scale)], (A.values * shift).flatten(2).sum(-1)
         A_in = (A * self.scale).expand(*A.shape[:2], *in_shape)
         bias = (A * torch.broadcast_to(self.shift, tuple(in_shape))).flatten(2).sum(-1)
         return [A_in], bias
@@ -330,6 +367,8 @@ class Affine(Op):
 class Add(Op):
     """y = x0 + sign * x1 for two graph tensors of the same shape (residual connections)."""
 
+    windows = True
+
     def __init__(self, sign: float = 1.0):
         self.sign = sign
 
@@ -341,7 +380,7 @@ class Add(Op):
             return ba[0] + bb[0], ba[1] + bb[1]
         return ba[0] - bb[1], ba[1] - bb[0]
 
-    def backward(self, A: Tensor, sa, sb):
+    def backward(self, A: Tensor | Window, sa, sb):
         return [A, A if self.sign > 0 else -A], 0.0
 
 

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from .graph import Graph
 from .ops import Slopes
+from .window import Window, accumulate, as_dense
 
 Box = tuple[Tensor, Tensor]
 Bounds = dict[int, Box]  # node index -> (lower, upper), each (B, *shape)
@@ -62,7 +63,7 @@ def concretize(A: Tensor, box: Box) -> Tensor:
 def back_substitute(
     graph: Graph,
     start: int,
-    A: Tensor,
+    A: Tensor | Window,
     bounds: Bounds,
     box: Box,
     alphas: Alphas | None = None,
@@ -78,19 +79,27 @@ def back_substitute(
     ``+β z`` for ``z <= 0``, β >= 0), so the result stays a lower bound there.
     ``record``, if given, receives the A-matrix arriving at every ReLU output and, under key 0, the
     one at the input.  Each A-matrix is dropped as soon as it has been pushed through its node.
+    ``A`` may be a :class:`Window` (rows of conv neurons): it stays one through the ops that take
+    windows and becomes dense before any other.
     A bound that is not finite, or that some non-finite ReLU input bound went into, comes out as
     ``-inf`` (:func:`proven_only`).
     """
-    pending: dict[int, Tensor] = {start: A}
+    pending: dict[int, Tensor | Window] = {start: A}
     bias: Tensor | float = 0.0
     ok = finite_batch(box)  # (B,): no non-finite bound has gone into batch element b
     for k in range(start, 0, -1):
         A_k = pending.pop(k, None)
         if A_k is None:
             continue
+        node = graph.nodes[k]
+        if (
+            not node.op.windows
+            or (betas is not None and k in betas)
+            or (record is not None and node.op.is_relu)
+        ):
+            A_k = as_dense(A_k)
         if betas is not None and k in betas:
             A_k = A_k + betas[k]
-        node = graph.nodes[k]
         if record is not None and node.op.is_relu:
             record[k] = A_k
         if node.op.is_relu:
@@ -104,10 +113,12 @@ def back_substitute(
         bias = bias + b
         for i, Ai in zip(node.inputs, A_in, strict=True):
             if Ai is not None:
-                pending[i] = Ai if i not in pending else pending[i] + Ai
+                pending[i] = Ai if i not in pending else accumulate(pending[i], Ai)
     A0 = pending.pop(0, None)
     if A0 is None:  # the start node does not depend on the input
-        return proven_only(bias + A.new_zeros(A.shape[:2]), ok)
+        base = A.values if isinstance(A, Window) else A
+        return proven_only(bias + base.new_zeros(base.shape[:2]), ok)
     if record is not None:
-        record[0] = A0
-    return proven_only(concretize(A0, box) + bias, ok)
+        A0 = record[0] = as_dense(A0)
+    lb = A0.concretize(box) if isinstance(A0, Window) else concretize(A0, box)
+    return proven_only(lb + bias, ok)
