@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import Config, ConfigError, key_table, load_config
+from .config import Config, ConfigError
+from .config_load import key_table, load_config
 from .errors import UserError
 
 if TYPE_CHECKING:
