@@ -69,6 +69,37 @@ def _gather_grad_checks(r: int, p: int) -> dict[str, Any]:
     }
 
 
+def _scatter_grad_case(r: int, p: int, n: int) -> dict[str, Any]:
+    """``all_gather_cat_grad`` along dim 1 of (2, n_r, 3) blocks, ``shard_sizes(n)`` rows each: its
+    reduce-scatter backward against the all-reduce-and-narrow it replaces and against one process."""
+    sizes, (start, end) = comm.shard_sizes(n), comm.shard_range(n)
+    g = torch.Generator().manual_seed(11)
+    full, w = torch.randn(2, n, 3, generator=g), torch.randn(p, 2, n, 3, generator=g)
+    block = full[:, start:end].clone().requires_grad_(True)
+    comm.reset_stats()
+    gathered = comm.all_gather_cat_grad(block, 1, sizes=sizes)
+    (w[r] * gathered.square()).sum().backward()
+    stats = comm.stats()
+    local = full.clone().requires_grad_(True)  # the rank's gradient of the whole gathered tensor
+    (w[r] * local.square()).sum().backward()
+    old = comm.all_reduce(local.grad).narrow(1, start, end - start)  # the old backward, by hand
+    terms = comm.all_reduce(local.grad.abs()).narrow(1, start, end - start)  # sum of |every rank's term|
+    one = full.clone().requires_grad_(True)  # one process: the sum of every rank's loss
+    sum((w[q] * one.square()).sum() for q in range(p)).backward()
+    return {
+        "sizes": sizes,
+        "bitwise_old": torch.equal(block.grad, old),
+        "rounding": ((block.grad - old).abs() / terms.clamp_min(1e-30)).max().item(),
+        "one_err": (block.grad - one.grad[:, start:end]).abs().max().item(),
+        "stats": stats,
+    }
+
+
+def _scatter_grad_checks(r: int, p: int) -> list[dict[str, Any]]:
+    """Uneven (5 rows) and even (6 rows) blocks; every rank's results."""
+    return comm.all_gather_object({n: _scatter_grad_case(r, p, n) for n in (5, 6)})
+
+
 def _misc_checks(r: int, p: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": r, "world": p, "range": comm.shard_range(10)}
     t = torch.tensor([float(r), -float(r)])
@@ -96,7 +127,12 @@ def _misc_checks(r: int, p: int) -> dict[str, Any]:
 def _all_checks() -> dict[str, Any]:
     torch.set_num_threads(1)
     r, p = comm.rank(), comm.world_size()
-    return {"gather": _gather_checks(r, p), "grad": _gather_grad_checks(r, p), "misc": _misc_checks(r, p)}
+    return {
+        "gather": _gather_checks(r, p),
+        "grad": _gather_grad_checks(r, p),
+        "scatter": _scatter_grad_checks(r, p),
+        "misc": _misc_checks(r, p),
+    }
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
@@ -129,7 +165,27 @@ def test_all_gather_cat_grad_matches_single_process(results: dict[str, Any]) -> 
     g = results["grad"]
     assert g["forward"]
     assert g["grad_err"] <= 1e-6
-    assert {k: v["calls"] for k, v in g["stats"].items()} == {"all_gather": 1, "all_reduce": 1}
+    assert {k: v["calls"] for k, v in g["stats"].items()} == {"all_gather": 1, "reduce_scatter": 1}
+
+
+def test_all_gather_cat_grad_backward_is_a_reduce_scatter(results: dict[str, Any]) -> None:
+    """The gradient is the old all-reduce-and-narrow's, uneven blocks included: bitwise at P = 2, and at
+    P = 3 up to the order in which gloo adds the three ranks' terms (which differs between the two
+    collectives, and for the all-reduce with the element's place in the flat buffer): each order is within
+    (P - 1) u sum|terms| of the exact sum, so the two differ by at most (P - 1) eps sum|terms|. One
+    reduce-scatter of the full gradient, padded to the largest block, is the backward's only collective."""
+    p, eps = results["P"], torch.finfo(torch.float32).eps
+    for rank_results in results["scatter"]:
+        for n, case in rank_results.items():
+            assert case["bitwise_old"] or p > 2, (p, n)
+            assert case["rounding"] <= (p - 1) * eps, (p, n)
+            assert case["one_err"] <= 1e-5, (p, n)
+            padded = p * max(case["sizes"]) * 2 * 3 * 4  # (P * largest block, 2, 3) float32
+            assert case["stats"]["reduce_scatter"] == {"calls": 1, "bytes": padded}
+            assert case["stats"].keys() == {"all_gather", "reduce_scatter"}
+    assert [c["sizes"] for c in results["scatter"][0].values()] == [
+        [(q + 1) * n // p - q * n // p for q in range(p)] for n in (5, 6)
+    ]
 
 
 def test_reductions_broadcast_ring(results: dict[str, Any]) -> None:
