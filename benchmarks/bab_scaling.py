@@ -36,7 +36,7 @@ INSTANCES = [
 def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> dict:
     from complete_verifier_ext.bab.common import BabOptions
     from complete_verifier_ext.bab.relu_split import ReluSplitBab
-    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.config_load import load_config
     from complete_verifier_ext.parallel import comm
     from complete_verifier_ext.parallel.memory import PeakMemory
     from complete_verifier_ext.spec import Clauses, Region

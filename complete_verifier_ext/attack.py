@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -136,6 +137,117 @@ def _diversify(
     return x
 
 
+@dataclass(frozen=True)
+class _PgdSettings:
+    """The ``attack`` keys PGD reads, with :data:`_CFG_DEFAULTS` for those ``cfg`` lacks."""
+
+    steps: int
+    restarts: int  # at least 1
+    early_stop: bool
+    decay: float
+    odi_steps: int
+
+    @classmethod
+    def of(cls, cfg: Any) -> _PgdSettings:
+        def get(name: str) -> Any:
+            return getattr(cfg, name, _CFG_DEFAULTS[name])
+
+        return cls(
+            steps=int(get("pgd_steps")),
+            restarts=max(1, int(get("pgd_restarts"))),
+            early_stop=bool(get("pgd_early_stop")),
+            decay=float(get("pgd_lr_decay")),
+            odi_steps=int(get("pgd_odi_steps")),
+        )
+
+
+def _attack_box(region: Region, input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The inward-rounded float32 box of ``region`` (flat ``lo``, ``hi``); None when it holds no float32
+    point. ValueError when its size is not ``input_shape``'s or it is unbounded."""
+    try:
+        lo_np, hi_np = float32_box(region.lower, region.upper, inward=True)
+    except EmptyFloat32BoxError:
+        return None
+    n_in = math.prod(input_shape)
+    if lo_np.size != n_in:
+        raise ValueError(f"region has {lo_np.size} inputs but input_shape {input_shape} has {n_in}")
+    if not (np.isfinite(lo_np).all() and np.isfinite(hi_np).all()):
+        raise ValueError("pgd_attack needs a bounded input box")
+    return torch.from_numpy(lo_np), torch.from_numpy(hi_np)
+
+
+def _keep_best(
+    x: torch.Tensor, margins: torch.Tensor, best_x: torch.Tensor | None, best_margin: float
+) -> tuple[torch.Tensor | None, float]:
+    """The point of ``x`` (B, n) with the lowest clause margin (``margins``: (B, K)) and that margin, if
+    it is at most 0 and below ``best_margin``; else ``best_x`` and ``best_margin`` unchanged."""
+    point_best, _ = margins.min(dim=1)
+    b = int(torch.argmin(point_best))
+    if point_best[b].item() <= 0.0 and point_best[b].item() < best_margin:
+        return x[b].clone(), point_best[b].item()
+    return best_x, best_margin
+
+
+def _sign_step(
+    x: torch.Tensor, grad: torch.Tensor | None, step_size: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+) -> torch.Tensor:
+    """One descent step of ``step_size`` (float64, per dimension) along ``-sign(grad)``, projected onto
+    the box; no gradient (or NaN) leaves a coordinate where it is."""
+    if grad is None:
+        grad = torch.zeros_like(x)
+    grad = torch.nan_to_num(grad, nan=0.0)
+    return torch.minimum(torch.maximum(x - step_size.to(torch.float32) * torch.sign(grad), lo), hi).detach()
+
+
+def _pgd_steps(
+    forward: Forward,
+    x: torch.Tensor,
+    box: tuple[torch.Tensor, torch.Tensor],
+    alpha: torch.Tensor,
+    clauses: tuple[Clause, ...],
+    pgd: _PgdSettings,
+    input_shape: tuple[int, ...],
+    should_stop: Callable[[], bool],
+) -> torch.Tensor | None:
+    """The PGD loop from the points ``x`` (B, n), point ``i`` attacking clause ``i % K``: the point with
+    the lowest non-positive margin seen (the first step's best with early stop), or None."""
+    own = torch.arange(x.shape[0]) % len(clauses)  # clause attacked by each point (layout: restart-major)
+    best_x: torch.Tensor | None = None
+    best_margin = math.inf
+    stacked: Clauses | None = None
+    for step in range(pgd.steps):
+        if should_stop():
+            break
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            y = _forward_flat(forward, xg, input_shape).double()
+            if stacked is None:
+                stacked = Clauses.of(clauses, y.shape[1])
+                attacked = stacked.owner[None, :] == own[:, None]  # (B, S): the rows of each point's clause
+            rows = stacked.point_rows(y)  # (B, S)
+            best_x, best_margin = _keep_best(x, stacked.per_clause(rows.detach()), best_x, best_margin)
+            if best_x is not None and pgd.early_stop:
+                break
+            if step == pgd.steps - 1:
+                break  # the update would never be evaluated
+            loss = torch.where(attacked, torch.relu(rows), 0.0).sum()
+            grad = torch.autograd.grad(loss, xg, allow_unused=True)[0] if loss.requires_grad else None
+        x = _sign_step(x, grad, alpha * pgd.decay**step, *box)
+    return best_x
+
+
+def _confirmed(
+    forward: Forward, best_x: torch.Tensor, clauses: tuple[Clause, ...], input_shape: tuple[int, ...]
+) -> np.ndarray | None:
+    """``best_x`` as a flat float32 array if ``forward`` on exactly that point satisfies a clause."""
+    with torch.no_grad():
+        y_check = _forward_flat(forward, best_x.reshape(1, -1), input_shape)
+    x_out = best_x.cpu().numpy().astype(np.float32)
+    if np.min(clause_margins(y_check.double().cpu().numpy()[0], clauses)) > 0.0:
+        return None
+    return x_out
+
+
 def pgd_attack(
     forward: Forward,
     input_shape: tuple[int, ...],
@@ -161,70 +273,18 @@ def pgd_attack(
     clauses = tuple(region.clauses)
     if not clauses:
         return None
-    try:
-        lo_np, hi_np = float32_box(region.lower, region.upper, inward=True)
-    except EmptyFloat32BoxError:
+    box = _attack_box(region, input_shape)
+    if box is None:
         return None
-    n_in = math.prod(input_shape)
-    if lo_np.size != n_in:
-        raise ValueError(f"region has {lo_np.size} inputs but input_shape {input_shape} has {n_in}")
-    if not (np.isfinite(lo_np).all() and np.isfinite(hi_np).all()):
-        raise ValueError("pgd_attack needs a bounded input box")
-
-    steps = int(getattr(cfg, "pgd_steps", _CFG_DEFAULTS["pgd_steps"]))
-    restarts = max(1, int(getattr(cfg, "pgd_restarts", _CFG_DEFAULTS["pgd_restarts"])))
-    early_stop = bool(getattr(cfg, "pgd_early_stop", _CFG_DEFAULTS["pgd_early_stop"]))
-    decay = float(getattr(cfg, "pgd_lr_decay", _CFG_DEFAULTS["pgd_lr_decay"]))
-    odi = int(getattr(cfg, "pgd_odi_steps", _CFG_DEFAULTS["pgd_odi_steps"]))
-
-    lo, hi = torch.from_numpy(lo_np), torch.from_numpy(hi_np)
+    lo, hi = box
+    pgd = _PgdSettings.of(cfg)
     gen = torch.Generator().manual_seed(int(seed))
     alpha = _step_sizes(cfg, lo, hi)
-    x = _initial_points(lo, hi, restarts, len(clauses), gen).reshape(-1, n_in)
-    n_clauses = len(clauses)
-    if odi > 0 and restarts > 1:  # restart 0 (the box centre) is kept as it is
-        x = _diversify(forward, x, lo, hi, odi, n_clauses, input_shape, gen, should_stop)
-    own = torch.arange(x.shape[0]) % n_clauses  # clause attacked by each point (layout: restart-major)
-
-    best_x: torch.Tensor | None = None
-    best_margin = math.inf
-    stacked: Clauses | None = None
-    for step in range(steps):
-        if should_stop():
-            break
-        with torch.enable_grad():
-            xg = x.detach().requires_grad_(True)
-            y = _forward_flat(forward, xg, input_shape).double()
-            if stacked is None:
-                stacked = Clauses.of(clauses, y.shape[1])
-                attacked = stacked.owner[None, :] == own[:, None]  # (B, S): the rows of each point's clause
-            rows = stacked.point_rows(y)  # (B, S)
-            margins = stacked.per_clause(rows.detach())  # (B, K)
-            point_best, _ = margins.min(dim=1)
-            b = int(torch.argmin(point_best))
-            if point_best[b].item() <= 0.0 and point_best[b].item() < best_margin:
-                best_margin = point_best[b].item()
-                best_x = x[b].clone()
-            if best_x is not None and early_stop:
-                break
-            if step == steps - 1:
-                break  # the update would never be evaluated
-            loss = torch.where(attacked, torch.relu(rows), 0.0).sum()
-            grad = torch.autograd.grad(loss, xg, allow_unused=True)[0] if loss.requires_grad else None
-        if grad is None:
-            grad = torch.zeros_like(x)
-        grad = torch.nan_to_num(grad, nan=0.0)
-        step_size = (alpha * decay**step).to(torch.float32)
-        x = torch.minimum(torch.maximum(x - step_size * torch.sign(grad), lo), hi).detach()
-
-    if best_x is None:
-        return None
-    with torch.no_grad():
-        y_check = _forward_flat(forward, best_x.reshape(1, -1), input_shape)
-    x_out = best_x.cpu().numpy().astype(np.float32)
-    if np.min(clause_margins(y_check.double().cpu().numpy()[0], clauses)) > 0.0:
-        return None
-    return x_out
+    x = _initial_points(lo, hi, pgd.restarts, len(clauses), gen).reshape(-1, lo.numel())
+    if pgd.odi_steps > 0 and pgd.restarts > 1:  # restart 0 (the box centre) is kept as it is
+        x = _diversify(forward, x, lo, hi, pgd.odi_steps, len(clauses), input_shape, gen, should_stop)
+    best_x = _pgd_steps(forward, x, box, alpha, clauses, pgd, input_shape, should_stop)
+    return None if best_x is None else _confirmed(forward, best_x, clauses, input_shape)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import Config, ConfigError, key_table, load_config
+from .config import Config, ConfigError
+from .config_load import key_table, load_config
 from .errors import UserError
 
 if TYPE_CHECKING:
@@ -333,7 +334,55 @@ def _error(results_file: str | None, writer: bool, msg: str) -> int:
     return 1
 
 
+def _reexec_for_exact_memory(cfg: Config, argv: list[str] | None) -> None:
+    """With ``parallel.exact_memory``, re-exec this process (run as a command: ``argv`` None) with
+    glibc's mmap threshold set unless it is already: glibc reads it at start-up, and with it freed
+    tensors return to the OS, so that the measured peak follows live tensors (see parallel/memory.py)."""
+    from .parallel.memory import MMAP_THRESHOLD_ENV, mmap_threshold_env_ok
+
+    if cfg.parallel.exact_memory and argv is None and not mmap_threshold_env_ok():
+        env = {**os.environ, **MMAP_THRESHOLD_ENV}
+        os.execve(sys.executable, [sys.executable, "-m", "complete_verifier_ext.cli", *sys.argv[1:]], env)
+
+
+def _warn(warnings: list[str], writer: bool) -> None:
+    """Each warning on its own line of stderr, by the rank that reports."""
+    for w in warnings:
+        if writer:
+            print(f"warning: {w}", file=sys.stderr)
+
+
+def _csv_start(
+    instances: list[Instance], results_file: str, summary: str | None, resume: bool, writer: bool
+) -> tuple[list[Instance], dict[tuple[str, str], str], list[dict], str | None]:
+    """Where a csv run (more than one instance) starts: with ``resume``, the instances still to do, the
+    verdicts of those done and their lines of the partial summary; else the results file and the
+    partial summary emptied. Returns the instances to run, those verdicts, those lines and the partial
+    summary's path (None without ``summary`` or for a single instance)."""
+    earlier: dict[tuple[str, str], str] = {}
+    earlier_json: list[dict] = []
+    partial = None
+    if len(instances) <= 1:
+        return instances, earlier, earlier_json, partial
+    if resume:
+        earlier = done_instances(results_file)
+        instances = [i for i in instances if (i.onnx, i.vnnlib) not in earlier]
+    elif writer:
+        Path(results_file).write_text("")
+    if summary:
+        partial = summary + ".partial.jsonl"
+        if resume and os.path.isfile(partial):
+            lines = Path(partial).read_text().splitlines()
+            earlier_json = [
+                d for d in map(json.loads, filter(None, lines)) if (d["onnx"], d["vnnlib"]) in earlier
+            ]
+        elif writer:
+            Path(partial).unlink(missing_ok=True)
+    return instances, earlier, earlier_json, partial
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``abcrown`` command (``argv``: its arguments, default ``sys.argv[1:]``). Returns the exit code."""
     if argv is None:  # Ctrl-C (SIGINT) ends the run cleanly even where it was started with SIGINT ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job of a script)
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
@@ -342,7 +391,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return abcrown_main(args.config, overrides, args.summary, args.quiet)
     from .parallel import launch
-    from .parallel.memory import MMAP_THRESHOLD_ENV, mmap_threshold_env_ok
 
     # the timeout of a single instance counts from the process start (imports too); a call from Python
     # (``main(argv)``) counts from the call
@@ -355,39 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, warnings = load_config(args.config, overrides)
         results_file = cfg.general.results_file
-        if cfg.parallel.exact_memory and argv is None and not mmap_threshold_env_ok():
-            # glibc reads the threshold at start-up: re-exec so that freed tensors return to the OS and
-            # the measured peak follows live tensors (see parallel/memory.py).
-            env = {**os.environ, **MMAP_THRESHOLD_ENV}
-            os.execve(sys.executable, [sys.executable, "-m", "complete_verifier_ext.cli", *sys.argv[1:]], env)
-        if writer:
-            for w in warnings:
-                print(f"warning: {w}", file=sys.stderr)
+        _reexec_for_exact_memory(cfg, argv)
+        _warn(warnings, writer)
         instances = list_instances(cfg)
         single = single and len(instances) == 1
-        for w in launch.check_world_size(cfg.parallel.world_size):
-            if writer:
-                print(f"warning: {w}", file=sys.stderr)
-        show = not args.quiet
-        earlier: dict[tuple[str, str], str] = {}
-        earlier_json: list[dict] = []
-        partial = None
-        if len(instances) > 1:
-            if args.resume:
-                earlier = done_instances(results_file)
-                instances = [i for i in instances if (i.onnx, i.vnnlib) not in earlier]
-            elif writer:
-                Path(results_file).write_text("")
-            n_done = len(earlier)
-            if args.summary:
-                partial = args.summary + ".partial.jsonl"
-                if args.resume and os.path.isfile(partial):
-                    lines = Path(partial).read_text().splitlines()
-                    earlier_json = [
-                        d for d in map(json.loads, filter(None, lines)) if (d["onnx"], d["vnnlib"]) in earlier
-                    ]
-                elif writer:
-                    Path(partial).unlink(missing_ok=True)
+        _warn(launch.check_world_size(cfg.parallel.world_size), writer)
+        instances, earlier, earlier_json, partial = _csv_start(
+            instances, results_file, args.summary, args.resume, writer
+        )
+        n_done = len(earlier)
         t0 = time.monotonic()
         if not instances:
             print(f"nothing to do: the {len(earlier)} instances are all in {results_file}")
@@ -395,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         results = launch.run(
             _rank_main,
             cfg.parallel.world_size,
-            (cfg, instances, show, partial, started, args.quiet),
+            (cfg, instances, not args.quiet, partial, started, args.quiet),
             backend=_backend(cfg),
             exact_memory=cfg.parallel.exact_memory,
         )

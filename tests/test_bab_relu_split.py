@@ -267,7 +267,7 @@ def test_the_quick_search_proves_the_easy_clauses_first(share_time):
     search.  Clause 0 is easy (CROWN proves it; its bound is given as -0.1 so that it counts as open),
     clause 1 needs more domains than ``bab.max_domains`` allows, so its search says unknown."""
     from complete_verifier_ext import verify
-    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.config_load import load_config
     from complete_verifier_ext.spec import Clause, Region
 
     sizes, seed, box = MULTI

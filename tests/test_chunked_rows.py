@@ -12,7 +12,7 @@ import torch
 from complete_verifier_ext import testing
 from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
 from complete_verifier_ext.bounds.crown import crown, pre_activation_nodes
-from complete_verifier_ext.config import load_config
+from complete_verifier_ext.config_load import load_config
 from complete_verifier_ext.model.onnx_loader import load_onnx
 from complete_verifier_ext.model.torch_loader import from_sequential
 from complete_verifier_ext.parallel import comm, launch

@@ -1,4 +1,4 @@
-"""Tests of complete_verifier_ext.config (YAML loading, overrides, validation) and the VNN-COMP scripts."""
+"""Tests of the config schema and loader (YAML, overrides, validation) and of the VNN-COMP scripts."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from complete_verifier_ext.config import (
-    AlphaCrownConfig,
-    Config,
-    ConfigError,
+from complete_verifier_ext.config import AlphaCrownConfig, Config, ConfigError
+from complete_verifier_ext.config_load import (
     config_from_dict,
     config_to_dict,
     load_config,

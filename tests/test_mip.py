@@ -194,7 +194,8 @@ def _instance(tmp_path, onnx_path, n_in, n_out, width):
 def test_bab_refine_pipeline(tmp_path, capsys, method):
     """A chain network is refined (the summary has the refined bounds) and the verdict is exact; a
     residual one is refined by ``split``, and ``milp`` skips it with a warning instead of an error."""
-    from complete_verifier_ext.config import MipConfig, load_config
+    from complete_verifier_ext.config import MipConfig
+    from complete_verifier_ext.config_load import load_config
     from complete_verifier_ext.verify import verify_instance
 
     cfg, _ = load_config(
@@ -235,7 +236,7 @@ def test_bab_refine_pipeline(tmp_path, capsys, method):
 def test_split_milp_skips_the_milp_when_split_verifies(tmp_path, capsys):
     """``split+milp`` checks split's bounds with α-CROWN first; when they verify, no MILP is built.
     The spec ``Y_0 > t`` puts t between α-CROWN's bound of Y_0 and the bound after split refinement."""
-    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.config_load import load_config
     from complete_verifier_ext.verify import verify_instance
 
     sizes = (4, 6, 6, 3)
@@ -288,7 +289,7 @@ def test_output_milp_decides_what_the_refinement_leaves_open(tmp_path, gap, mode
     """``solver.mip.output_milp_percentage`` (or ``complete_verifier: mip``): t just below (unsat) or
     just above (sat) the exact minimum of Y_0; the refinement leaves it open and the output MILP
     decides, with no BaB; a sat carries a counterexample checked on the network."""
-    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.config_load import load_config
     from complete_verifier_ext.verify import verify_instance
 
     onnx_path, vnnlib, args = _y0_instance(tmp_path, gap)
@@ -327,7 +328,7 @@ def test_mip_mode_at_two_ranks_gives_the_verdict_of_one(tmp_path, gap):
 
 
 def test_output_milp_leaves_a_residual_network_to_bab(tmp_path, capsys):
-    from complete_verifier_ext.config import load_config
+    from complete_verifier_ext.config_load import load_config
     from complete_verifier_ext.verify import verify_instance
 
     n_in = int(np.prod(testing.RESIDUAL_INPUT_SHAPE))

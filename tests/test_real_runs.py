@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from complete_verifier_ext.config import load_config
+from complete_verifier_ext.config_load import load_config
 from complete_verifier_ext.verify import verify_instance
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from onnx import numpy_helper
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.cli import main
-from complete_verifier_ext.config import load_config
+from complete_verifier_ext.config_load import load_config
 from complete_verifier_ext.model.onnx_loader import ModelError, load_onnx
 from complete_verifier_ext.spec import load_vnnlib
 from complete_verifier_ext.verify import verify_instance

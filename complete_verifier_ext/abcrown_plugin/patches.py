@@ -280,23 +280,43 @@ def bab_proved(global_lb) -> bool:
     return v >= 0.0
 
 
-def install_probe(p: Patcher, probe: Probe) -> None:
+def _vnncomp_verdict(verified_status: Any) -> str:
+    """α,β-CROWN's own mapping of its statuses to VNN-COMP words (single-instance mode)."""
+    s = str(verified_status)
+    if "unknown" in s or "timeout" in s or "timed out" in s:
+        return "timeout"
+    if "unsafe" in s:
+        return "sat"
+    if "safe" in s:
+        return "unsat"
+    return s
+
+
+def _phase(probe: Probe, name: str, started: bool) -> None:
+    """Tell ``probe.on_phase`` (if any) that phase ``name`` starts or ends."""
+    if probe.on_phase:
+        probe.on_phase(name, started)
+
+
+Wrapper = Callable[[Callable], Callable]
+"""What :meth:`Patcher.wrap` takes: the original callable -> its replacement."""
+
+
+def _probe_summarize(probe: Probe) -> Wrapper:
+    """``Logger.summarize_results``: closes the probe's record of the instance with its verdict."""
+
     def summarize(orig):
         def summarize_results(self, verified_status, index):
-            # α,β-CROWN's own mapping of its statuses to VNN-COMP words (single-instance mode)
-            s = str(verified_status)
-            if "unknown" in s or "timeout" in s or "timed out" in s:
-                verdict = "timeout"
-            elif "unsafe" in s:
-                verdict = "sat"
-            elif "safe" in s:
-                verdict = "unsat"
-            else:
-                verdict = s
-            probe.next_instance(verdict, _time.time() - self.start_time)
+            probe.next_instance(_vnncomp_verdict(verified_status), _time.time() - self.start_time)
             return orig(self, verified_status, index)
 
         return summarize_results
+
+    return summarize
+
+
+def _probe_init_alpha(probe: Probe) -> Wrapper:
+    """``BoundedModule.init_alpha``: records the initial CROWN bounds it returns."""
 
     def init_alpha(orig):
         def wrapper(self, x, *args, **kwargs):
@@ -308,6 +328,12 @@ def install_probe(p: Patcher, probe: Probe) -> None:
 
         return wrapper
 
+    return init_alpha
+
+
+def _probe_optimized(probe: Probe) -> Wrapper:
+    """``BoundedModule._get_optimized_bounds``: notes that α-CROWN ran and how many α it holds."""
+
     def optimized(orig):
         def wrapper(self, *args, **kwargs):
             probe.optimized = True
@@ -318,14 +344,18 @@ def install_probe(p: Patcher, probe: Probe) -> None:
 
         return wrapper
 
+    return optimized
+
+
+def _probe_build(probe: Probe) -> Wrapper:
+    """``LiRPANet.build``: the ``bounds`` phase; records its CROWN or α-CROWN bounds of the output."""
+
     def build(orig):
         def wrapper(self, *args, **kwargs):
             probe.optimized = False
-            if probe.on_phase:
-                probe.on_phase("bounds", True)
+            _phase(probe, "bounds", True)
             global_lb, result = orig(self, *args, **kwargs)
-            if probe.on_phase:
-                probe.on_phase("bounds", False)
+            _phase(probe, "bounds", False)
             import arguments
 
             method = kwargs.get("bounding_method") or arguments.Config["solver"]["bound_prop_method"]
@@ -339,10 +369,15 @@ def install_probe(p: Patcher, probe: Probe) -> None:
 
         return wrapper
 
+    return build
+
+
+def _probe_general_bab(probe: Probe) -> Wrapper:
+    """``general_bab``: the ``bab`` phase, its time and domains; a "safe" it did not prove is unknown."""
+
     def general_bab(orig):
         def wrapper(*args, **kwargs):
-            if probe.on_phase:
-                probe.on_phase("bab", True)
+            _phase(probe, "bab", True)
             t0 = _time.monotonic()
             ret = orig(*args, **kwargs)
             if isinstance(ret, tuple) and len(ret) > 2 and ret[2] == "safe" and not bab_proved(ret[0]):
@@ -352,17 +387,21 @@ def install_probe(p: Patcher, probe: Probe) -> None:
                 ret = (ret[0], ret[1], "unknown", *ret[3:])
             probe.current.bab_s += _time.monotonic() - t0
             probe.current.bab_domains += int(ret[1]) if isinstance(ret, tuple) and len(ret) > 1 else 0
-            if probe.on_phase:
-                probe.on_phase("bab", False)
+            _phase(probe, "bab", False)
             return ret
 
         return wrapper
 
-    p.wrap("utils.Logger.summarize_results", summarize)
-    p.wrap("complete_verifier_func.general_bab", general_bab)
-    p.wrap("auto_LiRPA.BoundedModule.init_alpha", init_alpha)
-    p.wrap("auto_LiRPA.BoundedModule._get_optimized_bounds", optimized)
-    p.wrap("beta_CROWN_solver.LiRPANet.build", build)
+    return general_bab
+
+
+def install_probe(p: Patcher, probe: Probe) -> None:
+    """Wrap α,β-CROWN and auto_LiRPA so that ``probe`` records what they compute (see :class:`Probe`)."""
+    p.wrap("utils.Logger.summarize_results", _probe_summarize(probe))
+    p.wrap("complete_verifier_func.general_bab", _probe_general_bab(probe))
+    p.wrap("auto_LiRPA.BoundedModule.init_alpha", _probe_init_alpha(probe))
+    p.wrap("auto_LiRPA.BoundedModule._get_optimized_bounds", _probe_optimized(probe))
+    p.wrap("beta_CROWN_solver.LiRPANet.build", _probe_build(probe))
 
 
 def install_spec_cache(p: Patcher, cache_dir: str) -> None:

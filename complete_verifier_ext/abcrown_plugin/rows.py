@@ -10,8 +10,8 @@ same collectives under FSDP); the one partial pass stays last. The ``(batch, row
 all-gathered and put back in row order.
 
 α-CROWN optimises through these bounds, so the gather is differentiable (``all_gather_cat_grad``: its
-backward sums the gradient over the ranks and keeps the rank's block), and the gradient protocol
-makes the result that of one process:
+backward, one reduce-scatter, sums the gradient over the ranks and keeps the rank's block), and the
+gradient protocol makes the result that of one process:
 
 * every rank computes the same loss from the same gathered bounds; the bounds that leave
   ``_compute_bounds_main`` carry their gradient on rank 0 alone (a factor 0 elsewhere), so what every

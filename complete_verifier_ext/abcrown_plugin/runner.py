@@ -16,6 +16,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
+from typing import IO, Any
 
 from ..cli import _error, write_atomic
 from ..errors import UserError
@@ -95,67 +97,62 @@ class Phases:
         self.peaks[name] = max(self.peaks.get(name, 0.0), high - base)
 
 
-def _rank_main(
-    checkout: locate.Checkout, args: list[str], par: bridge.Parallel, scratch: str, quiet: bool
-) -> dict:
-    import torch
+def _open_log(scratch: str, rank: int, quiet: bool) -> IO[str] | None:
+    """The rank's log in ``scratch``: every rank but 0 has one, and rank 0 too when ``quiet``."""
+    return open(os.path.join(scratch, f"rank{rank}.log"), "w") if rank != 0 or quiet else None
 
-    from ..parallel import comm, launch
-    from ..parallel.memory import PeakMemory
+
+def _redirect_to_log(stack: contextlib.ExitStack, log: IO[str] | None, rank: int) -> None:
+    """Send stdout (and, except on rank 0, stderr) to ``log`` for as long as ``stack`` is open."""
+    if log:
+        stack.enter_context(contextlib.redirect_stdout(log))
+        if rank != 0:
+            stack.enter_context(contextlib.redirect_stderr(log))
+
+
+def _install_patches(p: Any, probe: Any, par: bridge.Parallel, rank: int, world: int) -> None:
+    """Every patch this rank runs α,β-CROWN with (see ``patches``'s docstring), recorded in ``p``."""
     from ..spec import cache_root
     from . import bab_split, fsdp, patches, rows, tp
 
-    rank, world = comm.rank(), comm.world_size()
-    launch.set_threads(par.threads, world)
-    arguments = _import_abcrown(checkout)
-    if torch.cuda.is_available() and comm.backend() == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    p = patches.Patcher()
-    probe = patches.Probe()
-    log = open(os.path.join(scratch, f"rank{rank}.log"), "w") if rank != 0 or quiet else None
-    try:
-        with contextlib.ExitStack() as quiet_ctx:
-            if log:
-                quiet_ctx.enter_context(contextlib.redirect_stdout(log))
-                if rank != 0:
-                    quiet_ctx.enter_context(contextlib.redirect_stderr(log))
-            for dotted in patches.SIGNATURES:  # all checked before any is set: never half-patched
-                patches.check_signature(dotted)
-            import abcrown
+    patches.install_probe(p, probe)
+    patches.install_spec_cache(p, str(cache_root() / "abcrown_specs" / f"rank{rank}"))
+    if world > 1:
+        patches.install_clock(p)
+        rows.install(p)
+        bab_split.install(p)
+    if par.mode in ("fsdp", "tp") and world > 1:
+        fsdp.install(p, tp=par.mode == "tp")
+        if par.mode == "tp":
+            tp.install(p)
 
-            patches.install_probe(p, probe)
-            patches.install_spec_cache(p, str(cache_root() / "abcrown_specs" / f"rank{rank}"))
-            if world > 1:
-                patches.install_clock(p)
-                rows.install(p)
-                bab_split.install(p)
-            if par.mode in ("fsdp", "tp") and world > 1:
-                fsdp.install(p, tp=par.mode == "tp")
-                if par.mode == "tp":
-                    tp.install(p)
-            phases = Phases(PeakMemory(comm.device()))
-            audit = os.environ.get(AUDIT_ENV) == "1"
-            full_live: list[list[str]] = []
 
-            def on_phase(name: str, start: bool) -> None:
-                if name == "bounds" and audit and par.mode in ("fsdp", "tp") and world > 1:
-                    full_live.append(fsdp.live_full_weights())
-                (phases.start if start else phases.end)(name)
+def _phase_hook(phases: Phases, full_live: list[list[str]] | None) -> Callable[[str, bool], None]:
+    """``Probe.on_phase``: starts or ends the phase's peak; with ``full_live`` (the audit of sharded
+    weights), first appends the full-size weights alive at each boundary of ``bounds``."""
+    from . import fsdp
 
-            probe.on_phase = on_phase
-            phases.start("run")
-            abcrown.ABCROWN(args=bridge.rank_args(args[0], args[1:], rank, scratch)).main()
-            phases.end("run")
-    finally:
-        p.undo()
-        if log:
-            log.close()
+    def on_phase(name: str, start: bool) -> None:
+        if name == "bounds" and full_live is not None:
+            full_live.append(fsdp.live_full_weights())
+        (phases.start if start else phases.end)(name)
+
+    return on_phase
+
+
+def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | None, arguments: Any) -> dict:
+    """Every rank's peaks and α elements (one all-gather), the probe's records and, with the audit
+    (``full_live`` not None), every rank's live full-size weights."""
+    import torch
+
+    from ..parallel import comm
+
     peaks = phases.peaks
     row = [peaks.get("run", 0.0), peaks.get("bounds", 0.0), peaks.get("bab", 0.0), probe.alpha_elements]
     mine = torch.tensor([row], dtype=torch.float64, device=comm.device())
     every = comm.all_gather_cat(mine, 0).cpu()
     return {
-        **({"full_weights_live": comm.all_gather_object(full_live)} if audit else {}),
+        **({"full_weights_live": comm.all_gather_object(full_live)} if full_live is not None else {}),
         "records": [vars(r) for r in probe.records],
         "peak_mb": [float(v) for v in every[:, 0].tolist()],
         "peak_mb_bounds": [float(v) for v in every[:, 1].tolist()],
@@ -164,6 +161,48 @@ def _rank_main(
         "peak_mb_exact": phases.meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
     }
+
+
+def _rank_main(
+    checkout: locate.Checkout, args: list[str], par: bridge.Parallel, scratch: str, quiet: bool
+) -> dict:
+    """One rank: α,β-CROWN's ``ABCROWN(args).main()`` with our patches (undone after), then what
+    :func:`_gathered_result` collects; the launcher returns rank 0's."""
+    import torch
+
+    from ..parallel import comm, launch
+    from ..parallel.memory import PeakMemory
+    from . import patches
+
+    rank, world = comm.rank(), comm.world_size()
+    launch.set_threads(par.threads, world)
+    arguments = _import_abcrown(checkout)
+    if torch.cuda.is_available() and comm.backend() == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    p = patches.Patcher()
+    probe = patches.Probe()
+    log = _open_log(scratch, rank, quiet)
+    try:
+        with contextlib.ExitStack() as quiet_ctx:
+            _redirect_to_log(quiet_ctx, log, rank)
+            for dotted in patches.SIGNATURES:  # all checked before any is set: never half-patched
+                patches.check_signature(dotted)
+            import abcrown
+
+            _install_patches(p, probe, par, rank, world)
+            phases = Phases(PeakMemory(comm.device()))
+            audit = os.environ.get(AUDIT_ENV) == "1"
+            full_live: list[list[str]] = []
+            sharded = par.mode in ("fsdp", "tp") and world > 1
+            probe.on_phase = _phase_hook(phases, full_live if audit and sharded else None)
+            phases.start("run")
+            abcrown.ABCROWN(args=bridge.rank_args(args[0], args[1:], rank, scratch)).main()
+            phases.end("run")
+    finally:
+        p.undo()
+        if log:
+            log.close()
+    return _gathered_result(phases, probe, full_live if audit else None, arguments)
 
 
 def _recheck_sat(all_args: dict, results_file: str | None, result: dict) -> str | None:
@@ -215,6 +254,53 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
     return out[0] if len(out) == 1 else {"instances": out}
 
 
+def _refuse_unsupported(all_args: dict, par: bridge.Parallel, config: str | None) -> None:
+    """PluginError when the config asks for a BaB feature that is not split over ranks yet (P > 1)."""
+    if par.world_size <= 1:
+        return
+    from .bab_split import unsupported
+
+    bad = unsupported(all_args)
+    if bad:
+        raise PluginError(
+            f"{config or 'config'}: not supported with parallel.world_size > 1 yet: {'; '.join(bad)} "
+            "(run it at world_size 1, or with general.complete_verifier: skip)"
+        )
+
+
+def _extra_args(all_args: dict, world_size: int) -> list[str]:
+    """Flags added to the ranks' α,β-CROWN command line: the CROWN passes, and ``--save_adv_example``."""
+    extra = _crown_batch_args(all_args, world_size)
+    if not all_args["general"]["save_adv_example"]:
+        extra.append("--save_adv_example")  # a sat carries its counterexample, which rank 0 re-checks
+    return extra
+
+
+def _backend(par: bridge.Parallel, all_args: dict) -> str:
+    """``parallel.backend``, with ``auto`` on the CPU settled as gloo."""
+    if par.backend == "auto" and all_args["general"]["device"] == "cpu":
+        return "gloo"
+    return par.backend
+
+
+def _report(
+    result: dict,
+    all_args: dict,
+    results_file: str | None,
+    summary: str | None,
+    par: bridge.Parallel,
+    quiet: bool,
+) -> None:
+    """Rank 0, after the run: re-check a sat, write the summary, print the peaks."""
+    warning = _recheck_sat(all_args, results_file, result)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    if summary:
+        write_atomic(summary, json.dumps(summary_json(result, par), indent=1, allow_nan=False))
+    if not quiet:
+        print("peak MB per rank: " + " ".join(f"{v:.1f}" for v in result["peak_mb"]), file=sys.stderr)
+
+
 def main(config: str | None, overrides: list[str], summary: str | None, quiet: bool) -> int:
     """The ``abcrown`` command with ``general.engine: abcrown``. Returns the exit code."""
     from ..parallel import launch
@@ -230,40 +316,20 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
         par = bridge.parallel_of(data, flat)
         all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
         results_file = all_args["general"]["results_file"]
-        if par.world_size > 1:
-            from .bab_split import unsupported
-
-            bad = unsupported(all_args)
-            if bad:
-                raise PluginError(
-                    f"{config or 'config'}: not supported with parallel.world_size > 1 yet: {'; '.join(bad)} "
-                    "(run it at world_size 1, or with general.complete_verifier: skip)"
-                )
-        extra = _crown_batch_args(all_args, par.world_size)
-        if not all_args["general"]["save_adv_example"]:
-            extra.append("--save_adv_example")  # a sat carries its counterexample, which rank 0 re-checks
+        _refuse_unsupported(all_args, par, config)
+        extra = _extra_args(all_args, par.world_size)
         for w in launch.check_world_size(par.world_size):
             if writer:
                 print(f"warning: {w}", file=sys.stderr)
-        backend = par.backend
-        if backend == "auto" and all_args["general"]["device"] == "cpu":
-            backend = "gloo"
         result = launch.run(
             _rank_main,
             par.world_size,
             (checkout, [yaml_path, *flat, *extra], par, scratch, quiet),
-            backend=backend,
+            backend=_backend(par, all_args),
             exact_memory=par.exact_memory,
         )
-        if not writer:
-            return 0
-        warning = _recheck_sat(all_args, results_file, result)
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-        if summary:
-            write_atomic(summary, json.dumps(summary_json(result, par), indent=1, allow_nan=False))
-        if not quiet:
-            print("peak MB per rank: " + " ".join(f"{v:.1f}" for v in result["peak_mb"]), file=sys.stderr)
+        if writer:
+            _report(result, all_args, results_file, summary, par, quiet)
         return 0
     except (UserError, FileNotFoundError) as e:
         return _error(results_file, writer, str(e))

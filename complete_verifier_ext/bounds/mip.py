@@ -133,6 +133,91 @@ class _Rows:
         return A, cat(self.lo, float), cat(self.hi, float)
 
 
+@dataclass
+class _Cols:
+    """The model's columns in blocks: their lower and upper bounds and integrality (1: a binary δ)."""
+
+    lo: list[np.ndarray]
+    hi: list[np.ndarray]
+    integ: list[np.ndarray]
+    n: int
+
+    @classmethod
+    def inputs(cls, x_lo: np.ndarray, x_hi: np.ndarray) -> _Cols:
+        """The input columns alone."""
+        return cls([x_lo], [x_hi], [np.zeros(len(x_lo))], len(x_lo))
+
+
+def _add_relu_layer(
+    layer: Layer, l: np.ndarray, u: np.ndarray, prev: np.ndarray, cols: _Cols, rows: _Rows
+) -> np.ndarray:
+    """Add ``relu(M v + c)`` of ``layer`` with pre-activation bounds ``[l, u]`` (v: the columns
+    ``prev``, -1 for an input fixed at 0): ``a`` for its active neurons, ``z, a, δ`` and the
+    big-M rows for its unstable ones. Returns the column of each output (-1: inactive, fixed at 0)."""
+    keep = prev >= 0
+    M, in_cols = layer.M[:, keep], prev[keep]
+    act, uns = np.nonzero(l >= 0)[0], np.nonzero((l < 0) & (u > 0))[0]
+    na, nu = len(act), len(uns)
+    a_act = cols.n + np.arange(na)
+    z_u = cols.n + na + np.arange(nu)
+    a_u, d_u = z_u + nu, z_u + 2 * nu
+    cols.n += na + 3 * nu
+    cols.lo += [l[act], l[uns], np.zeros(nu), np.zeros(nu)]
+    cols.hi += [u[act], u[uns], u[uns], np.ones(nu)]
+    cols.integ += [np.zeros(na + 2 * nu), np.ones(nu)]
+    for idx, out in ((act, a_act), (uns, z_u)):  # out - M[idx] @ prev = c[idx]
+        k = len(in_cols)
+        rows.add(
+            np.hstack([out[:, None], np.broadcast_to(in_cols, (len(idx), k))]),
+            np.hstack([np.ones((len(idx), 1)), -M[idx]]),
+            layer.c[idx],
+            layer.c[idx],
+        )
+    one, lo_u, hi_u = np.ones(nu), l[uns], u[uns]
+    rows.add(np.c_[a_u, z_u], np.c_[one, -one], 0.0, np.inf)  # a >= z
+    rows.add(np.c_[a_u, d_u], np.c_[one, -hi_u], -np.inf, 0.0)  # a <= u δ
+    rows.add(np.c_[a_u, z_u, d_u], np.c_[one, -one, -lo_u], -np.inf, -lo_u)  # a <= z - l (1 - δ)
+    out_cols = np.full(len(l), -1)
+    out_cols[act], out_cols[uns] = a_act, a_u
+    return out_cols
+
+
+def _add_spec(spec: tuple[np.ndarray, np.ndarray], prev: np.ndarray, cols: _Cols, rows: _Rows) -> None:
+    """Add the column ``t`` (last) with ``t - A_r v >= b_r`` for every row r of ``spec = (A, b)``."""
+    A, b = spec
+    keep = prev >= 0
+    t = cols.n
+    cols.n += 1
+    cols.lo.append(np.full(1, -np.inf))
+    cols.hi.append(np.full(1, np.inf))
+    cols.integ.append(np.zeros(1))
+    k = int(keep.sum())
+    rows.add(
+        np.hstack([np.full((len(b), 1), t), np.broadcast_to(prev[keep], (len(b), k))]),
+        np.hstack([np.ones((len(b), 1)), -A[:, keep]]),
+        b,
+        np.inf,
+    )
+
+
+def _highs_lp(cols: _Cols, rows: _Rows, integrality: np.ndarray, minimise_last: bool) -> highspy.HighsLp:
+    """The HiGHS model of ``cols`` and ``rows``; its cost is ``t`` (the last column) or zero."""
+    n_var = cols.n
+    A, row_lo, row_hi = rows.matrix(n_var)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n_var, A.shape[0]
+    lp.col_cost_ = np.zeros(n_var)
+    if minimise_last:
+        lp.col_cost_[-1] = 1.0  # minimise t
+    lp.col_lower_, lp.col_upper_ = np.concatenate(cols.lo), np.concatenate(cols.hi)
+    lp.row_lower_, lp.row_upper_ = row_lo, row_hi
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
+    kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
+    lp.integrality_ = [kinds[int(t)] for t in integrality]
+    return lp
+
+
 class ChainMilp:
     """The mixed-integer model of the input box and the ReLU layers before layer ``upto``.
 
@@ -150,68 +235,17 @@ class ChainMilp:
         upto: int,
         spec: tuple[np.ndarray, np.ndarray] | None = None,
     ):
-        lo_v, hi_v, integ = [x_lo], [x_hi], [np.zeros(len(x_lo))]
-        rows = _Rows()
-        n_var = len(x_lo)
-        prev = np.arange(n_var)  # column of each input of the current layer (-1: a ReLU fixed at 0)
+        cols, rows = _Cols.inputs(x_lo, x_hi), _Rows()
+        prev = np.arange(len(x_lo))  # column of each input of the current layer (-1: a ReLU fixed at 0)
         for layer in layers[:upto]:
-            l, u = bounds[layer.node]
-            keep = prev >= 0
-            M, cols = layer.M[:, keep], prev[keep]
-            act, uns = np.nonzero(l >= 0)[0], np.nonzero((l < 0) & (u > 0))[0]
-            na, nu = len(act), len(uns)
-            a_act = n_var + np.arange(na)
-            z_u = n_var + na + np.arange(nu)
-            a_u, d_u = z_u + nu, z_u + 2 * nu
-            n_var += na + 3 * nu
-            lo_v += [l[act], l[uns], np.zeros(nu), np.zeros(nu)]
-            hi_v += [u[act], u[uns], u[uns], np.ones(nu)]
-            integ += [np.zeros(na + 2 * nu), np.ones(nu)]
-            for idx, out in ((act, a_act), (uns, z_u)):  # out - M[idx] @ prev = c[idx]
-                k = len(cols)
-                rows.add(
-                    np.hstack([out[:, None], np.broadcast_to(cols, (len(idx), k))]),
-                    np.hstack([np.ones((len(idx), 1)), -M[idx]]),
-                    layer.c[idx],
-                    layer.c[idx],
-                )
-            one, lo_u, hi_u = np.ones(nu), l[uns], u[uns]
-            rows.add(np.c_[a_u, z_u], np.c_[one, -one], 0.0, np.inf)  # a >= z
-            rows.add(np.c_[a_u, d_u], np.c_[one, -hi_u], -np.inf, 0.0)  # a <= u δ
-            rows.add(np.c_[a_u, z_u, d_u], np.c_[one, -one, -lo_u], -np.inf, -lo_u)  # a <= z - l (1 - δ)
-            prev = np.full(len(l), -1)
-            prev[act], prev[uns] = a_act, a_u
+            prev = _add_relu_layer(layer, *bounds[layer.node], prev, cols, rows)
         if spec is not None:  # t - A_r v >= b_r
-            A, b = spec
-            keep = prev >= 0
-            t = n_var
-            n_var += 1
-            lo_v.append(np.full(1, -np.inf))
-            hi_v.append(np.full(1, np.inf))
-            integ.append(np.zeros(1))
-            k = int(keep.sum())
-            rows.add(
-                np.hstack([np.full((len(b), 1), t), np.broadcast_to(prev[keep], (len(b), k))]),
-                np.hstack([np.ones((len(b), 1)), -A[:, keep]]),
-                b,
-                np.inf,
-            )
+            _add_spec(spec, prev, cols, rows)
         self.n_in = len(x_lo)
-        self.n_var = n_var
+        self.n_var = cols.n
         self.prev = prev
-        self.integrality = np.concatenate(integ)
-        A, row_lo, row_hi = rows.matrix(n_var)
-        lp = highspy.HighsLp()
-        lp.num_col_, lp.num_row_ = n_var, A.shape[0]
-        lp.col_cost_ = np.zeros(n_var)
-        if spec is not None:
-            lp.col_cost_[-1] = 1.0  # minimise t
-        lp.col_lower_, lp.col_upper_ = np.concatenate(lo_v), np.concatenate(hi_v)
-        lp.row_lower_, lp.row_upper_ = row_lo, row_hi
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
-        kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
-        lp.integrality_ = [kinds[int(t)] for t in self.integrality]
+        self.integrality = np.concatenate(cols.integ)
+        lp = _highs_lp(cols, rows, self.integrality, minimise_last=spec is not None)
         self.highs = _highs()
         # one objective per model (spec): presolve pays; many objectives: it would run for each
         presolve, heuristics = ("on", 0.05) if spec is not None else ("off", 0.0)

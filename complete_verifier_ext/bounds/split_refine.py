@@ -53,30 +53,34 @@ def _expand(t: Tensor, B: int) -> Tensor:
     return t.expand(B, *t.shape[1:])
 
 
-def bound_targets(
-    graph: Graph,
-    k: int,
-    tasks: list[Task],
-    bounds: Bounds,
-    box: Box,
-    opts: SplitOptions,
-    deadline: float = np.inf,
-) -> Tensor:
-    """Lower bounds (T,) of ``side * z_j`` for every task (j, side) of node k, given sound ``bounds``
-    ((1, *shape) each) of every pre-activation node before k.  Past ``deadline`` the optimisation
-    stops after its first step (the bounds so far are sound)."""
+def _target_matrix(graph: Graph, k: int, tasks: list[Task]) -> Tensor:
+    """The start matrix (1, T, *shape) of node k: row t is ``side_t`` at neuron ``j_t``."""
     T, shape = len(tasks), graph.nodes[k].shape
     n = math.prod(shape)
     A = torch.zeros(1, T, n)
     A[0, torch.arange(T), torch.tensor([j for j, _ in tasks])] = torch.tensor([s for _, s in tasks])
-    A = A.view(1, T, *shape)
-    relus = ancestors_relus(graph, k)
-    ins = [graph.nodes[r].inputs[0] for r in relus]
+    return A.view(1, T, *shape)
+
+
+def _split_choice(
+    graph: Graph,
+    k: int,
+    A: Tensor,
+    bounds: Bounds,
+    box: Box,
+    relus: list[int],
+    ins: list[int],
+    sizes: list[int],
+    depth: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The flat bounds ``lo``, ``hi`` (N,) of the neurons ``ins`` before k (``sizes`` each) and, per
+    target of ``A``, the ``d = min(depth, unstable)`` unstable ones that matter most to its CROWN
+    bound (BaBSR's score), most useful first: (T, d)."""
+    T = A.shape[1]
     record: dict[int, Tensor] = {}
     with torch.no_grad():  # which earlier neurons each target's CROWN bound depends on
         tb = {q: (_expand(bounds[q][0], T), _expand(bounds[q][1], T)) for q in ins}
         back_substitute(graph, k, A, tb, (_expand(box[0], T), _expand(box[1], T)), record=record)
-    sizes = [math.prod(graph.nodes[q].shape) for q in ins]
     lo = torch.cat([bounds[q][0].reshape(-1) for q in ins]) if ins else torch.zeros(0)
     hi = torch.cat([bounds[q][1].reshape(-1) for q in ins]) if ins else torch.zeros(0)
     unstable = (lo < 0) & (hi > 0)
@@ -85,8 +89,15 @@ def bound_targets(
         for r, m in zip(relus, sizes, strict=True)
     ]
     score = Relu.split_score(torch.cat(reach, 1), lo, hi) if ins else torch.zeros(T, 0)
-    d = min(opts.depth, int(unstable.sum()))
-    top = score.topk(d, 1).indices  # (T, d): unstable neurons, the most useful first
+    d = min(depth, int(unstable.sum()))
+    return lo, hi, score.topk(d, 1).indices
+
+
+def _pattern_bounds(lo: Tensor, hi: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """For each target and each of the ``L = 2^d`` sign patterns of its split neurons ``top`` (T, d),
+    in that order (B = T L): the flat bounds with the splits applied, (B, N) each, and the split
+    signs (B, N): +1 active, -1 inactive, 0 not split."""
+    T, d = top.shape
     L = 1 << d
     B = T * L
     pattern = ((torch.arange(L)[:, None] >> torch.arange(d)) & 1).bool()  # (L, d): True = active
@@ -97,20 +108,38 @@ def bound_targets(
     lo_b[rows[act], cols[act]] = 0.0  # z >= 0: the neuron is active (exact)
     hi_b[rows[~act], cols[~act]] = 0.0  # z <= 0: inactive
     split[rows[act], cols[act]], split[rows[~act], cols[~act]] = 1.0, -1.0
+    return lo_b, hi_b, split
 
-    def per_node(t: Tensor) -> dict[int, Tensor]:  # (B, N) -> every earlier node's (B, *shape)
-        return {
-            q: v.reshape(B, *graph.nodes[q].shape) for q, v in zip(ins, torch.split(t, sizes, 1), strict=True)
-        }
 
-    lo_q, hi_q, split_q = per_node(lo_b), per_node(hi_b), per_node(split)
-    bb = {q: (lo_q[q], hi_q[q]) for q in ins}
+def _per_node(t: Tensor, graph: Graph, ins: list[int], sizes: list[int]) -> dict[int, Tensor]:
+    """(B, N) -> every earlier node's (B, *shape)."""
+    B = t.shape[0]
+    return {
+        q: v.reshape(B, *graph.nodes[q].shape) for q, v in zip(ins, torch.split(t, sizes, 1), strict=True)
+    }
+
+
+def _best_split_bound(
+    graph: Graph,
+    k: int,
+    A_b: Tensor,
+    bb: Bounds,
+    box_b: Box,
+    relus: list[int],
+    ins: list[int],
+    split_q: dict[int, Tensor],
+    opts: SplitOptions,
+    deadline: float,
+) -> Tensor:
+    """The best lower bound (B,) of any step of the joint α, β optimisation over the patterns ``bb``
+    (the splits ``split_q``, β >= 0 on them) of the rows ``A_b``; ``ins[i]`` is the input of ReLU
+    ``relus[i]``."""
+    B = A_b.shape[1]
     alpha = {
         r: Relu.relaxation(*bb[q])[2].unsqueeze(0).clone().requires_grad_(True)
         for r, q in zip(relus, ins, strict=True)
     }
     beta = {q: torch.zeros(1, B, *graph.nodes[q].shape, requires_grad=True) for q in ins}
-    A_b, box_b = A.repeat_interleave(L, 1), (_expand(box[0], B), _expand(box[1], B))
     best = torch.full((B,), -torch.inf)
 
     def bound() -> Tensor:
@@ -130,6 +159,33 @@ def bound_targets(
         bound,
         lambda: time.monotonic() > deadline,
     )
+    return best
+
+
+def bound_targets(
+    graph: Graph,
+    k: int,
+    tasks: list[Task],
+    bounds: Bounds,
+    box: Box,
+    opts: SplitOptions,
+    deadline: float = np.inf,
+) -> Tensor:
+    """Lower bounds (T,) of ``side * z_j`` for every task (j, side) of node k, given sound ``bounds``
+    ((1, *shape) each) of every pre-activation node before k.  Past ``deadline`` the optimisation
+    stops after its first step (the bounds so far are sound)."""
+    A = _target_matrix(graph, k, tasks)
+    T = A.shape[1]
+    relus = ancestors_relus(graph, k)
+    ins = [graph.nodes[r].inputs[0] for r in relus]
+    sizes = [math.prod(graph.nodes[q].shape) for q in ins]
+    lo, hi, top = _split_choice(graph, k, A, bounds, box, relus, ins, sizes, opts.depth)
+    L = 1 << top.shape[1]
+    B = T * L
+    lo_q, hi_q, split_q = (_per_node(t, graph, ins, sizes) for t in _pattern_bounds(lo, hi, top))
+    bb = {q: (lo_q[q], hi_q[q]) for q in ins}
+    A_b, box_b = A.repeat_interleave(L, 1), (_expand(box[0], B), _expand(box[1], B))
+    best = _best_split_bound(graph, k, A_b, bb, box_b, relus, ins, split_q, opts, deadline)
     return best.view(T, L).min(1).values
 
 

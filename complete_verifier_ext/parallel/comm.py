@@ -6,20 +6,29 @@ Three layers, in the order of this file:
    ``shard_range``, the one rule that says which rows a rank owns;
 2. plain helpers (``all_gather_cat``, ``all_reduce``, ``all_reduce_flag``, ``broadcast``,
    ``broadcast_object``, ``ring_pass``, ``ring_pass_start``, ``barrier``), no autograd;
-3. one autograd-aware helper, ``all_gather_cat_grad``.
+3. autograd-aware helpers: ``all_gather_cat_grad`` (backward: a reduce-scatter),
+   ``all_gather_cat_same_loss`` and ``reduce_grad``.
 
 Every helper returns its input (or the identity result) when the world size is 1 or no process group
 is initialised, so one process runs exactly the code path the sharded runs are compared against.
 
+Process groups: every collective, ``rank``, ``world_size``, ``shard_range`` and ``shard_sizes`` take an
+optional keyword ``group`` (a ``torch.distributed`` group made by ``dist.new_group``); ``None``, the
+default, is the default (world) group, as in Megatron-LM. Ranks, sizes and ``src`` are then those of
+the group (rank ``src`` of ``group``, the ring ``rank +- 1`` within it), so that a TP x domain layout
+can run each kind of collective in its own group. Only the group's members may call a helper with it,
+and a group of one rank is a no-op like world size 1.
+
 Every collective is counted in ``stats()`` (per name: calls and bytes this rank contributed). Names:
 ``all_gather``, ``all_gather_sizes`` (the size exchange of ``all_gather_cat`` when the caller does not
-pass ``sizes``), ``all_reduce``, ``all_reduce_flag``, ``broadcast``, ``broadcast_object``,
+pass ``sizes``), ``all_reduce``, ``reduce_scatter`` (the backward of ``all_gather_cat_grad``),
+``all_reduce_flag``, ``broadcast``, ``broadcast_object``,
 ``ring_pass``, ``ring_pass_shape`` (the shape exchange of ``ring_pass`` when ``recv_shape`` is not
 given) and ``barrier``. Nothing is counted at world size 1.
 
-Lockstep rule: every rank must call the same helpers in the same order with the same ``sizes`` /
-``recv_shape`` arguments (sizes are global knowledge, e.g. from ``shard_range``), whatever its data.
-Helpers skip a transfer only on conditions every rank sees identically (e.g. all blocks empty).
+Lockstep rule: every rank (of the group) must call the same helpers in the same order with the same
+``sizes`` / ``recv_shape`` arguments (sizes are global knowledge, e.g. from ``shard_range``), whatever its
+data. Helpers skip a transfer only on conditions every rank sees identically (e.g. all blocks empty).
 """
 
 from __future__ import annotations
@@ -28,11 +37,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = [
     "init",
@@ -141,23 +153,23 @@ def _active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _rank() -> int:
-    return dist.get_rank() if _active() else 0
+def _rank(group: ProcessGroup | None = None) -> int:
+    return dist.get_rank(group) if _active() else 0
 
 
-def rank() -> int:
-    """This process's rank (0 without a group)."""
-    return _rank()
+def rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (default: the world; 0 without a process group)."""
+    return _rank(group)
 
 
-def world_size() -> int:
-    """Number of ranks (1 without a group)."""
-    return dist.get_world_size() if _active() else 1
+def world_size(group: ProcessGroup | None = None) -> int:
+    """Number of ranks of ``group`` (default: the world; 1 without a process group)."""
+    return dist.get_world_size(group) if _active() else 1
 
 
-def backend() -> str | None:
-    """Backend name of the active group, or None."""
-    return str(dist.get_backend()) if _active() else None
+def backend(group: ProcessGroup | None = None) -> str | None:
+    """Backend name of ``group`` (default: the world's), or None without a process group."""
+    return str(dist.get_backend(group)) if _active() else None
 
 
 def device() -> torch.device:
@@ -167,20 +179,31 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-def _parallel() -> bool:
-    return _active() and dist.get_world_size() > 1
+def _parallel(group: ProcessGroup | None = None) -> bool:
+    """True when ``group`` has more than one rank, i.e. a collective over it moves data."""
+    return _active() and dist.get_world_size(group) > 1
 
 
-def shard_range(n: int, rank: int | None = None, world: int | None = None) -> tuple[int, int]:
-    """Rows ``[r*n//P, (r+1)*n//P)`` owned by rank ``r`` of ``P``; contiguous, ordered, may be empty."""
-    r = _rank() if rank is None else rank
-    p = world_size() if world is None else world
+def _global_rank(group: ProcessGroup | None, group_rank: int) -> int:
+    """The world rank of rank ``group_rank`` of ``group`` (itself for the default group)."""
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def shard_range(
+    n: int, rank: int | None = None, world: int | None = None, *, group: ProcessGroup | None = None
+) -> tuple[int, int]:
+    """Rows ``[r*n//P, (r+1)*n//P)`` owned by rank ``r`` of ``P``; contiguous, ordered, may be empty.
+
+    ``r`` and ``P`` default to this process's rank in ``group`` and the group's size.
+    """
+    r = _rank(group) if rank is None else rank
+    p = world_size(group) if world is None else world
     return r * n // p, (r + 1) * n // p
 
 
-def shard_sizes(n: int, world: int | None = None) -> list[int]:
-    """Number of rows of every rank under ``shard_range``."""
-    p = world_size() if world is None else world
+def shard_sizes(n: int, world: int | None = None, *, group: ProcessGroup | None = None) -> list[int]:
+    """Number of rows of every rank under ``shard_range`` (``world`` defaults to ``group``'s size)."""
+    p = world_size(group) if world is None else world
     return [(q + 1) * n // p - q * n // p for q in range(p)]
 
 
@@ -205,7 +228,8 @@ _STATS = _Stats()
 def stats() -> dict[str, dict[str, int]]:
     """Per collective name ``{"calls": n, "bytes": b}`` since the last ``reset_stats`` (a copy).
 
-    ``bytes`` counts what this rank contributed (its padded block, its reduced tensor, what it sent).
+    ``bytes`` counts what this rank contributed (its padded block, its reduced tensor, the padded full
+    tensor it reduce-scatters, what it sent).
     """
     return {name: dict(entry) for name, entry in _STATS.counts.items()}
 
@@ -224,35 +248,35 @@ def _nbytes(t: Tensor) -> int:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _all_gather_flat(out: Tensor, block: Tensor) -> None:
-    """All-gather equal-size contiguous ``block`` of every rank into ``out`` (P * block.numel())."""
+def _all_gather_flat(out: Tensor, block: Tensor, group: ProcessGroup | None = None) -> None:
+    """All-gather equal-size contiguous ``block`` of every rank of ``group`` into ``out`` (P * numel)."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, block)
+    gather(out, block, group=group)
 
 
-def all_gather_into(out: Tensor, block: Tensor) -> Tensor:
+def all_gather_into(out: Tensor, block: Tensor, *, group: ProcessGroup | None = None) -> Tensor:
     """All-gather equal-size blocks: ``out`` (P * block.numel() elements, contiguous) receives every
     rank's ``block`` in rank order. No autograd; returns ``out``. One ``all_gather``.
 
     For callers that own a reusable receive buffer (``ShardedWeight.gathered``).
     """
-    if not _parallel():
+    if not _parallel(group):
         return out.copy_(block.reshape(out.shape))
     _STATS.add("all_gather", _nbytes(block))
-    _all_gather_flat(out, block.contiguous())
+    _all_gather_flat(out, block.contiguous(), group)
     return out
 
 
-def _exchange_sizes(n_local: int, dev: torch.device) -> list[int]:
+def _exchange_sizes(n_local: int, dev: torch.device, group: ProcessGroup | None = None) -> list[int]:
     """Every rank's ``n_local`` (one small all-gather, counted as ``all_gather_sizes``)."""
     mine = torch.tensor([n_local], dtype=torch.int64, device=dev)
-    out = torch.empty(world_size(), dtype=torch.int64, device=dev)
+    out = torch.empty(world_size(group), dtype=torch.int64, device=dev)
     _STATS.add("all_gather_sizes", _nbytes(mine))
-    _all_gather_flat(out, mine)
+    _all_gather_flat(out, mine, group)
     return [int(v) for v in out.tolist()]
 
 
-def _gather_dim0(block: Tensor, sizes: Sequence[int]) -> Tensor:
+def _gather_dim0(block: Tensor, sizes: Sequence[int], group: ProcessGroup | None = None) -> Tensor:
     """Concatenate every rank's ``block`` (n_r, *rest) along dim 0; blocks padded to the largest size."""
     p, most = len(sizes), max(sizes)
     rest = block.shape[1:]
@@ -264,13 +288,15 @@ def _gather_dim0(block: Tensor, sizes: Sequence[int]) -> Tensor:
     block = block.contiguous()
     out = block.new_empty((p * most, *rest))  # (P*m, *rest)
     _STATS.add("all_gather", _nbytes(block))
-    _all_gather_flat(out, block)
+    _all_gather_flat(out, block, group)
     if all(s == most for s in sizes):
         return out
     return torch.cat([out[q * most : q * most + s] for q, s in enumerate(sizes)], 0)
 
 
-def all_gather_cat(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None) -> Tensor:
+def all_gather_cat(
+    t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None, group: ProcessGroup | None = None
+) -> Tensor:
     """Concatenate every rank's ``t`` along ``dim``: (.., n_r, ..) -> (.., sum_r n_r, ..). No autograd.
 
     Blocks may differ in size along ``dim`` (zero included); all other dims must be equal. Pass
@@ -281,84 +307,111 @@ def all_gather_cat(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = Non
     Not autograd-aware: at P > 1 the result is detached, while at P = 1 ``t`` itself comes back with
     its graph. Where gradients must flow, use ``all_gather_cat_grad`` so that P = 1 and P > 1 agree.
     """
-    if not _parallel():
+    if not _parallel(group):
         return t
     dim = dim % t.dim()
+    p, r = world_size(group), _rank(group)
     if sizes is None:
-        sizes = _exchange_sizes(t.shape[dim], t.device)
-    elif len(sizes) != world_size() or sizes[rank()] != t.shape[dim]:
-        raise ValueError(f"sizes {list(sizes)} do not match world size {world_size()} / local {t.shape[dim]}")
+        sizes = _exchange_sizes(t.shape[dim], t.device, group)
+    elif len(sizes) != p or sizes[r] != t.shape[dim]:
+        raise ValueError(f"sizes {list(sizes)} do not match world size {p} / local {t.shape[dim]}")
     with torch.no_grad():
-        full = _gather_dim0(t.movedim(dim, 0), sizes)  # (sum n_r, *rest)
+        full = _gather_dim0(t.movedim(dim, 0), sizes, group)  # (sum n_r, *rest)
     return full.movedim(0, dim).contiguous()
 
 
-def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
+def _reduce_scatter_dim0(full: Tensor, sizes: Sequence[int], group: ProcessGroup | None = None) -> Tensor:
+    """This rank's block (n_r, *rest) of the sum over ranks of ``full`` (sum n_r, *rest), whose blocks
+    are in rank order: one reduce-scatter, the blocks padded to the largest one and narrowed after."""
+    p, most, me = len(sizes), max(sizes), _rank(group)
+    rest = full.shape[1:]
+    if most == 0:
+        return full.new_zeros((0, *rest))
+    if all(s == most for s in sizes):
+        padded = full.contiguous()
+    else:
+        padded = full.new_zeros((p * most, *rest))  # (P*m, *rest)
+        for q, (start, size) in enumerate(zip(_starts(sizes), sizes, strict=True)):
+            padded[q * most : q * most + size] = full[start : start + size]
+    out = full.new_empty((most, *rest))
+    _STATS.add("reduce_scatter", _nbytes(padded))
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    scatter(out, padded, group=group)
+    return out[: sizes[me]]
+
+
+def _starts(sizes: Sequence[int]) -> list[int]:
+    """Where each block begins in the concatenation of blocks of ``sizes``."""
+    return [sum(sizes[:q]) for q in range(len(sizes))]
+
+
+def all_reduce(t: Tensor, op: str = "sum", *, group: ProcessGroup | None = None) -> Tensor:
     """Element-wise reduction over ranks (``"sum"``, ``"max"``, ``"min"``); out of place, no autograd."""
     if op not in _REDUCE_OPS:
         raise ValueError(f"unknown reduce op {op!r}; expected one of {sorted(_REDUCE_OPS)}")
-    if not _parallel():
+    if not _parallel(group):
         return t
     out = t.detach().clone().contiguous()
     _STATS.add("all_reduce", _nbytes(out))
-    dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
     return out
 
 
-def all_reduce_flag(flag: bool, op: str = "or") -> bool:
+def all_reduce_flag(flag: bool, op: str = "or", *, group: ProcessGroup | None = None) -> bool:
     """Collective decision: logical ``"or"`` / ``"and"`` of every rank's ``flag``."""
     if op not in ("or", "and"):
         raise ValueError(f"unknown flag op {op!r}; expected 'or' or 'and'")
-    if not _parallel():
+    if not _parallel(group):
         return bool(flag)
     t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device())
     _STATS.add("all_reduce_flag", _nbytes(t))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "or" else dist.ReduceOp.MIN)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "or" else dist.ReduceOp.MIN, group=group)
     return bool(t.item())
 
 
-def broadcast(t: Tensor, src: int = 0) -> Tensor:
-    """Rank ``src``'s ``t`` on every rank. Every rank passes a tensor of the same shape and dtype.
+def broadcast(t: Tensor, src: int = 0, *, group: ProcessGroup | None = None) -> Tensor:
+    """Rank ``src``'s ``t`` (``src`` is a rank of ``group``) on every rank. Every rank passes a tensor of
+    the same shape and dtype.
 
     Out of place on receivers (a new tensor); ``src`` gets its own ``t`` back.
     """
-    if not _parallel():
+    if not _parallel(group):
         return t
-    if rank() == src:
+    if _rank(group) == src:
         buf = t.detach().contiguous()
     else:
         buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
     _STATS.add("broadcast", _nbytes(buf))
-    dist.broadcast(buf, src=src)
+    dist.broadcast(buf, src=_global_rank(group, src), group=group)
     return buf
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s picklable ``obj`` on every rank (others pass anything, e.g. None)."""
-    if not _parallel():
+def broadcast_object(obj: Any, src: int = 0, *, group: ProcessGroup | None = None) -> Any:
+    """Rank ``src``'s (of ``group``) picklable ``obj`` on every rank (others pass anything, e.g. None)."""
+    if not _parallel(group):
         return obj
     box = [obj]
     _STATS.add("broadcast_object", 0)
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=_global_rank(group, src), group=group)
     return box[0]
 
 
-def all_gather_object(obj: Any) -> list[Any]:
+def all_gather_object(obj: Any, *, group: ProcessGroup | None = None) -> list[Any]:
     """Every rank's picklable ``obj``, in rank order, on every rank."""
-    if not _parallel():
+    if not _parallel(group):
         return [obj]
-    out: list[Any] = [None] * world_size()
+    out: list[Any] = [None] * world_size(group)
     _STATS.add("all_gather_object", 0)
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
-def barrier() -> None:
+def barrier(*, group: ProcessGroup | None = None) -> None:
     """Wait for every rank."""
-    if not _parallel():
+    if not _parallel(group):
         return
     _STATS.add("barrier", 0)
-    dist.barrier()
+    dist.barrier(group=group)
 
 
 @dataclass
@@ -375,44 +428,49 @@ class RingPass:
         return self.received
 
 
-def _ring_shape(t: Tensor) -> torch.Size:
+def _ring_shape(t: Tensor, group: ProcessGroup | None = None) -> torch.Size:
     """Shape of the tensor that rank - 1 is passing (one small ring exchange, ``ring_pass_shape``)."""
     shape = torch.tensor(t.shape, dtype=torch.int64, device=t.device)
     _STATS.add("ring_pass_shape", _nbytes(shape))
-    return torch.Size(_p2p(shape, torch.empty_like(shape)).wait().tolist())
+    return torch.Size(_p2p(shape, torch.empty_like(shape), group).wait().tolist())
 
 
-def _p2p(send: Tensor, recv: Tensor) -> RingPass:
-    """Post send of ``send`` to rank+1 and receive into ``recv`` from rank-1 (empty tensors skipped)."""
-    p, r = world_size(), rank()
+def _p2p(send: Tensor, recv: Tensor, group: ProcessGroup | None = None) -> RingPass:
+    """Post send of ``send`` to rank+1 and receive into ``recv`` from rank-1 of ``group`` (empty tensors
+    skipped)."""
+    p, r = world_size(group), _rank(group)
     ops = []
     if send.numel() > 0:
-        ops.append(dist.P2POp(dist.isend, send, (r + 1) % p))
+        ops.append(dist.P2POp(dist.isend, send, _global_rank(group, (r + 1) % p), group))
     if recv.numel() > 0:
-        ops.append(dist.P2POp(dist.irecv, recv, (r - 1) % p))
+        ops.append(dist.P2POp(dist.irecv, recv, _global_rank(group, (r - 1) % p), group))
     works = dist.batch_isend_irecv(ops) if ops else []
     return RingPass(recv, list(works))
 
 
-def ring_pass_start(t: Tensor, recv_shape: Sequence[int] | None = None) -> RingPass:
+def ring_pass_start(
+    t: Tensor, recv_shape: Sequence[int] | None = None, *, group: ProcessGroup | None = None
+) -> RingPass:
     """Start sending ``t`` to rank + 1 and receiving rank - 1's tensor; returns a handle to ``wait()`` on.
 
     ``recv_shape`` (shape of the incoming tensor, same dtype) skips the shape exchange; without it one
     small extra ring exchange (``ring_pass_shape``) learns it. Keep ``t`` alive and unmodified until
     ``wait()`` returns. At world size 1 the handle returns ``t``.
     """
-    if not _parallel():
+    if not _parallel(group):
         return RingPass(t, [])
     send = t.detach().contiguous()
-    shape = torch.Size(recv_shape) if recv_shape is not None else _ring_shape(send)
+    shape = torch.Size(recv_shape) if recv_shape is not None else _ring_shape(send, group)
     recv = torch.empty(shape, dtype=send.dtype, device=send.device)
     _STATS.add("ring_pass", _nbytes(send))
-    return _p2p(send, recv)
+    return _p2p(send, recv, group)
 
 
-def ring_pass(t: Tensor, recv_shape: Sequence[int] | None = None) -> Tensor:
+def ring_pass(
+    t: Tensor, recv_shape: Sequence[int] | None = None, *, group: ProcessGroup | None = None
+) -> Tensor:
     """Send ``t`` to rank + 1, return what rank - 1 sent (shapes may differ). No autograd."""
-    return ring_pass_start(t, recv_shape).wait()
+    return ring_pass_start(t, recv_shape, group=group).wait()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -421,37 +479,47 @@ def ring_pass(t: Tensor, recv_shape: Sequence[int] | None = None) -> Tensor:
 
 
 class _GatherCatGrad(torch.autograd.Function):
-    """Forward: all-gather-cat along ``dim``. Backward: all-reduce (SUM) the full gradient, keep own block.
+    """Forward: all-gather-cat along ``dim``. Backward: reduce-scatter (SUM) of the full gradient, so
+    that each rank receives only its own block, summed.
 
     Each rank's loss may depend on the whole gathered tensor, so the gradient of the total objective
     (the sum of every rank's loss) wrt this rank's block is the sum over ranks of the block's slice.
+    A reduce-scatter moves half the bytes of an all-reduce of the whole gradient followed by a narrow
+    to the own block, and gives the same values up to the order of the sum over ranks (bitwise at
+    P = 2; at P >= 3 neither collective adds the ranks in a fixed order).
     """
 
     @staticmethod
-    def forward(ctx: Any, t: Tensor, dim: int, sizes: list[int]) -> Tensor:
-        ctx.dim, ctx.sizes, ctx.rank = dim, sizes, rank()
-        return all_gather_cat(t, dim, sizes=sizes)
+    def forward(ctx: Any, t: Tensor, dim: int, sizes: list[int], group: ProcessGroup | None) -> Tensor:
+        ctx.dim, ctx.sizes, ctx.group = dim, sizes, group
+        return all_gather_cat(t, dim, sizes=sizes, group=group)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        total = all_reduce(grad.contiguous(), "sum")  # (.., sum n_r, ..)
-        start = sum(ctx.sizes[: ctx.rank])
-        return total.narrow(ctx.dim, start, ctx.sizes[ctx.rank]), None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        with torch.no_grad():
+            mine = _reduce_scatter_dim0(grad.movedim(ctx.dim, 0), ctx.sizes, ctx.group)  # (n_r, *rest)
+        return mine.movedim(0, ctx.dim), None, None, None
 
 
-def all_gather_cat_grad(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None) -> Tensor:
-    """``all_gather_cat`` with autograd: backward = one ``all_reduce`` (SUM) of the full gradient.
+def _sizes_along(t: Tensor, dim: int, sizes: Sequence[int] | None, group: ProcessGroup | None) -> list[int]:
+    """``sizes`` as a list, or every rank's size of ``t`` along ``dim`` from one exchange."""
+    return list(sizes) if sizes is not None else _exchange_sizes(t.shape[dim], t.device, group)
+
+
+def all_gather_cat_grad(
+    t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None, group: ProcessGroup | None = None
+) -> Tensor:
+    """``all_gather_cat`` with autograd: backward = one ``reduce_scatter`` (SUM) of the full gradient,
+    padded to the largest block (none when every block is empty).
 
     Gradient convention (see the package docstring): the objective is the SUM over ranks of each rank's
     loss; the gradient delivered to ``t`` is that objective's gradient wrt this rank's block. Every rank
     must run backward through this node (lockstep), even if its loss ignores the result.
     """
-    if not _parallel():
+    if not _parallel(group):
         return t
     dim = dim % t.dim()
-    if sizes is None:
-        sizes = _exchange_sizes(t.shape[dim], t.device)
-    return _GatherCatGrad.apply(t, dim, list(sizes))
+    return _GatherCatGrad.apply(t, dim, _sizes_along(t, dim, sizes, group), group)
 
 
 class _GatherCatSameLoss(torch.autograd.Function):
@@ -459,46 +527,47 @@ class _GatherCatSameLoss(torch.autograd.Function):
     communication (Megatron's "gather from region": every rank computes the same loss)."""
 
     @staticmethod
-    def forward(ctx: Any, t: Tensor, dim: int, sizes: list[int]) -> Tensor:
-        ctx.dim, ctx.sizes, ctx.rank = dim, sizes, rank()
-        return all_gather_cat(t, dim, sizes=sizes)
+    def forward(ctx: Any, t: Tensor, dim: int, sizes: list[int], group: ProcessGroup | None) -> Tensor:
+        ctx.dim, ctx.sizes, ctx.rank = dim, sizes, _rank(group)
+        return all_gather_cat(t, dim, sizes=sizes, group=group)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         start = sum(ctx.sizes[: ctx.rank])
-        return grad.narrow(ctx.dim, start, ctx.sizes[ctx.rank]), None, None
+        return grad.narrow(ctx.dim, start, ctx.sizes[ctx.rank]), None, None, None
 
 
-def all_gather_cat_same_loss(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None) -> Tensor:
+def all_gather_cat_same_loss(
+    t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None, group: ProcessGroup | None = None
+) -> Tensor:
     """``all_gather_cat`` with autograd for a loss that every rank computes identically from the result
     (a replicated attack): backward keeps the rank's own block of the gradient. Pair it with
     :func:`reduce_grad` on the replicated input of a column-parallel layer."""
-    if not _parallel():
+    if not _parallel(group):
         return t
     dim = dim % t.dim()
-    if sizes is None:
-        sizes = _exchange_sizes(t.shape[dim], t.device)
-    return _GatherCatSameLoss.apply(t, dim, list(sizes))
+    return _GatherCatSameLoss.apply(t, dim, _sizes_along(t, dim, sizes, group), group)
 
 
 class _ReduceGrad(torch.autograd.Function):
     """Forward: identity. Backward: all-reduce (SUM) of the gradient (Megatron's "copy to region")."""
 
     @staticmethod
-    def forward(ctx: Any, t: Tensor) -> Tensor:
+    def forward(ctx: Any, t: Tensor, group: ProcessGroup | None) -> Tensor:
+        ctx.group = group
         return t.view_as(t)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        return all_reduce(grad.contiguous(), "sum")
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return all_reduce(grad.contiguous(), "sum", group=ctx.group), None
 
 
-def reduce_grad(t: Tensor) -> Tensor:
+def reduce_grad(t: Tensor, *, group: ProcessGroup | None = None) -> Tensor:
     """Mark a replicated tensor whose gradient every rank needs in full.
 
     A column-parallel layer gives each rank only its own block's part of the gradient wrt its
     (replicated) input; wrapping that input here sums the parts in backward, so every rank sees the
     same, complete gradient (e.g. PGD's input, which must stay identical on all ranks)."""
-    if not _parallel() or not t.requires_grad:
+    if not _parallel(group) or not t.requires_grad:
         return t
-    return _ReduceGrad.apply(t)
+    return _ReduceGrad.apply(t, group)

@@ -4,7 +4,7 @@ Lifecycle of a sharded weight ``W`` (``(out, in)`` or ``(out, in, kh, kw)``), mo
 
 * at rest, rank ``r`` keeps rows ``shard_range(out)`` only (``local``, a clone: the caller frees ``W``);
 * forward / IBP (``linear``, ``conv2d``) are column-parallel in both modes: rank ``r`` computes its output
-  slice with its shard, one ``all_gather`` assembles the (small) output; backward: one ``all_reduce``;
+  slice with its shard, one ``all_gather`` assembles the (small) output; backward: one ``reduce_scatter``;
 * CROWN's backward product (``linear_t``: ``A @ W``, ``conv_transpose2d``) needs W's rows against A's
   columns:
 
@@ -26,7 +26,7 @@ Collectives per call at ``P > 1`` (``comm.stats()`` names):
 =====================================  ===========================  ==============================
 operation                              forward                      backward (grad wrt the input)
 =====================================  ===========================  ==============================
-``linear`` / ``conv2d`` (fsdp, tp)     1 ``all_gather``             1 ``all_reduce``
+``linear`` / ``conv2d`` (fsdp, tp)     1 ``all_gather``             1 ``reduce_scatter``
 ``linear_t`` / ``conv_transpose2d``    fsdp: 1 ``all_gather``       fsdp: 1 ``all_gather``
                                        tp: P-1 ``ring_pass``        tp: P-1 ``ring_pass``
 ``gathered()`` (fsdp, tp)              1 ``all_gather``             --
