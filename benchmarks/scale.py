@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -112,8 +111,9 @@ def _ours(name: str, method: str, chunk: int, mode: str, threads: int) -> dict:
 
 def _auto_lirpa(name: str, method: str, chunk: int, threads: int) -> dict:
     """auto_LiRPA on the same model, box and rows (see the module docstring)."""
-    root = Path(os.environ["ABCROWN_PATH"])
-    sys.path[:0] = [str(root / "auto_LiRPA"), str(SHARED / "vendor" / "onnx2pytorch")]
+    from complete_verifier_ext.abcrown_plugin import locate
+
+    locate.activate(locate.find())  # auto_LiRPA and onnx2pytorch importable (as the plugin finds them)
     from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
 
     from complete_verifier_ext.parallel.memory import PeakMemory
