@@ -106,7 +106,6 @@ def neuron_rows(
     r0, r1 = comm.shard_range(len(idx))
     local = idx[r0:r1]
     r = len(local)
-    B = box[0].shape[0]
     most = max(comm.shard_sizes(len(idx)))
     step = max(1, min(chunk or most, most))
     lower, upper = [], []
@@ -114,12 +113,25 @@ def neuron_rows(
         part = local[c0 : c0 + step]
         m = len(part)
         a = None if alphas is None else {j: _alpha_rows(t, r, c0, m) for j, t in alphas.items()}
-        lb = back_substitute(graph, k, _unit_rows(part, B, graph.nodes[k].shape, a is None), bounds, box, a)
+        lb = _bound_unit_rows(graph, k, part, bounds, box, a)  # (2m, B)
         lower.append(lb[:m])
         upper.append(lb[m:])
     both = torch.stack([torch.cat(lower).T, -torch.cat(upper).T])  # (2, B, r)
     gathered = gather_rows(both, 2, grad, len(idx))  # (2, B, R)
     return gathered[0], gathered[1], gathered
+
+
+def _bound_unit_rows(
+    graph: Graph, k: int, part: Tensor, bounds: Bounds, box: Box, a: Alphas | None
+) -> Tensor:
+    """Lower bounds (2m, B) of ``[+e_part; -e_part] · value(k)``: the walk starts below node k when its
+    op gives those rows' backward without a product (a Linear layer), else at k."""
+    node, B = graph.nodes[k], box[0].shape[0]
+    short = node.op.unit_rows(part, B) if len(node.inputs) == 1 else None
+    if short is None:
+        return back_substitute(graph, k, _unit_rows(part, B, node.shape, a is None), bounds, box, a)
+    A_in, bias = short
+    return back_substitute(graph, node.inputs[0], A_in, bounds, box, a) + bias
 
 
 def _unit_rows(part: Tensor, B: int, shape, windows: bool) -> Tensor | Window:

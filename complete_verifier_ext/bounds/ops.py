@@ -47,6 +47,12 @@ class Op:
     folds_spec = False  # IBP of ``C @ y`` folds ``C`` into this op when it is the last node
     windows = False  # ``backward`` also takes a :class:`Window` A-matrix (else the walker densifies it)
 
+    def unit_rows(self, part: Tensor, B: int) -> tuple[Tensor, Tensor] | None:
+        """``backward`` of the rows ``[+e_part; -e_part]`` of this op's output without the product, as
+        ``(A_in (2m, B, *in_shape), bias (2m, B))``, or None where the op has no such shortcut (then the
+        rows go through ``backward``). The same collectives on every rank, whatever ``part`` holds."""
+        return None
+
     def compose_affine(self, M: np.ndarray | None, c: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
         """This op applied after ``x -> M x + c`` (``M`` None: the identity), as ``(M', c')`` in float64
         with whole weights (the MILP encoding, collective under FSDP); ``shape``: the op's output shape
@@ -110,6 +116,16 @@ class Linear(Op):
         # A: (S, B, out) -> (S, B, in)
         bias = 0.0 if self.bias is None else A @ self.bias  # (S, B)
         return [self.weight.linear_t(A)], bias
+
+    def unit_rows(self, part: Tensor, B: int) -> tuple[Tensor, Tensor] | None:
+        """``±e_i @ W`` is row i of W: a gather instead of a ``(2m, out) @ (out, in)`` product, bitwise the
+        same (auto_LiRPA's identity start). Under ``tp`` no rank may hold W's rows, so not there."""
+        if self.weight.mode == "tp":
+            return None
+        rows = self.weight.gathered()[part]  # (m, in)
+        A_in = torch.cat([rows, -rows])[:, None, :].expand(-1, B, -1)
+        b = torch.zeros(len(part)) if self.bias is None else self.bias[part]
+        return A_in, torch.cat([b, -b])[:, None].expand(-1, B)
 
     def compose_affine(self, M, c, shape):
         W = self.weight.gathered().double().cpu().numpy()
