@@ -448,3 +448,17 @@ def test_window_dense_and_union_by_hand() -> None:
     s = accumulate(b, c)
     assert isinstance(s, Window) and s.values.shape[3:] == (2, 2)
     torch.testing.assert_close(s.dense(), b.dense() + c.dense())
+
+
+def test_window_rows_with_sparse_alpha_equal_dense_alpha() -> None:
+    """α-CROWN with sparse α takes window rows (α looked up at every window entry); with dense α it
+    takes dense rows: the same optimisation, to float32 rounding."""
+    g = strided_residual_graph()
+    box = random_box((2, 9, 9), batch=2, seed=1, rad=(0.1, 0.5))
+    C = random_spec(3, 2)
+    _, state = crown(g, box, C)
+    lbs = [
+        alpha_crown(g, box, C, state, AlphaOptions(iteration=3, early_stop=False, sparse=sparse))[0]
+        for sparse in (False, True)
+    ]
+    torch.testing.assert_close(lbs[1], lbs[0], rtol=1e-5, atol=1e-4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -129,14 +130,16 @@ def _bound_unit_rows(
     node, B = graph.nodes[k], box[0].shape[0]
     short = node.op.unit_rows(part, B) if len(node.inputs) == 1 else None
     if short is None:
-        return back_substitute(graph, k, _unit_rows(part, B, node.shape, a is None), bounds, box, a)
+        windows = a is None or all(isinstance(t, Slopes) for t in a.values())
+        return back_substitute(graph, k, _unit_rows(part, B, node.shape, windows), bounds, box, a)
     A_in, bias = short
     return back_substitute(graph, node.inputs[0], A_in, bounds, box, a) + bias
 
 
 def _unit_rows(part: Tensor, B: int, shape, windows: bool) -> Tensor | Window:
     """Rows ``[+e_i; -e_i]`` for the neurons ``part`` of a node of ``shape``: ``(2m, B, *shape)``, or
-    for a conv feature map (without α) 1x1 :class:`Window` rows, which stay local as they go back."""
+    for a conv feature map (without α, or with sparse α) 1x1 :class:`Window` rows, which stay local as
+    they go back."""
     m = len(part)
     signs = torch.cat([torch.ones(m), -torch.ones(m)])
     if windows and len(shape) == 3:
@@ -193,6 +196,7 @@ def sweep(
     grad: bool = False,
     intersect: bool = True,
     chunk: int | None = None,
+    on_layer: Callable[[int, int], None] | None = None,
 ) -> CrownState:
     """IBP for every node, CROWN for every pre-activation node.
 
@@ -200,7 +204,8 @@ def sweep(
     sets per pre-activation node (else the unstable ones); ``alphas[k]``: α of start node k;
     ``intersect``: keep the IBP bound of a neuron where it is tighter than CROWN's (sound, and much
     tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN); ``chunk``: neurons per
-    back-substitution pass (see :func:`neuron_rows`).
+    back-substitution pass (see :func:`neuron_rows`); ``on_layer(k, rows)`` is told of every layer
+    refined (progress, benchmarks).
     """
     bounds: Bounds = {0: box}
     pre = set(pre_activation_nodes(graph))
@@ -227,6 +232,8 @@ def sweep(
         )
         gathered.append(g)
         bounds[k] = tighten(bounds[k], idx, lo_rows, hi_rows, intersect)
+        if on_layer is not None:
+            on_layer(k, len(idx))
     return CrownState(bounds, used_rows, gathered)
 
 

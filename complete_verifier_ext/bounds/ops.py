@@ -310,9 +310,9 @@ class Relu(Op):
         steps (β-CROWN's batches of domains) are not: there the recomputation's overhead would cost
         40 % of BaB's time and save a few MB."""
         if isinstance(A, Window):
-            if alpha is not None:
+            if alpha is not None and not isinstance(alpha, Slopes):
                 return self.backward_relu(A.dense(), lower, upper, alpha)
-            return self._window_backward(A, *self._cached_relaxation(lower, upper))
+            return self._window_backward(A, lower, upper, alpha)
         if A.numel() >= CHECKPOINT_NUMEL and torch.is_grad_enabled() and _needs_grad(A, lower, upper, alpha):
             return checkpoint(self._relu_step, A, lower, upper, alpha, use_reentrant=False)
         return self._relu_step(A, lower, upper, alpha)
@@ -326,11 +326,22 @@ class Relu(Op):
         lo_slope = self.lower_slope(lower, upper, alpha, lo_slope)
         return [A.clamp(min=0) * lo_slope + A_neg * up_slope], bias
 
-    @staticmethod
-    def _window_backward(A: Window, up_slope: Tensor, up_bias: Tensor, lo_slope: Tensor):
-        """The dense relaxation read at the window (slopes of neurons outside the map are 0)."""
+    def _window_backward(self, A: Window, lower: Tensor, upper: Tensor, alpha: Slopes | None):
+        """The relaxation read at each row's window (slopes outside the map are 0). With a sparse α,
+        the lower slope of a neuron in its index that is unstable is α, of any other the same as in
+        :meth:`_sparse_backward` (the upper slope: exact when stable)."""
+        up_slope, up_bias, lo_slope = self._cached_relaxation(lower, upper)
+        up = A.gather(up_slope)
+        if alpha is None:
+            lo = A.gather(lo_slope)
+        else:
+            unstable = A.gather(((lower < 0) & (upper > 0)).to(up.dtype)) > 0
+            slot = A.lookup(alpha.index)  # (S, 1, C, h, w): where each window entry sits in alpha.values
+            kept = alpha.values.gather(2, slot.clamp(min=0).flatten(2).expand(-1, up.shape[1], -1))
+            kept = kept.view(up.shape).clamp(0, 1)
+            lo = torch.where(unstable & (slot >= 0), kept, up)
         A_pos, A_neg = A.values.clamp(min=0), A.values.clamp(max=0)
-        A_in = A_pos * A.gather(lo_slope) + A_neg * A.gather(up_slope)
+        A_in = A_pos * lo + A_neg * up
         return [A.with_values(A_in)], (A_neg * A.gather(up_bias)).flatten(2).sum(-1)
 
     def _sparse_backward(

@@ -64,6 +64,16 @@ class Window:
         g = t[:, :, ys[:, :, None], xs[:, None, :]]  # (B, C, S, h, w)
         return g.permute(2, 0, 1, 3, 4) * mask
 
+    def lookup(self, index: Tensor) -> Tensor:
+        """(S, 1, C, h, w): for every window entry its position in ``index`` (flat neurons of the map),
+        -1 where it is not there or lies outside the map."""
+        C, H, W = self.shape
+        slot = torch.full((C * H * W,), -1, dtype=torch.long)
+        slot[index] = torch.arange(len(index))
+        ys, xs, mask = self._index()
+        pos = torch.arange(C)[None, :, None, None] * (H * W) + (ys[:, :, None] * W + xs[:, None, :])[:, None]
+        return torch.where(mask[:, 0], slot[pos], -1)[:, None]  # pos: (S, C, h, w)
+
     def masked(self) -> Window:
         """The same window with every entry outside the map set to zero (restores the invariant)."""
         return Window(self.values * self._index()[2], self.top, self.left, self.shape)
