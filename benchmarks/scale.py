@@ -3,6 +3,7 @@ ResNet-large shape, ours at P = 1, 2, 4 (fsdp, tp) against auto_LiRPA itself in 
 
     python benchmarks/scale.py [--models mlp1024x4,mlp2048x4,mlp4096x4,oval21,sri_resnet_a,resnet_large]
         [--methods crown,alpha] [--ranks 1,2,4] [--modes fsdp,tp] [--chunk 0] [--timeout 900] [--threads 1]
+        [--engines auto_LiRPA,ours]
 
 Every measurement is its own process (``MALLOC_MMAP_THRESHOLD_=65536``, so RSS follows live tensors), one
 mode per process; per-rank peak RSS of the bound computation above the RSS after loading. auto_LiRPA is
@@ -230,7 +231,10 @@ def jobs(args) -> list[tuple]:
     out = []
     for name in model_names(args.models):
         for method in args.methods.split(","):
-            out.append(("auto_LiRPA", name, method, 1, "-"))
+            if "auto_LiRPA" in args.engines:
+                out.append(("auto_LiRPA", name, method, 1, "-"))
+            if "ours" not in args.engines:
+                continue
             out.append(("ours", name, method, 1, "-"))
             for P in (int(p) for p in args.ranks.split(",") if int(p) > 1):
                 out += [("ours", name, method, P, mode) for mode in args.modes.split(",")]
@@ -244,6 +248,7 @@ def main() -> None:
     ap.add_argument("--methods", default="crown,alpha")
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--modes", default="fsdp,tp")
+    ap.add_argument("--engines", default="auto_LiRPA,ours")
     ap.add_argument("--chunk", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=900)
