@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..attack import sign_step
 from ..bounds.beta import optimise_alpha_beta, split_bound
 from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
 from ..bounds.graph import Graph
@@ -293,8 +294,7 @@ class ReluSplitBab:
                 y = self.graph(xin).reshape(xs.shape[0], -1)
                 m = self.problem.point_margins(y).min(1).values
                 (grad,) = torch.autograd.grad(m.sum(), xg)
-            grad = torch.nan_to_num(grad, nan=0.0)  # a NaN output gives no direction, never a NaN point
-            xs = torch.minimum(torch.maximum(xs.detach() - step * grad.sign(), lo), hi)
+            xs = sign_step(xs, grad, step, lo, hi)  # a NaN output gives no direction, never a NaN point
             step = step * 0.7
         return xs
 
