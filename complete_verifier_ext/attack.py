@@ -188,11 +188,12 @@ def _keep_best(
     return best_x, best_margin
 
 
-def _sign_step(
+def sign_step(
     x: torch.Tensor, grad: torch.Tensor | None, step_size: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
 ) -> torch.Tensor:
-    """One descent step of ``step_size`` (float64, per dimension) along ``-sign(grad)``, projected onto
-    the box; no gradient (or NaN) leaves a coordinate where it is."""
+    """One descent step of ``step_size`` (per dimension) along ``-sign(grad)``, projected onto the box;
+    no gradient (or NaN) leaves a coordinate where it is. The one PGD step of the attack and of BaB's
+    search for counterexamples among its domains' minimisers."""
     if grad is None:
         grad = torch.zeros_like(x)
     grad = torch.nan_to_num(grad, nan=0.0)
@@ -232,7 +233,7 @@ def _pgd_steps(
                 break  # the update would never be evaluated
             loss = torch.where(attacked, torch.relu(rows), 0.0).sum()
             grad = torch.autograd.grad(loss, xg, allow_unused=True)[0] if loss.requires_grad else None
-        x = _sign_step(x, grad, alpha * pgd.decay**step, *box)
+        x = sign_step(x, grad, alpha * pgd.decay**step, *box)
     return best_x
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..attack import sign_step
 from ..bounds.beta import optimise_alpha_beta, split_bound
 from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
 from ..bounds.graph import Graph
@@ -35,9 +36,8 @@ from ..bounds.ops import Relu
 from ..bounds.walk import Bounds, Box
 from ..parallel import comm
 from ..spec import Clauses, EmptyFloat32BoxError, float32_box
+from .branching import babsr, babsr_scores, fsb
 from .common import BabOptions, BabResult, agree_round, rebalance_plan, spread_positions
-
-Branch = tuple[int, int]  # (pre-activation node, flat neuron index)
 
 
 @dataclass
@@ -138,23 +138,6 @@ class BetaCrown:
         return torch.where(a >= 0, lo, hi)
 
 
-def babsr_scores(
-    bc: BetaCrown, record: dict[int, Tensor], bounds: Bounds, split: dict[int, Tensor], rows: Tensor
-) -> dict[int, Tensor]:
-    """Score of splitting each free unstable neuron (``Relu.split_score``), its weight |A| summed over
-    the rows that are not yet verified.  (B, n_k) per node."""
-    scores = {}
-    for j in bc.relus:
-        k = bc.relu_in[j]
-        lo, hi = bounds[k]
-        A = record.get(j)
-        if A is None:
-            continue
-        w = (A.abs() * rows.T.reshape(A.shape[0], A.shape[1], *[1] * (A.dim() - 2))).sum(0)  # (B, *shape)
-        scores[k] = Relu.split_score(w, lo, hi, split[k] == 0).flatten(1)
-    return scores
-
-
 class ReluSplitBab:
     def __init__(
         self, graph: Graph, box: Box, problem: Clauses, opts: BabOptions, lower: np.ndarray, upper: np.ndarray
@@ -238,9 +221,9 @@ class ReluSplitBab:
         split = {k: torch.cat([d.splits[k] for d in doms]) for k in self.bc.pre} if B else {}
         scores = babsr_scores(self.bc, record, bounds, split, open_rows.float()) if B else {}
         if self.opts.branching in ("fsb", "kfsb"):
-            choice = self.fsb_choice(bounds, split, alpha, beta, scores, B)
+            choice = fsb(self.bc, self.problem, self.opts, bounds, split, alpha, beta, scores, B)
         else:
-            choice = self.babsr_choice(scores, B)
+            choice = babsr(scores, B)
         keep = []
         for b, d in enumerate(doms):
             if float(worst[b]) > 0:
@@ -293,96 +276,9 @@ class ReluSplitBab:
                 y = self.graph(xin).reshape(xs.shape[0], -1)
                 m = self.problem.point_margins(y).min(1).values
                 (grad,) = torch.autograd.grad(m.sum(), xg)
-            grad = torch.nan_to_num(grad, nan=0.0)  # a NaN output gives no direction, never a NaN point
-            xs = torch.minimum(torch.maximum(xs.detach() - step * grad.sign(), lo), hi)
+            xs = sign_step(xs, grad, step, lo, hi)  # a NaN output gives no direction, never a NaN point
             step = step * 0.7
         return xs
-
-    @staticmethod
-    def _flat_scores(scores: dict[int, Tensor], B: int) -> tuple[Tensor, list[tuple[int, int]]]:
-        """All nodes' scores side by side (B, N), and (node, offset) of each node's block."""
-        blocks, offs, o = [], [], 0
-        for k, sc in scores.items():
-            blocks.append(sc)
-            offs.append((k, o))
-            o += sc.shape[1]
-        return (torch.cat(blocks, 1) if blocks else torch.zeros(B, 0)), offs
-
-    @staticmethod
-    def _locate(offs: list[tuple[int, int]], flat: int) -> tuple[int, int]:
-        for k, o in reversed(offs):
-            if flat >= o:
-                return k, flat - o
-        raise IndexError(flat)
-
-    def babsr_choice(self, scores: dict[int, Tensor], B: int) -> list[Branch | None]:
-        allsc, offs = self._flat_scores(scores, B)
-        out: list[Branch | None] = []
-        for b in range(B):
-            if allsc.shape[1] == 0 or float(allsc[b].max()) < 0:
-                out.append(None)
-            else:
-                out.append(self._locate(offs, int(allsc[b].argmax())))
-        return out
-
-    @torch.no_grad()
-    def fsb_choice(
-        self,
-        bounds: Bounds,
-        split: dict[int, Tensor],
-        alpha: dict[int, Tensor],
-        beta: dict[int, Tensor],
-        scores: dict[int, Tensor],
-        B: int,
-    ) -> list[Branch | None]:
-        """Filtered smart branching: the top ``candidates`` neurons by BaBSR score are each tried
-        with one cheap bound of both children (current α and β, no optimisation), all in ONE batched
-        back-substitution (also run with an empty batch, for lockstep); the candidate whose children
-        score best under ``reduceop`` wins."""
-        g, bc = self.graph, self.bc
-        S = self.problem.C.shape[0]
-        allsc, offs = self._flat_scores(scores, B)
-        kk = max(1, min(self.opts.candidates, allsc.shape[1])) if B else 1
-        n = B * kk * 2
-        if B:
-            top_v, top_i = allsc.topk(kk, dim=1)  # (B, kk)
-            starts = torch.tensor([o for _, o in offs])
-            block = torch.searchsorted(starts, top_i, right=True) - 1  # (B, kk): which node
-            neuron = top_i - starts[block]
-        cb, sp, bt = {}, {}, {}
-        for k in bc.pre:
-            shape = g.nodes[k].shape
-            if B:
-                lo = bounds[k][0].repeat_interleave(2 * kk, 0).flatten(1).clone()
-                hi = bounds[k][1].repeat_interleave(2 * kk, 0).flatten(1).clone()
-                here = [i for i, (node, _) in enumerate(offs) if node == k]
-                for c in range(kk):
-                    sel = (block[:, c] == here[0]) if here else torch.zeros(B, dtype=torch.bool)
-                    b_idx, nr = sel.nonzero().flatten(), neuron[sel, c]
-                    act, ina = b_idx * 2 * kk + c * 2, b_idx * 2 * kk + c * 2 + 1
-                    lo[act, nr] = lo[act, nr].clamp(min=0.0)
-                    hi[ina, nr] = hi[ina, nr].clamp(max=0.0)
-                cb[k] = (lo.view(n, *shape), hi.view(n, *shape))
-                sp[k], bt[k] = split[k].repeat_interleave(2 * kk, 0), beta[k].repeat_interleave(2 * kk, 1)
-            else:
-                cb[k] = (torch.zeros(0, *shape), torch.zeros(0, *shape))
-                sp[k], bt[k] = torch.zeros(0, *shape), torch.zeros(S, 0, *shape)
-        al = {j: a.repeat_interleave(2 * kk, 1) for j, a in alpha.items()}
-        box = (bc.box[0].expand(n, *bc.box[0].shape[1:]), bc.box[1].expand(n, *bc.box[1].shape[1:]))
-        A = spec_matrix(self.problem.C, n, g.nodes[bc.out].shape)
-        lb = split_bound(g, bc.out, A, cb, box, al, sp, bt).T  # (n, S)
-        if not B:
-            return []
-        worst = self.problem.margins(lb).min(1).values.view(B, kk, 2)
-        red = worst.min(2).values if self.opts.reduceop == "min" else worst.max(2).values
-        red = torch.where(top_v >= 0, red, torch.full_like(red, -torch.inf))
-        out: list[Branch | None] = []
-        for b in range(B):
-            if float(top_v[b, 0]) < 0:
-                out.append(None)
-                continue
-            out.append(self._locate(offs, int(top_i[b, int(red[b].argmax())])))
-        return out
 
     # ---- rounds ----------------------------------------------------------------------------------------
     def pop_batch(self) -> list[Domain]:

@@ -12,7 +12,9 @@ Contract (after auto_LiRPA's operator classes, kept minimal):
   for affine operators).  Upper bounds are lower bounds of negated rows.
 
 ``Relu`` is the only non-linear operator; its backward also takes the pre-activation bounds and an
-optional slope tensor ``alpha`` (α-CROWN).  Weights of ``Linear``/``Conv`` live in a
+optional slope tensor ``alpha`` (α-CROWN). The walker calls every op the same way,
+``bound_backward(A, in_shapes, in_bounds, alpha)``; an op that ``needs_bounds`` gets its inputs'
+bounds.  Weights of ``Linear``/``Conv`` live in a
 :class:`~complete_verifier_ext.parallel.sharded.ShardedWeight`, so the same code runs sharded.
 """
 
@@ -46,6 +48,14 @@ class Op:
     weight: ShardedWeight | None = None  # Linear/Conv: the weight that fsdp/tp shard
     folds_spec = False  # IBP of ``C @ y`` folds ``C`` into this op when it is the last node
     windows = False  # ``backward`` also takes a :class:`Window` A-matrix (else the walker densifies it)
+    needs_bounds = False  # the backward relaxes the op with its inputs' bounds (and takes α)
+
+    def bound_backward(
+        self, A, in_shapes: list, in_bounds: list[Box], alpha=None
+    ) -> tuple[list[Tensor | Window | None], Tensor | float]:
+        """What the walker calls: ``backward(A, *in_shapes)``; ``in_bounds`` (the inputs' bounds, given
+        when ``needs_bounds``) and ``alpha`` are for ops that relax."""
+        return self.backward(A, *in_shapes)
 
     def unit_rows(self, part: Tensor, B: int) -> tuple[Tensor, Tensor] | None:
         """``backward`` of the rows ``[+e_part; -e_part]`` of this op's output without the product, as
@@ -241,7 +251,11 @@ class Relu(Op):
     """
 
     is_relu = True
-    windows = True  # without α
+    windows = True
+    needs_bounds = True
+
+    def bound_backward(self, A, in_shapes, in_bounds, alpha=None):
+        return self.backward_relu(A, *in_bounds[0], alpha)
 
     def __init__(self) -> None:
         self._relax_cache: tuple | None = None  # see _cached_relaxation

@@ -102,13 +102,12 @@ def back_substitute(
             A_k = A_k + betas[k]
         if record is not None and node.op.is_relu:
             record[k] = A_k
-        if node.op.is_relu:
-            lo, hi = bounds[node.inputs[0]]
-            ok = ok & finite_batch((lo, hi))
-            alpha = None if alphas is None else alphas.get(k)
-            A_in, b = node.op.backward_relu(A_k, lo, hi, alpha)
-        else:
-            A_in, b = node.op.backward(A_k, *(graph.nodes[i].shape for i in node.inputs))
+        in_bounds = [bounds[i] for i in node.inputs] if node.op.needs_bounds else []
+        for b in in_bounds:  # a relaxation built from a non-finite bound proves nothing
+            ok = ok & finite_batch(b)
+        alpha = None if alphas is None else alphas.get(k)
+        shapes = [graph.nodes[i].shape for i in node.inputs]
+        A_in, b = node.op.bound_backward(A_k, shapes, in_bounds, alpha)
         del A_k
         bias = bias + b
         for i, Ai in zip(node.inputs, A_in, strict=True):
