@@ -131,6 +131,7 @@ def _auto_lirpa(name: str, method: str, chunk: int, threads: int) -> dict:
     x0 = (box[0] + box[1]) / 2
     opts = {
         "crown_batch_size": chunk or float("inf"),
+        "batched_crown_max_vram_ratio": 0.9,  # alpha-beta-CROWN's default (read once chunks are used)
         "optimize_bound_args": {"iteration": ITERS, "lr_alpha": LR, "early_stop_patience": ITERS + 1},
         "verbosity": 0,
     }
