@@ -147,7 +147,9 @@ def test_two_ranks_same_verdict_and_bounds(tmp_path):
     _, single, _ = _run(tmp_path)
     code, sharded, result = _run(tmp_path, "--parallel.mode", "fsdp", "--parallel.world_size", "2")
     assert code == 0 and result == "unsat\n" and len(sharded["peak_mb"]) == 2
-    np.testing.assert_allclose(sharded["bounds"]["crown"], single["bounds"]["crown"], rtol=1e-6, atol=1e-7)
+    # Rows split over two ranks go through products of other shapes (another BLAS blocking): float32
+    # rounding of terms of magnitude ~1, seen up to 3.6e-7 on the bound -0.0337.
+    np.testing.assert_allclose(sharded["bounds"]["crown"], single["bounds"]["crown"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(sharded["bounds"]["alpha_crown"], single["bounds"]["alpha_crown"], atol=1e-4)
 
 
