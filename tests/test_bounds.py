@@ -18,7 +18,14 @@ from torch import nn
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
-from complete_verifier_ext.bounds.crown import _unit_rows, crown, final_bounds, ibp, pre_activation_nodes
+from complete_verifier_ext.bounds.crown import (
+    _unit_rows,
+    crown,
+    final_bounds,
+    ibp,
+    neuron_rows,
+    pre_activation_nodes,
+)
 from complete_verifier_ext.bounds.graph import Graph
 from complete_verifier_ext.bounds.ops import Add, Affine, Conv, Flatten, Input, Linear, Relu, Slopes
 from complete_verifier_ext.bounds.walk import back_substitute
@@ -462,3 +469,19 @@ def test_window_rows_with_sparse_alpha_equal_dense_alpha() -> None:
         for sparse in (False, True)
     ]
     torch.testing.assert_close(lbs[1], lbs[0], rtol=1e-5, atol=1e-4)
+
+
+def test_linear_unit_rows_whose_bias_overflows_prove_nothing() -> None:
+    """The rows of a Linear pre-activation start below it, and its bias is added after the walk: a lower
+    bound that overflows there (1.5e38 + 2.5e38) is -inf (not proven), never +inf."""
+    g = Graph()
+    g.add("x", Input(), (), (1,))
+    g.add("fc1", Linear(torch.ones(1, 1), torch.zeros(1)), (0,), (1,))
+    g.add("r1", Relu(), (1,), (1,))
+    g.add("fc2", Linear(torch.ones(1, 1), torch.full((1,), 2.5e38)), (2,), (1,))
+    g.add("r2", Relu(), (3,), (1,))
+    g.add("out", Linear(torch.ones(1, 1), torch.zeros(1)), (4,), (1,))
+    box = (torch.full((1, 1), 1.5e38), torch.full((1, 1), 1.6e38))
+    _, bounds = ibp(g, box, torch.ones(1, 1))
+    lower, upper, _ = neuron_rows(g, 3, torch.tensor([0]), bounds, box, None, False)
+    assert lower.item() == -torch.inf and upper.item() == torch.inf

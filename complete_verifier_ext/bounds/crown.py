@@ -132,8 +132,8 @@ def _bound_unit_rows(
     if short is None:
         windows = a is None or all(isinstance(t, Slopes) for t in a.values())
         return back_substitute(graph, k, _unit_rows(part, B, node.shape, windows), bounds, box, a)
-    A_in, bias = short
-    return back_substitute(graph, node.inputs[0], A_in, bounds, box, a) + bias
+    A_in, bias = short  # the bias is added after the walk: a sum that overflows proves nothing
+    return proven_only(back_substitute(graph, node.inputs[0], A_in, bounds, box, a) + bias)
 
 
 def _unit_rows(part: Tensor, B: int, shape, windows: bool) -> Tensor | Window:
@@ -141,13 +141,11 @@ def _unit_rows(part: Tensor, B: int, shape, windows: bool) -> Tensor | Window:
     for a conv feature map (without α, or with sparse α) 1x1 :class:`Window` rows, which stay local as
     they go back."""
     m = len(part)
-    signs = torch.cat([torch.ones(m), -torch.ones(m)])
+    neurons, signs = torch.cat([part, part]), torch.cat([torch.ones(m), -torch.ones(m)])
     if windows and len(shape) == 3:
-        return Window.of_neurons(torch.cat([part, part]), signs, B, tuple(shape))
+        return Window.of_neurons(neurons, signs, B, tuple(shape))
     C = torch.zeros(2 * m, B, math.prod(shape))  # (2m, B, n)
-    ar = torch.arange(m)
-    C[ar, :, part] = 1.0
-    C[ar + m, :, part] = -1.0
+    C[torch.arange(2 * m), :, neurons] = signs[:, None]
     return C.view(2 * m, B, *shape)
 
 
