@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import provenance, spawn_json
+from measure import max_rel_diff, provenance, spawn_json
 from memory_scaling import wide_mlp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def table(rows: list[dict]) -> str:
         peak = max(r["peak_mb"])
         ratio = f"{peak / max(b['peak_mb']):.2f}" if b else "-"
         tratio = f"{r['time_s'] / b['time_s']:.2f}" if b else "-"
-        diff = max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(r["lb"], b["lb"], strict=True)) if b else 0
+        diff = max_rel_diff(r["lb"], b["lb"]) if b else 0
         method = f"{r['method']} ({r['iters']} it.)" if r["iters"] else r["method"]
         lines.append(
             f"| {r['model']} | {method} | {r['P']} | "

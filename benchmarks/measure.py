@@ -24,6 +24,11 @@ def provenance() -> dict:
     }
 
 
+def max_rel_diff(lb: list[float], ref: list[float]) -> float:
+    """Largest ``|lb - ref| / max(|ref|, 1e-9)`` over the rows: how far a bound list is from a reference."""
+    return max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(lb, ref, strict=True))
+
+
 def add_provenance(path: Path) -> None:
     """Add the provenance to a results JSON that another program wrote (an ``abcrown --summary``)."""
     data = json.loads(path.read_text())

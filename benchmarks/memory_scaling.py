@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import provenance, spawn_json
+from measure import max_rel_diff, provenance, spawn_json
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -126,8 +126,7 @@ def table(rows: list[dict]) -> str:
         tratio = f"{r['time_s'] / b['time_s']:.2f}" if b else "-"
         diff = "-"
         if b:
-            diff = max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(r["lb"], b["lb"], strict=True))
-            diff = f"{diff:.1e}"
+            diff = f"{max_rel_diff(r['lb'], b['lb']):.1e}"
         per_rank = "/".join(f"{p:.0f}" for p in r["peak_mb"])
         lines.append(
             f"| {r['model']} | {r['method']} | {r['iters'] or '-'} | {r['P']} | {r['mode']} | "

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import REPO, provenance, spawn_json
+from measure import REPO, max_rel_diff, provenance, spawn_json
 
 SHARED = REPO.parent / "shared"
 ITERS, LR = 20, 0.1
@@ -200,7 +200,7 @@ def table(rows: list[dict]) -> str:
         peak = max(r["peak_mb"])
         diff = "-"
         if a is not None:
-            diff = f"{max(abs(x - y) / max(abs(y), 1e-9) for x, y in zip(r['lb'], a['lb'], strict=True)):.1e}"
+            diff = f"{max_rel_diff(r['lb'], a['lb']):.1e}"
         per_rank = "/".join(f"{p:.0f}" for p in r["peak_mb"])
         lines.append(
             f"{head} {r['chunk'] or 'one pass'} | {per_rank} | {_ratio(peak, a, 'peak_mb')} | "
