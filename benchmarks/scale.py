@@ -83,20 +83,28 @@ def problem(name: str):
     return g, (lo, hi), C, onnx_path
 
 
+def _chunk(g, onnx_path: str | None, chunk: int) -> int:
+    """``chunk``, or for a conv model given 0 what ``solver.crown.batch_size: 0`` picks (the MLPs keep 0:
+    one pass per layer, auto_LiRPA's default)."""
+    if onnx_path is None or chunk:
+        return chunk
+    from complete_verifier_ext.config import Config
+    from complete_verifier_ext.verify import crown_chunk
+
+    return crown_chunk(Config(), g)
+
+
 def _ours(name: str, method: str, chunk: int, mode: str, threads: int) -> dict:
     from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
     from complete_verifier_ext.bounds.crown import crown
-    from complete_verifier_ext.config import Config
     from complete_verifier_ext.parallel import comm
     from complete_verifier_ext.parallel.memory import PeakMemory
-    from complete_verifier_ext.verify import crown_chunk
 
     torch.set_num_threads(threads)
     g, box, C, onnx_path = problem(name)
     if comm.world_size() > 1:
         g.shard(mode)
-    if onnx_path is not None and not chunk:
-        chunk = crown_chunk(Config(), g)
+    chunk = _chunk(g, onnx_path, chunk)
     pm = PeakMemory(comm.device())
     comm.barrier()
     pm.start()
@@ -122,11 +130,7 @@ def _auto_lirpa(name: str, method: str, chunk: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     g, box, C, onnx_path = problem(name)
     model = _torch_model(g, onnx_path)
-    if onnx_path is not None and not chunk:
-        from complete_verifier_ext.config import Config
-        from complete_verifier_ext.verify import crown_chunk
-
-        chunk = crown_chunk(Config(), g)
+    chunk = _chunk(g, onnx_path, chunk)
     del g
     x0 = (box[0] + box[1]) / 2
     opts = {
