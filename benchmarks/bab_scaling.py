@@ -35,7 +35,7 @@ INSTANCES = [
 
 def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> dict:
     from complete_verifier_ext.bab.common import BabOptions
-    from complete_verifier_ext.bab.relu_split import ReluSplitBab
+    from complete_verifier_ext.bab.relu_split import relu_split_bab
     from complete_verifier_ext.config_load import load_config
     from complete_verifier_ext.parallel import comm
     from complete_verifier_ext.parallel.memory import PeakMemory
@@ -68,16 +68,25 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> 
     opts = BabOptions(batch_size=max(2, batch // P), branching="kfsb", candidates=3, iteration=20)
     done = [0]
 
-    def on_round(r: int, left: int, worst: float) -> None:
+    def on_round(r: int, left: int, worst: float, bounded: int) -> None:
         done[0] = r
 
     pm = PeakMemory(comm.device())
     comm.barrier()
     pm.start()
     t0 = time.perf_counter()
-    bab = ReluSplitBab(graph, input_box(region, graph), problem, opts, region.lower, region.upper)
     with graph.replicated() if weights == "replicated" else contextlib.nullcontext():
-        res = bab.run(run.state, lambda: comm.all_reduce_flag(done[0] >= rounds, "or"), on_round)
+        res = relu_split_bab(
+            graph,
+            input_box(region, graph),
+            problem,
+            run.state,
+            opts,
+            lambda: comm.all_reduce_flag(done[0] >= rounds, "or"),
+            region.lower,
+            region.upper,
+            on_round,
+        )
     elapsed = time.perf_counter() - t0
     peak = comm.all_gather_cat(torch.tensor([pm.peak_mb()], dtype=torch.float64)).tolist()
     return {

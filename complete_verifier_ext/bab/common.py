@@ -1,16 +1,14 @@
-"""Shared pieces of branch and bound: options, results, lockstep round decisions, the rebalancing plan
-(the clause margins are :class:`spec.Clauses`)."""
+"""Shared pieces of branch and bound: options, results, the rebalancing plan (the round loop is
+:mod:`bab.search`, the clause margins :class:`spec.Clauses`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..config import Config
-from ..parallel import comm
 
 _DEFAULT = Config()  # the one source of the defaults below: the config's
 
@@ -77,23 +75,3 @@ def spread_positions(n: int, count: int) -> list[int]:
     """``count`` positions spread evenly over ``0 .. n-1`` (``count <= n``): the domains a rebalancing
     sender gives away from its queue sorted by bound, so that it keeps a fair share of its hard ones."""
     return [(2 * i + 1) * n // (2 * count) for i in range(count)]
-
-
-def agree_round(
-    found: bool, n_local: int, worst: float, expired: Callable[[], bool]
-) -> tuple[bool, int, float, bool]:
-    """The per-round collective decision: (anyone found a counterexample, domains left on all ranks,
-    global worst bound, out of time).  Every rank calls it once per round, whatever its data."""
-    t = torch.tensor([float(found), float(n_local), -worst], dtype=torch.float64)
-    s = comm.all_reduce(t[:2].clone(), "sum")
-    w = comm.all_reduce(t[2:].clone(), "max")
-    return bool(s[0] > 0), int(s[1]), float(-w[0]), expired()
-
-
-def share_counterexample(x: np.ndarray | None) -> np.ndarray | None:
-    """The counterexample of the lowest rank that has one, on every rank."""
-    has = comm.all_gather_cat(torch.tensor([float(x is not None)]), 0)
-    owners = has.nonzero().flatten().tolist()
-    if not owners:
-        return None
-    return comm.broadcast_object(x, src=owners[0])

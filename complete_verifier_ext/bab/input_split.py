@@ -10,14 +10,12 @@ linear lower bound ``a·x + c`` of its worst spec row. Each round:
    ``method == "alpha-crown"``); children whose every clause margin is > 0 are verified and dropped;
 3. counterexample candidates are evaluated on the model: the centre of every unverified child and the
    vertex that minimises its worst row's linear bound, both clamped into the original box;
-4. ``agree_round`` (found / domains left / worst margin / expired), then ``share_counterexample``, then
-   (unless the search ended) one all-gather of the queue sizes and, when the largest and smallest queue
-   differ by more than one batch, one rebalancing all-gather.
+4. the round loop of :func:`bab.search.run_search` agrees on the verdict and rebalances the queues.
 
 Verdicts: a counterexample -> ``sat`` (a flat float32 numpy input inside the original box, which the
-caller re-checks); no domain left on any rank -> ``unsat``; ``expired()`` -> ``timeout``; the queues of
-all ranks together above ``opts.max_domains`` -> ``unknown``. The checks come in that order, all from
-collectively agreed numbers, so every rank returns the same result.
+caller re-checks); the queues of all ranks together above ``opts.max_domains`` -> ``unknown``; no
+domain left on any rank -> ``unsat``; ``expired()`` -> ``timeout``, all from collectively agreed
+numbers, so every rank returns the same result.
 
 Branching heuristic: bisect dimension ``argmax_j width_j · (|a_j| + 0.01·max_k |a_k|)``, where ``a`` is
 the input coefficient vector of the domain's worst row's CROWN linear lower bound (computed once per
@@ -40,9 +38,9 @@ then the bounding is skipped on every rank alike. Each rank then keeps its own s
 
 Collectives per round at P > 1: 2 all-gathers for the children (sizes, boxes), the engine's (crown /
 alpha-crown, the coefficient pass and one forward of the candidates; none when no rank has a child),
-``agree_round`` (2 all-reduces + whatever ``expired`` does), ``share_counterexample`` (1 all-gather,
-1 broadcast_object when found), and, when the search goes on, 1 all-gather of the queue sizes plus 1
-all-gather when rebalancing. World size 1 runs the same code with every collective a no-op.
+``agree_round`` (2 all-reduces + whatever ``expired`` does), ``share_counterexample`` when found
+(1 all-gather, 1 broadcast_object), and, when the search goes on, 1 all-gather of the queue sizes plus
+1 all-gather when rebalancing. World size 1 runs the same code with every collective a no-op.
 """
 
 from __future__ import annotations
@@ -61,7 +59,8 @@ from ..bounds.graph import Graph
 from ..bounds.walk import back_substitute
 from ..parallel import comm
 from ..spec import Clauses
-from .common import BabOptions, BabResult, agree_round, rebalance_plan, share_counterexample, spread_positions
+from .common import BabOptions, BabResult, spread_positions
+from .search import run_search
 
 __all__ = ["METHODS", "input_split_bab"]
 
@@ -99,8 +98,11 @@ class Domains:
         """Worst clause margin of every domain (N,): the priority, lowest first."""
         return self.margins.min(1).values
 
-    def take(self, idx: Tensor) -> Domains:
+    def take(self, idx: Tensor | slice) -> Domains:
         return Domains(self.lo[idx], self.hi[idx], self.margins[idx], self.coef[idx])
+
+    def __getitem__(self, s: slice) -> Domains:
+        return self.take(s)
 
     def without(self, idx: Tensor) -> Domains:
         keep = torch.ones(len(self), dtype=torch.bool)
@@ -222,25 +224,6 @@ def spread_pick(queue: Domains, count: int) -> Tensor:
     return order[torch.tensor(spread_positions(len(queue), count), dtype=torch.long)]
 
 
-def rebalance(queue: Domains, sizes: list[int], n: int) -> Domains:
-    """Execute ``rebalance_plan(sizes)`` with one all-gather; returns this rank's new queue."""
-    me = comm.rank()
-    moves = rebalance_plan(sizes)
-    out_sizes = [sum(c for s, _, c in moves if s == r) for r in range(len(sizes))]
-    mine = [c for s, _, c in moves if s == me]
-    leaving = spread_pick(queue, sum(mine)) if mine else torch.zeros(0, dtype=torch.long)
-    sent = queue.take(leaving)  # in the order of this rank's moves
-    queue = queue.without(leaving)
-    every = comm.all_gather_cat(sent.pack(), 0, sizes=out_sizes)
-    starts = [sum(out_sizes[:r]) for r in range(len(sizes))]
-    received = []
-    for src, dst, count in moves:
-        if dst == me:
-            received.append(Domains.unpack(every[starts[src] : starts[src] + count], n))
-        starts[src] += count
-    return Domains.cat([queue, *received]) if received else queue
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The search
 # ----------------------------------------------------------------------------------------------------------
@@ -257,14 +240,13 @@ def _bound_children(
     box0: tuple[Tensor, Tensor],
 ) -> tuple[Domains, np.ndarray | None, int]:
     """Bound every rank's children together; return this rank's unverified children, the first
-    counterexample among its children (or None) and the number of children bounded on all ranks."""
+    counterexample among its children (or None) and the number of its children."""
     n = lo.shape[1]
     sizes = [int(s) for s in comm.all_gather_cat(torch.tensor([lo.shape[0]], dtype=torch.int64), 0).tolist()]
     me = comm.rank()
     first, k = sum(sizes[:me]), sizes[me]
     every = comm.all_gather_cat(torch.cat([lo.double(), hi.double(), parent_margins], 1), 0, sizes=sizes)
-    total = sum(sizes)
-    if total == 0:  # every rank sees the same sizes: nothing bounded anywhere
+    if sum(sizes) == 0:  # every rank sees the same sizes: nothing bounded anywhere
         return Domains.empty(n, problem.n_clauses), None, 0
     lo_all, hi_all = every[:, :n].float(), every[:, n : 2 * n].float()
     lb, state = bound_batch(graph, lo_all, hi_all, problem, method, opts)  # (B, S), replicated
@@ -285,7 +267,7 @@ def _bound_children(
             cex = cand[hit[0]].cpu().numpy().astype(np.float32).copy()
     own = open_[(open_ >= first) & (open_ < first + k)]
     kept = Domains(lo_all[own], hi_all[own], margins[own], coef[own])
-    return kept, cex, total
+    return kept, cex, k
 
 
 def _flat_box(box: tuple[Tensor, Tensor], n: int) -> tuple[Tensor, Tensor]:
@@ -299,6 +281,59 @@ def _flat_box(box: tuple[Tensor, Tensor], n: int) -> tuple[Tensor, Tensor]:
     return lo0, hi0
 
 
+class InputSplitSearch:
+    """Input-split domains of one rank, as a :class:`bab.search.Search`: the ``batch_size`` worst
+    parents are bisected per rank per round."""
+
+    def __init__(
+        self, graph: Graph, box0: tuple[Tensor, Tensor], problem: Clauses, opts: BabOptions, method: str
+    ):
+        self.graph, self.box0, self.problem, self.opts, self.method = graph, box0, problem, opts, method
+        self.n = box0[0].numel()
+        self.queue = Domains.empty(self.n, problem.n_clauses)
+        self.per_round = opts.batch_size
+        self.bounds_own_batch = False  # the children of all ranks are bounded together
+        self.stuck = False  # a box can always be bisected
+        self.proven = np.inf  # not tracked: input split reports no margin bound
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def worst(self) -> float:
+        return float(self.queue.key().min()) if len(self.queue) else math.inf
+
+    def _bound(self, lo: Tensor, hi: Tensor, parent: Tensor) -> tuple[int, np.ndarray | None]:
+        kept, cex, k = _bound_children(
+            self.graph, self.problem, self.method, self.opts, lo, hi, parent, self.box0
+        )
+        self.queue = Domains.cat([self.queue, kept])
+        return k, cex
+
+    def start(self) -> tuple[int, np.ndarray | None]:
+        nc, root = self.problem.n_clauses, int(comm.rank() == 0)
+        lo = self.box0[0][None].clone()[:root]
+        hi = self.box0[1][None].clone()[:root]
+        return self._bound(lo, hi, torch.full((root, nc), -torch.inf, dtype=torch.float64))
+
+    def expand(self, k: int) -> tuple[int, np.ndarray | None]:
+        batch, self.queue = pop_worst(self.queue, k)
+        return self._bound(*split(batch))
+
+    def take_spread(self, count: int) -> Domains:
+        leaving = spread_pick(self.queue, count) if count else torch.zeros(0, dtype=torch.long)
+        sent = self.queue.take(leaving)
+        self.queue = self.queue.without(leaving)
+        return sent
+
+    def exchange(self, part: Domains, sizes: list[int]) -> list[Domains]:
+        every = comm.all_gather_cat(part.pack(), 0, sizes=sizes)
+        starts = np.cumsum([0, *sizes]).tolist()
+        return [Domains.unpack(every[starts[r] : starts[r + 1]], self.n) for r in range(len(sizes))]
+
+    def put(self, part: Domains) -> None:
+        self.queue = Domains.cat([self.queue, part])
+
+
 def input_split_bab(
     graph: Graph,
     box: tuple[Tensor, Tensor],
@@ -310,52 +345,10 @@ def input_split_bab(
     """Input-split BaB over ``box`` (``(lo, hi)``, one box of ``numel == prod(input_shape)``).
 
     Every rank must call it with the same arguments (lockstep); each returns the same
-    :class:`BabResult`: ``domains`` = children bounded on all ranks (the root included), ``rounds`` =
-    bounding rounds (the root's included), ``max_queue`` = the largest queue of every rank.
-    ``expired`` is called exactly once per round on every rank (inside ``agree_round``).
+    :class:`BabResult` (see :func:`bab.search.run_search`). ``expired`` is called exactly once per round
+    on every rank.
     """
     if method not in METHODS:
         raise ValueError(f"unknown bound method {method!r} for input split; expected one of {METHODS}")
-    n = math.prod(graph.input_shape)
-    lo0, hi0 = _flat_box(box, n)
-    nc = problem.n_clauses
-    root = comm.rank() == 0
-    lo = lo0[None].clone() if root else torch.zeros(0, n)
-    hi = hi0[None].clone() if root else torch.zeros(0, n)
-    parent = torch.full((lo.shape[0], nc), -torch.inf, dtype=torch.float64)
-    queue = Domains.empty(n, nc)
-    domains = rounds = max_queue = 0
-    verdict, counterexample = None, None
-    while verdict is None:
-        kept, cex, bounded = _bound_children(graph, problem, method, opts, lo, hi, parent, (lo0, hi0))
-        domains += bounded
-        rounds += 1
-        queue = Domains.cat([queue, kept])
-        max_queue = max(max_queue, len(queue))
-        worst = float(queue.key().min()) if len(queue) else math.inf
-        found, left, _, out_of_time = agree_round(cex is not None, len(queue), worst, expired)
-        counterexample = share_counterexample(cex)
-        if found and counterexample is not None:
-            verdict = "sat"
-        elif left == 0:
-            verdict = "unsat"
-        elif out_of_time:
-            verdict = "timeout"
-        else:
-            sizes = [int(s) for s in comm.all_gather_cat(torch.tensor([len(queue)], dtype=torch.int64), 0)]
-            if sum(sizes) > opts.max_domains:  # all ranks together
-                verdict = "unknown"
-            elif max(sizes) - min(sizes) > opts.batch_size:
-                queue = rebalance(queue, sizes, n)
-                max_queue = max(max_queue, len(queue))
-        if verdict is None:
-            batch, queue = pop_worst(queue, opts.batch_size)
-            lo, hi, parent = split(batch)
-    per_rank = comm.all_gather_cat(torch.tensor([max_queue], dtype=torch.int64), 0)
-    return BabResult(
-        verdict,
-        counterexample if verdict == "sat" else None,
-        domains,
-        rounds,
-        [int(v) for v in per_rank.tolist()],
-    )
+    box0 = _flat_box(box, math.prod(graph.input_shape))
+    return run_search(InputSplitSearch(graph, box0, problem, opts, method), opts, expired)

@@ -2,7 +2,7 @@
 
 A *domain* is a set of split decisions (``z_i >= 0`` or ``z_i <= 0`` for pre-activation neurons),
 the intermediate bounds valid under them, and its α/β.  Each round every rank takes up to
-``batch_size`` of its worst domains, splits each on the neuron the branching heuristic picked, and
+``batch_size // 2`` of its worst domains, splits each on the neuron the branching heuristic picked, and
 bounds all children in one batched β-CROWN call (the batch axis of the engine is the domain axis):
 
 * the split fixes the neuron's bounds (``l = max(l, 0)`` or ``u = min(u, 0)``), making it exact;
@@ -13,9 +13,9 @@ bounds all children in one batched β-CROWN call (the batch axis of the engine i
 Children whose every clause margin is positive are dropped (verified); the input point that
 minimises the worst row's linear bound is evaluated on the model, and the lowest-bound ones take a
 few sign-gradient steps (falsification, interior points included).  Lockstep: each
-rank bounds its own (possibly empty) batch with the same sequence of collectives, then one
-``agree_round`` decides, for everyone, on counterexamples, domains left and the time; queues are
-rebalanced when they differ by more than a batch.  α and β of queued domains are stored in half
+rank bounds its own (possibly empty) batch with the same sequence of collectives; the round loop
+(:func:`bab.search.run_search`) decides, for everyone, on counterexamples, domains left and the time,
+and rebalances the queues.  α and β of queued domains are stored in half
 precision: they are only a warm start, every bound is recomputed in float32.
 """
 
@@ -37,7 +37,8 @@ from ..bounds.walk import Bounds, Box
 from ..parallel import comm
 from ..spec import Clauses, EmptyFloat32BoxError, float32_box
 from .branching import babsr, babsr_scores, fsb
-from .common import BabOptions, BabResult, agree_round, rebalance_plan, spread_positions
+from .common import BabOptions, BabResult, spread_positions
+from .search import run_search
 
 
 @dataclass
@@ -139,14 +140,26 @@ class BetaCrown:
 
 
 class ReluSplitBab:
+    """ReLU-split domains of one rank, as a :class:`bab.search.Search`: ``batch_size`` children (the
+    ``batch_size // 2`` worst parents, split in two) are bounded per rank per round."""
+
     def __init__(
-        self, graph: Graph, box: Box, problem: Clauses, opts: BabOptions, lower: np.ndarray, upper: np.ndarray
+        self,
+        graph: Graph,
+        box: Box,
+        problem: Clauses,
+        opts: BabOptions,
+        lower: np.ndarray,
+        upper: np.ndarray,
+        state: CrownState,
+        expired: Callable[[], bool] = lambda: False,
     ):
-        self.graph, self.problem, self.opts = graph, problem, opts
+        self.graph, self.problem, self.opts, self.state = graph, problem, opts, state
         self.bc = BetaCrown(graph, box, problem, opts)
-        self.expired: Callable[[], bool] = lambda: False
+        self.expired = expired  # asked within a round (before every β-CROWN step)
         self.queue: list[Domain] = []
-        self.max_queue = 0
+        self.per_round = opts.batch_size // 2 or 1
+        self.bounds_own_batch = True
         self.stuck = False
         self.proven = np.inf  # the least margin bound of a verified leaf on this rank
         try:
@@ -280,82 +293,39 @@ class ReluSplitBab:
             step = step * 0.7
         return xs
 
-    # ---- rounds ----------------------------------------------------------------------------------------
-    def pop_batch(self) -> list[Domain]:
-        self.queue.sort(key=lambda d: d.worst)
-        n = self.opts.batch_size // 2 or 1
-        batch, self.queue = self.queue[:n], self.queue[n:]
-        return batch
+    # ---- the queue (bab.search.Search) -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.queue)
 
-    def rebalance(self) -> None:
-        """Every rank sees all queue sizes; when a rank cannot fill its next batch (or the queues differ
-        by more than a batch), :func:`rebalance_plan` evens them out (to within one) in a fixed order,
-        so that every rank takes the same decisions, with one collective. A sender gives domains
-        spread over its queue sorted by bound, keeping a fair share of its hard ones."""
-        P = comm.world_size()
-        if P == 1:
-            return
-        sizes = comm.all_gather_cat(torch.tensor([len(self.queue)], dtype=torch.int64), 0).tolist()
-        per_round = self.opts.batch_size // 2 or 1  # domains a rank pops per round
-        starving = min(sizes) < per_round and max(sizes) - min(sizes) > 1
-        if not starving and max(sizes) - min(sizes) <= self.opts.batch_size:
-            return
-        moves, me = rebalance_plan(sizes), comm.rank()
-        give = sum(c for src, _, c in moves if src == me)
-        sent: list[Domain] = []
-        if give:
-            self.queue.sort(key=lambda d: d.worst)
-            pos = set(spread_positions(len(self.queue), give))
-            sent = [d for i, d in enumerate(self.queue) if i in pos]
-            self.queue = [d for i, d in enumerate(self.queue) if i not in pos]
-        every = comm.all_gather_object(sent)
-        taken = [0] * P  # each sender's list is handed out in the plan's order
-        for src, dst, count in moves:
-            if dst == me:
-                self.queue.extend(every[src][taken[src] : taken[src] + count])
-            taken[src] += count
+    def worst(self) -> float:
+        return min((d.worst for d in self.queue), default=np.inf)
 
-    def run(
-        self,
-        state: CrownState,
-        expired: Callable[[], bool],
-        on_round: Callable | None = None,
-        round_expired: Callable[[], bool] | None = None,
-    ) -> BabResult:
-        rounds = 0
-        self.expired = expired
-        first = [self.root(state)] if comm.rank() == 0 else []
-        kept, cex, n = self.evaluate(first)
+    def start(self) -> tuple[int, np.ndarray | None]:
+        kept, cex, n = self.evaluate([self.root(self.state)] if comm.rank() == 0 else [])
         self.queue.extend(kept)
-        total = int(comm.all_reduce(torch.tensor([float(n)]), "sum")[0])
-        while True:
-            worst = min((d.worst for d in self.queue), default=np.inf)
-            found, left, gworst, out_of_time = agree_round(
-                cex is not None, len(self.queue), worst, round_expired or expired
-            )
-            if found:  # the candidates were gathered: every rank holds the same counterexample
-                return BabResult("sat", cex, total, rounds, self._max_queues())
-            if comm.all_reduce_flag(self.stuck, "or") or left > self.opts.max_domains:  # all ranks together
-                return BabResult("unknown", None, total, rounds, self._max_queues())
-            if left == 0:  # every leaf verified: the least leaf bound bounds the margin on the region
-                least = float(comm.all_reduce(torch.tensor([self.proven], dtype=torch.float64), "min")[0])
-                least = least if np.isfinite(least) else -np.inf
-                return BabResult("unsat", None, total, rounds, self._max_queues(), least)
-            if out_of_time:
-                return BabResult("timeout", None, total, rounds, self._max_queues())
-            self.rebalance()
-            batch = self.pop_batch()
-            kids = [c for d in batch for c in self.children(d)]
-            kept, cex, n = self.evaluate(kids)
-            total += int(comm.all_reduce(torch.tensor([float(n)]), "sum")[0])
-            self.queue.extend(kept)
-            self.max_queue = max(self.max_queue, len(self.queue))
-            rounds += 1
-            if on_round is not None:
-                on_round(rounds, left, gworst, total)
+        return n, cex
 
-    def _max_queues(self) -> list[int]:
-        return [int(v) for v in comm.all_gather_cat(torch.tensor([self.max_queue]), 0).tolist()]
+    def expand(self, k: int) -> tuple[int, np.ndarray | None]:
+        self.queue.sort(key=lambda d: d.worst)
+        batch, self.queue = self.queue[:k], self.queue[k:]
+        kept, cex, n = self.evaluate([c for d in batch for c in self.children(d)])
+        self.queue.extend(kept)
+        return n, cex
+
+    def take_spread(self, count: int) -> list[Domain]:
+        if not count:
+            return []
+        self.queue.sort(key=lambda d: d.worst)
+        pos = set(spread_positions(len(self.queue), count))
+        sent = [d for i, d in enumerate(self.queue) if i in pos]
+        self.queue = [d for i, d in enumerate(self.queue) if i not in pos]
+        return sent
+
+    def exchange(self, part: list[Domain], sizes: list[int]) -> list[list[Domain]]:
+        return comm.all_gather_object(part)
+
+    def put(self, part: list[Domain]) -> None:
+        self.queue.extend(part)
 
 
 def relu_split_bab(
@@ -377,4 +347,5 @@ def relu_split_bab(
     domains left, worst bound, domains bounded)`` is called after every round on every rank;
     ``round_expired`` (default ``expired``), asked before each round, decides whether one starts (a
     wall-clock limit asks whether a round would still fit)."""
-    return ReluSplitBab(graph, box, problem, opts, lower, upper).run(state, expired, on_round, round_expired)
+    search = ReluSplitBab(graph, box, problem, opts, lower, upper, state, expired)
+    return run_search(search, opts, round_expired or expired, on_round)
