@@ -15,6 +15,7 @@ ones where a corner of some domain's bound violates the clause.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import multiprocessing
 import os
@@ -28,11 +29,11 @@ import torch
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.bab.common import BabOptions, BabResult
-from complete_verifier_ext.bab.relu_split import relu_split_bab
+from complete_verifier_ext.bab.relu_split import ReluSplitBab, relu_split_bab
 from complete_verifier_ext.bounds.crown import crown
 from complete_verifier_ext.model.torch_loader import from_sequential
 from complete_verifier_ext.parallel import comm, launch
-from complete_verifier_ext.spec import Clauses, float32_box
+from complete_verifier_ext.spec import Clause, Clauses, float32_box
 
 OPTS = {"batch_size": 8, "iteration": 30, "max_domains": 20_000}  # settings the named cases are run with
 MARGIN = 0.05  # thresholds sit MARGIN * scale below / above the exact minimum
@@ -505,3 +506,42 @@ def test_rank_killed_mid_bab_is_reported():
     assert elapsed < 30, elapsed
     assert not multiprocessing.active_children()
     assert not _spawned_children()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 7. α and β stored in float16 between rounds stay sound
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_domains_bounded_from_float16_alpha_beta_are_sound():
+    """Domains bounded from their parent's float16 α and β alone (one β-CROWN step: no optimisation
+    after the rounding) never claim more than sampled points of the domain (those that satisfy its
+    splits) show."""
+    sizes, box = [3, 20, 20, 2], ((-1.0,) * 3, (1.0,) * 3)
+    graph = from_sequential(testing.mlp(sizes, 1), (3,))
+    x = torch.rand(200_000, 3, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        c = graph(x) @ torch.tensor([1.0, -1.0])
+    d = float(c.min() - 0.02 * (c.max() - c.min()))  # unsat, and CROWN alone cannot show it
+    problem = Clauses.of([Clause(np.array([[1.0, -1.0]]), np.array([d]))])
+    lo, hi = float32_box(np.array(box[0]), np.array(box[1]), inward=False)
+    tbox = (torch.tensor(lo)[None], torch.tensor(hi)[None])
+    _, state = crown(graph, tbox, problem.C)
+    opts = BabOptions(batch_size=8, iteration=8, store_dtype=torch.float16)
+    bab = ReluSplitBab(graph, tbox, problem, opts, np.array(box[0]), np.array(box[1]), state)
+    bab.start()
+    bab.expand(4)
+    bab.expand(4)
+    bab.bc.opts = dataclasses.replace(opts, iteration=1)  # bound from the stored values, as they are
+    bab.expand(4)
+    assert bab.queue and any(bool((b != 0).any()) for d in bab.queue for b in d.beta.values())
+    assert all(a.dtype == torch.float16 for d in bab.queue for a in d.alpha.values())
+    with torch.no_grad():
+        margins = problem.point_margins(graph(x).double()).min(1).values
+    for d in bab.queue:
+        inside = torch.ones(len(x), dtype=torch.bool)
+        for k, sp in d.splits.items():
+            z, s = graph.forward(x, upto=k).reshape(len(x), -1), sp.reshape(-1)
+            inside &= ((z >= 0) | (s != 1)).all(1) & ((z <= 0) | (s != -1)).all(1)
+        if inside.any():
+            assert float(margins[inside].min()) >= d.worst - 1e-5, (d.splits, d.worst)

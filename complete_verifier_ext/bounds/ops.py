@@ -348,6 +348,8 @@ class Relu(Op):
         up = A.gather(up_slope)
         if alpha is None:
             lo = A.gather(lo_slope)
+        elif len(alpha.index) == 0:  # no neuron kept: every lower slope is the upper one
+            lo = up
         else:
             unstable = A.gather(((lower < 0) & (upper > 0)).to(up.dtype)) > 0
             slot = A.lookup(alpha.index)  # (S, 1, C, h, w): where each window entry sits in alpha.values
