@@ -65,9 +65,10 @@ def unstable_index(lo: Tensor, hi: Tensor) -> Tensor:
     return ((lo < 0) & (hi > 0)).flatten(1).any(0).nonzero().flatten()
 
 
-def gather_rows(x: Tensor, dim: int, grad: bool, n: int) -> Tensor:
-    """All-gather the row blocks of ``n`` rows split by ``shard_range`` (sizes known: one collective)."""
-    sizes = comm.shard_sizes(n)
+def gather_rows(x: Tensor, dim: int, grad: bool, n: int, sizes: list[int] | None = None) -> Tensor:
+    """All-gather the row blocks of ``n`` rows split by ``shard_range``, or of ``sizes[q]`` rows on rank q
+    (sizes known on every rank: one collective)."""
+    sizes = comm.shard_sizes(n) if sizes is None else sizes
     return comm.all_gather_cat_grad(x, dim, sizes=sizes) if grad else comm.all_gather_cat(x, dim, sizes=sizes)
 
 
@@ -94,6 +95,7 @@ def neuron_rows(
     alphas: Alphas | None,
     grad: bool,
     chunk: int | None = None,
+    keep: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """CROWN lower and upper bounds of neurons ``idx`` of node k, this rank's share computed here.
 
@@ -101,24 +103,33 @@ def neuron_rows(
     (``2 chunk`` A-matrix rows) at a time (``solver.crown.batch_size``; None: all in one pass), so
     the A-matrices in flight never exceed ``(2 chunk, B, n)`` however wide the layer.  Every rank
     makes the same number of passes (the largest share decides; a rank with fewer rows passes empty
-    ones), since a pass issues the collectives of sharded weights.  The gathered result is
-    ``(lower (B, R), upper (B, R), gathered)``.
+    ones), since a pass issues the collectives of sharded weights.  ``keep`` (bool over idx, the same
+    on every rank): bound only those neurons; each rank's share, and the layout of α (``2 r`` rows of
+    its whole share of idx), stay those of idx.  The gathered result is ``(lower (B, R), upper (B, R),
+    gathered)`` for the R neurons bounded, in the order of idx.
     """
     r0, r1 = comm.shard_range(len(idx))
-    local = idx[r0:r1]
-    r = len(local)
-    most = max(comm.shard_sizes(len(idx)))
+    r = r1 - r0
+    if keep is None:
+        pos: Tensor | None = None  # the whole share, in contiguous slices (views of α)
+        sizes = comm.shard_sizes(len(idx))
+    else:
+        pos = keep[r0:r1].nonzero().flatten()
+        ranges = [comm.shard_range(len(idx), q) for q in range(comm.world_size())]
+        sizes = [int(keep[a:b].sum()) for a, b in ranges]
+    most = max(sizes)
     step = max(1, min(chunk or most, most))
     lower, upper = [], []
     for c0 in range(0, max(most, 1), step):
-        part = local[c0 : c0 + step]
+        rows = slice(c0, min(c0 + step, r)) if pos is None else pos[c0 : c0 + step]
+        part = idx[r0:r1][rows]
         m = len(part)
-        a = None if alphas is None else {j: _alpha_rows(t, r, c0, m) for j, t in alphas.items()}
+        a = None if alphas is None else {j: _alpha_rows(t, r, rows) for j, t in alphas.items()}
         lb = _bound_unit_rows(graph, k, part, bounds, box, a)  # (2m, B)
         lower.append(lb[:m])
         upper.append(lb[m:])
-    both = torch.stack([torch.cat(lower).T, -torch.cat(upper).T])  # (2, B, r)
-    gathered = gather_rows(both, 2, grad, len(idx))  # (2, B, R)
+    both = torch.stack([torch.cat(lower).T, -torch.cat(upper).T])  # (2, B, rows bounded here)
+    gathered = gather_rows(both, 2, grad, len(idx), sizes)  # (2, B, R)
     return gathered[0], gathered[1], gathered
 
 
@@ -149,13 +160,16 @@ def _unit_rows(part: Tensor, B: int, shape, windows: bool) -> Tensor | Window:
     return C.view(2 * m, B, *shape)
 
 
-def _alpha_rows(alpha: Tensor | Slopes, r: int, c0: int, m: int) -> Tensor | Slopes:
-    """The α of rows ``c0 .. c0 + m`` of a start node's ``[+e; -e]`` layout of ``2 r`` rows."""
-    if m == r:
-        return alpha
+def _alpha_rows(alpha: Tensor | Slopes, r: int, rows: slice | Tensor) -> Tensor | Slopes:
+    """The α of the neurons ``rows`` (a slice or positions) of a start node's ``[+e; -e]`` layout of
+    ``2 r`` rows."""
     if isinstance(alpha, Slopes):
-        return Slopes(_alpha_rows(alpha.values, r, c0, m), alpha.index)
-    return torch.cat([alpha[c0 : c0 + m], alpha[r + c0 : r + c0 + m]])
+        return Slopes(_alpha_rows(alpha.values, r, rows), alpha.index)
+    if isinstance(rows, slice):
+        if rows.stop - rows.start == r:
+            return alpha
+        return torch.cat([alpha[rows], alpha[r + rows.start : r + rows.stop]])
+    return torch.cat([alpha[rows], alpha[r + rows]])
 
 
 def _straight_through(fresh: Tensor, value: Tensor) -> Tensor:
@@ -184,6 +198,13 @@ def tighten(box: Box, idx: Tensor, lo_rows: Tensor, hi_rows: Tensor, intersect: 
     return lo.index_copy(1, idx, lo_rows).view(shape), hi.index_copy(1, idx, hi_rows).view(shape)
 
 
+def _still_unstable(box: Box, idx: Tensor) -> Tensor | None:
+    """Bool over ``idx``: l < 0 < u for some batch element (None when all are: no subset needed)."""
+    lo, hi = box
+    keep = ((lo.detach() < 0) & (hi.detach() > 0)).flatten(1)[:, idx].any(0)
+    return None if bool(keep.all()) else keep
+
+
 def sweep(
     graph: Graph,
     box: Box,
@@ -199,7 +220,9 @@ def sweep(
     """IBP for every node, CROWN for every pre-activation node.
 
     ``reference``: bounds to intersect with (e.g. CROWN's, inside α-CROWN); ``rows``: fixed neuron
-    sets per pre-activation node (else the unstable ones); ``alphas[k]``: α of start node k;
+    sets per pre-activation node (else the unstable ones; with a ``reference``, only those of them
+    still unstable are bounded again, as auto_LiRPA's optimised bounds do: a neuron that became stable
+    keeps its bound, which fixes its relaxation exactly); ``alphas[k]``: α of start node k;
     ``intersect``: keep the IBP bound of a neuron where it is tighter than CROWN's (sound, and much
     tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN); ``chunk``: neurons per
     back-substitution pass (see :func:`neuron_rows`); ``on_layer(k, rows)`` is told of every layer
@@ -223,13 +246,14 @@ def sweep(
             continue
         idx = rows[k] if rows is not None else unstable_index(*bounds[k])
         used_rows[k] = idx
-        if len(idx) == 0:  # every rank knows: nothing to refine
-            continue
+        keep = _still_unstable(bounds[k], idx) if rows is not None and reference is not None else None
+        if len(idx) == 0 or (keep is not None and not bool(keep.any())):  # every rank knows: nothing
+            continue  # to refine
         lo_rows, hi_rows, g = neuron_rows(
-            graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad, chunk
+            graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad, chunk, keep
         )
         gathered.append(g)
-        bounds[k] = tighten(bounds[k], idx, lo_rows, hi_rows, intersect)
+        bounds[k] = tighten(bounds[k], idx if keep is None else idx[keep], lo_rows, hi_rows, intersect)
         if on_layer is not None:
             on_layer(k, len(idx))
     return CrownState(bounds, used_rows, gathered)
