@@ -113,9 +113,9 @@ def alpha_crown(
         done = (opts.early_stop and bool((best > 0).all())) or it == opts.iteration - 1
         if comm.all_reduce_flag(done or should_stop(), "or"):
             break
-        opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        opt.zero_grad(set_to_none=True)  # the next sweep's saved tensors take the gradients' place
         sched.step()
         with torch.no_grad():
             for a in params:

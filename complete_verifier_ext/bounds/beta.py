@@ -61,9 +61,9 @@ def optimise_alpha_beta(
         lb = bound()
         if it >= iteration - 1:
             break
-        opt.zero_grad(set_to_none=True)
         (-lb.sum()).backward()
         opt.step()
+        opt.zero_grad(set_to_none=True)  # no gradient is held through the next bound
         sched.step()
         with torch.no_grad():
             for a in alpha.values():
