@@ -227,13 +227,19 @@ def sweep(
     tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN); ``chunk``: neurons per
     back-substitution pass (see :func:`neuron_rows`); ``on_layer(k, rows)`` is told of every layer
     refined (progress, benchmarks).
+
+    Under autograd (α-CROWN) IBP is computed without it: the gradient of a bound goes to the CROWN
+    rows that set it (:func:`tighten`), and the neurons no rows were computed for are stable, so their
+    ReLU is exact whatever their bounds: a gradient through IBP would only ever be zero, and it would
+    keep every layer's IBP tensors (and ``|W|``) alive until backward.
     """
     bounds: Bounds = {0: box}
     pre = set(pre_activation_nodes(graph))
     used_rows: dict[int, Tensor] = {}
     gathered: list[Tensor] = []
     for k in range(1, len(graph.nodes)):
-        bounds[k] = interval(graph.nodes[k], bounds)
+        with torch.no_grad():  # see below: α's gradient never needs to pass through IBP
+            bounds[k] = interval(graph.nodes[k], bounds)
         if k not in pre:
             continue
         if reference is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .concretize import concretize_mid_rad
 from .graph import Graph
 from .ops import Slopes
 from .window import Window, accumulate, as_dense
@@ -56,8 +57,7 @@ def concretize(A: Tensor, box: Box) -> Tensor:
     """min over x in box of sum(A * x): ``A·mid − |A|·rad``.  A: (S, B, *in), box: (B, *in) -> (S, B)."""
     lo, hi = box
     mid, rad = (hi + lo) / 2, (hi - lo) / 2
-    A = A.flatten(2)  # (S, B, n)
-    return (A * mid.flatten(1)).sum(-1) - (A.abs() * rad.flatten(1)).sum(-1)
+    return concretize_mid_rad(A.flatten(2), mid.flatten(1), rad.flatten(1))
 
 
 def back_substitute(

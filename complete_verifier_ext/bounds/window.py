@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .concretize import concretize_mid_rad
+
 
 @dataclass(frozen=True)
 class Window:
@@ -93,8 +95,7 @@ class Window:
     def concretize(self, box: tuple[Tensor, Tensor]) -> Tensor:
         """min over x in box of sum(A * x), as :func:`walk.concretize`: (S, B)."""
         lo, hi = box
-        mid, rad = self.gather((hi + lo) / 2), self.gather((hi - lo) / 2)
-        return (self.values * mid).flatten(2).sum(-1) - (self.values.abs() * rad).flatten(2).sum(-1)
+        return concretize_mid_rad(self.values, self.gather((hi + lo) / 2), self.gather((hi - lo) / 2))
 
     def __neg__(self) -> Window:
         return self.with_values(-self.values)
