@@ -16,9 +16,11 @@ different bound: every product below is the dense one restricted to where it can
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .concretize import concretize_mid_rad
@@ -60,11 +62,27 @@ class Window:
         mask = (vy[:, :, None] & vx[:, None, :])[:, None, None]
         return ys.clamp(0, self.shape[1] - 1), xs.clamp(0, self.shape[2] - 1), mask
 
+    @functools.cached_property
+    def _padded_index(self) -> tuple[tuple[int, int, int, int], Tensor]:
+        """The zero padding ``(left, right, top, bottom)`` that puts every window inside the map, and
+        every window entry's flat position in the padded map: (S, h * w)."""
+        (h, w), (_, H, W) = self.size, self.shape
+        if len(self.top) == 0:
+            return (0, 0, 0, 0), torch.zeros(0, h * w, dtype=torch.long)
+        pt, pl = max(0, -int(self.top.min())), max(0, -int(self.left.min()))
+        pb, pr = max(0, int(self.top.max()) + h - H), max(0, int(self.left.max()) + w - W)
+        ys = (self.top + pt)[:, None] + torch.arange(h)  # (S, h)
+        xs = (self.left + pl)[:, None] + torch.arange(w)  # (S, w)
+        flat = ys[:, :, None] * (W + pl + pr) + xs[:, None, :]
+        return (pl, pr, pt, pb), flat.view(len(self.top), h * w)
+
     def gather(self, t: Tensor) -> Tensor:
-        """``t`` (B or 1, C, H, W) read at every row's window: (S, B or 1, C, h, w), 0 outside the map."""
-        ys, xs, mask = self._index()
-        g = t[:, :, ys[:, :, None], xs[:, None, :]]  # (B, C, S, h, w)
-        return g.permute(2, 0, 1, 3, 4) * mask
+        """``t`` (B or 1, C, H, W) read at every row's window: (S, B or 1, C, h, w), 0 outside the map
+        (read from the zero-padded map: one indexing pass, no mask)."""
+        pads, flat = self._padded_index
+        Bt, C = t.shape[:2]
+        g = F.pad(t, pads).reshape(Bt * C, -1)[:, flat]  # (B * C, S, h * w)
+        return g.view(Bt, C, flat.shape[0], *self.size).permute(2, 0, 1, 3, 4)
 
     def lookup(self, index: Tensor) -> Tensor:
         """(S, 1, C, h, w): for every window entry its position in ``index`` (flat neurons of the map),
