@@ -333,12 +333,12 @@ class Relu(Op):
 
     def _relu_step(self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Tensor | Slopes | None):
         up_slope, up_bias, lo_slope = self._cached_relaxation(lower, upper)
-        A_neg = A.clamp(max=0)
-        bias = (A_neg * up_bias).flatten(2).sum(-1)
+        neg = A < 0
+        bias = (torch.where(neg, A, 0.0) * up_bias).flatten(2).sum(-1)
         if isinstance(alpha, Slopes):
             return [self._sparse_backward(A, lower, upper, alpha, up_slope, lo_slope)], bias
         lo_slope = self.lower_slope(lower, upper, alpha, lo_slope)
-        return [A.clamp(min=0) * lo_slope + A_neg * up_slope], bias
+        return [A * torch.where(neg, up_slope, lo_slope)], bias  # A⁺ · lower slope + A⁻ · upper slope
 
     def _window_backward(self, A: Window, lower: Tensor, upper: Tensor, alpha: Slopes | None):
         """The relaxation read at each row's window (slopes outside the map are 0). With a sparse α,
@@ -356,9 +356,9 @@ class Relu(Op):
             kept = alpha.values.gather(2, slot.clamp(min=0).flatten(2).expand(-1, up.shape[1], -1))
             kept = kept.view(up.shape).clamp(0, 1)
             lo = torch.where(unstable & (slot >= 0), kept, up)
-        A_pos, A_neg = A.values.clamp(min=0), A.values.clamp(max=0)
-        A_in = A_pos * lo + A_neg * up
-        return [A.with_values(A_in)], (A_neg * A.gather(up_bias)).flatten(2).sum(-1)
+        neg = A.values < 0
+        A_in = A.values * torch.where(neg, up, lo)  # A⁺ · lower slope + A⁻ · upper slope
+        return [A.with_values(A_in)], (torch.where(neg, A.values, 0.0) * A.gather(up_bias)).flatten(2).sum(-1)
 
     def _sparse_backward(
         self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Slopes, up_slope: Tensor, lo_slope: Tensor
