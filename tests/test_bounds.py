@@ -485,3 +485,42 @@ def test_linear_unit_rows_whose_bias_overflows_prove_nothing() -> None:
     _, bounds = ibp(g, box, torch.ones(1, 1))
     lower, upper, _ = neuron_rows(g, 3, torch.tensor([0]), bounds, box, None, False)
     assert lower.item() == -torch.inf and upper.item() == torch.inf
+
+
+@pytest.mark.parametrize("kind", ["none", "dense", "sparse"])
+def test_relu_step_gradients_equal_autograd_of_the_relaxation(kind: str) -> None:
+    """The ReLU step's own backward (``ops._ReluStep``) against autograd through the plain formula
+    ``A⁺ · L + A⁻ · u_s``, ``Σ A⁻ · u_b`` in float64: gradients wrt A, the bounds (through the upper line)
+    and α, with stable neurons, α outside [0, 1] (clamped: no gradient there) and, sparse, neurons
+    outside the index (upper slope as lower slope)."""
+    from complete_verifier_ext.bounds.ops import _ReluStep
+
+    S, B, n = 5, 3, 7
+    gen = torch.Generator().manual_seed(0)
+    A = torch.randn(S, B, n, dtype=torch.float64, generator=gen).requires_grad_(True)
+    lo = torch.randn(B, n, dtype=torch.float64, generator=gen)
+    hi = (lo + 2 * torch.rand(B, n, dtype=torch.float64, generator=gen)).requires_grad_(True)
+    lo.requires_grad_(True)
+    up, ub, lo_default = Relu.relaxation(lo, hi)
+    unstable = ((lo < 0) & (hi > 0)).detach()
+    index, alpha = None, None
+    if kind != "none":
+        index = torch.tensor([0, 2, 3, 6]) if kind == "sparse" else None
+        m = n if index is None else len(index)
+        alpha = (torch.rand(S, B, m, dtype=torch.float64, generator=gen) * 1.4 - 0.2).requires_grad_(True)
+    L = lo_default.expand(S, B, n)
+    if kind == "dense":
+        L = torch.where(unstable, alpha.clamp(0, 1), lo_default)
+    if kind == "sparse":
+        L = up.expand(S, B, n).clone()
+        L[:, :, index] = torch.where(unstable[:, index], alpha.clamp(0, 1), lo_default[:, index])
+    ref_out, ref_bias = A.clamp(min=0) * L + A.clamp(max=0) * up, (A.clamp(max=0) * ub).sum(-1)
+    out, bias = _ReluStep.apply(A, up, ub, alpha, lo_default.detach(), unstable, index)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(bias, ref_bias)
+    g_out, g_bias = torch.randn_like(out), torch.randn_like(bias)
+    inputs = [A, lo, hi] + ([alpha] if alpha is not None else [])
+    mine = torch.autograd.grad((out * g_out).sum() + (bias * g_bias).sum(), inputs, retain_graph=True)
+    ref = torch.autograd.grad((ref_out * g_out).sum() + (ref_bias * g_bias).sum(), inputs)
+    for a, b in zip(mine, ref, strict=True):
+        torch.testing.assert_close(a, b)

@@ -16,6 +16,7 @@ reaches the fresh bound.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,6 +89,8 @@ def alpha_crown(
     params = [_param(a) for per_start in alphas.values() for a in per_start.values()]
     opt = torch.optim.Adam(params, lr=opts.lr_alpha)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, opts.lr_decay)
+    for p in params:
+        p.register_post_accumulate_grad_hook(functools.partial(_step_in_backward, opt))
     best: Tensor | None = None
     s0, s1 = comm.shard_range(C.shape[0])  # this rank's output rows
     best_alpha = {j: _param(a).detach().clone() for j, a in alphas.get(out, {}).items()}
@@ -113,13 +116,8 @@ def alpha_crown(
         done = (opts.early_stop and bool((best > 0).all())) or it == opts.iteration - 1
         if comm.all_reduce_flag(done or should_stop(), "or"):
             break
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)  # the next sweep's saved tensors take the gradients' place
+        loss.backward()  # steps every α as soon as its gradient is complete (_step_in_backward)
         sched.step()
-        with torch.no_grad():
-            for a in params:
-                a.clamp_(0.0, 1.0)
     if best is None:  # zero iterations requested
         best, _ = final_bounds(graph, state, box, C)
     out_alpha = {
@@ -130,6 +128,18 @@ def alpha_crown(
         {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}, state.rows, [], out_alpha
     )
     return best, detached
+
+
+def _step_in_backward(opt: torch.optim.Optimizer, p: Tensor) -> None:
+    """Adam's step of one α, clamped to [0, 1], as soon as backward has its whole gradient, which is
+    then freed: the gradients of all α are never held at once. Adam's step of a tensor depends on that
+    tensor alone and skips tensors without a gradient (every other α here), so this is the step
+    ``opt.step()`` would take after backward. Backward no longer reads α then: its every use is
+    upstream of its gradient (autograd's version counter would refuse the change otherwise)."""
+    opt.step()
+    p.grad = None
+    with torch.no_grad():
+        p.clamp_(0.0, 1.0)
 
 
 def _dense_out(graph: Graph, state: CrownState, j: int, kept: Tensor | Slopes, values: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ only its rows and one all-gather of the ``(B, rows)`` bounds gives every rank th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -144,7 +145,33 @@ def _bound_unit_rows(
         windows = a is None or all(isinstance(t, Slopes) for t in a.values())
         return back_substitute(graph, k, _unit_rows(part, B, node.shape, windows), bounds, box, a)
     A_in, bias = short  # the bias is added after the walk: a sum that overflows proves nothing
-    return proven_only(back_substitute(graph, node.inputs[0], A_in, bounds, box, a) + bias)
+    local = node.op.weight.mode == "none"  # W at hand: rebuilding A_in issues no collective
+    with (
+        _rebuilt_when_saved(A_in, lambda: node.op.unit_rows(part, B)[0])
+        if local
+        else contextlib.nullcontext()
+    ):
+        return proven_only(back_substitute(graph, node.inputs[0], A_in, bounds, box, a) + bias)
+
+
+def _rebuilt_when_saved(A: Tensor, rebuild: Callable[[], Tensor]):
+    """Saved-tensor hooks under which autograd keeps, for any tensor saved for backward that is a view of
+    ``A``'s storage, only its geometry, and rebuilds it with ``rebuild()`` (the same values in the same
+    layout) when backward needs it: the first A of every row of α-CROWN is a gather of W's rows, which
+    is cheaper to redo than to keep (``(2 m, in)`` per start node and pass)."""
+    storage = A.untyped_storage().data_ptr()
+
+    def pack(t: Tensor):
+        if t.untyped_storage().data_ptr() == storage:
+            return ("rebuild", t.size(), t.stride(), t.storage_offset())
+        return t
+
+    def unpack(x):
+        if isinstance(x, tuple):
+            return rebuild().as_strided(x[1], x[2], x[3])
+        return x
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 def _unit_rows(part: Tensor, B: int, shape, windows: bool) -> Tensor | Window:
@@ -215,7 +242,7 @@ def sweep(
     grad: bool = False,
     intersect: bool = True,
     chunk: int | None = None,
-    on_layer: Callable[[int, int], None] | None = None,
+    on_layer: Callable[[int, int, Box], None] | None = None,
 ) -> CrownState:
     """IBP for every node, CROWN for every pre-activation node.
 
@@ -225,8 +252,8 @@ def sweep(
     keeps its bound, which fixes its relaxation exactly); ``alphas[k]``: α of start node k;
     ``intersect``: keep the IBP bound of a neuron where it is tighter than CROWN's (sound, and much
     tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN); ``chunk``: neurons per
-    back-substitution pass (see :func:`neuron_rows`); ``on_layer(k, rows)`` is told of every layer
-    refined (progress, benchmarks).
+    back-substitution pass (see :func:`neuron_rows`); ``on_layer(k, rows, bounds of k)`` is told of every
+    layer refined (progress, benchmarks).
 
     Under autograd (α-CROWN) IBP is computed without it: the gradient of a bound goes to the CROWN
     rows that set it (:func:`tighten`), and the neurons no rows were computed for are stable, so their
@@ -261,7 +288,7 @@ def sweep(
         gathered.append(g)
         bounds[k] = tighten(bounds[k], idx if keep is None else idx[keep], lo_rows, hi_rows, intersect)
         if on_layer is not None:
-            on_layer(k, len(idx))
+            on_layer(k, len(idx), bounds[k])
     return CrownState(bounds, used_rows, gathered)
 
 

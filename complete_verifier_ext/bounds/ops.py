@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from ..parallel import comm
 from ..parallel.sharded import ShardedWeight
@@ -231,7 +230,6 @@ class Slopes:
         return full.index_copy(2, self.index, self.values.to(full.dtype)).view(S, *default.shape)
 
 
-CHECKPOINT_NUMEL = 2**20  # 4 MB of float32
 
 
 def _needs_grad(*xs) -> bool:
@@ -240,6 +238,86 @@ def _needs_grad(*xs) -> bool:
         for x in xs
         if isinstance(x, (Tensor, Slopes))
     )
+
+
+class _ReluStep(torch.autograd.Function):
+    """One ReLU step of back-substitution: ``out = A · where(A < 0, u_s, L)`` (A⁺ times the lower slope
+    L, A⁻ times the upper slope u_s) and ``bias = Σ_n where(A < 0, A, 0) · u_b``.
+
+    Inputs, flat: ``A`` (S, B, n); ``up``, ``ub`` (B, n), the upper line (with a gradient through the
+    bounds in α-CROWN); ``alpha`` None, dense (S, B, n), or the values (S, B, u) of the neurons
+    ``index`` (u,); ``lo_default`` (B, n), the adaptive lower slope (exact on stable neurons), and
+    ``unstable`` (B, n). L is α clamped to [0, 1] on unstable neurons and ``lo_default`` elsewhere;
+    with a sparse α every neuron outside ``index`` takes ``up`` (see :class:`Slopes`).
+
+    Under autograd it keeps only ``A`` of its own (the rest are references to tensors that live on)
+    and computes its gradients directly, recomputing the slopes: no A-sized tensor waits for
+    backward, and none is replayed (a checkpointed step kept A and replayed its products under
+    autograd; α-CROWN on the 1024x4 MLP peaked at 315 MB with it)."""
+
+    @staticmethod
+    def _lower(alpha, index, lo_default, unstable):
+        """L: (B, n) without α, (S, B, n) with a dense one; with a sparse one L on ``index`` (S, B, u)."""
+        if alpha is None:
+            return lo_default
+        if index is None:
+            return torch.where(unstable, alpha.clamp(0, 1), lo_default)
+        return torch.where(unstable[:, index], alpha.clamp(0, 1), lo_default[:, index])
+
+    @staticmethod
+    def _slope(A, neg, alpha, index, up, lo_default, unstable):
+        """where(A < 0, up, L): what every entry of A is multiplied by, (S, B, n)."""
+        L = _ReluStep._lower(alpha, index, lo_default, unstable)
+        if index is None:
+            return torch.where(neg, up, L)
+        slope = up.expand_as(A).clone()
+        slope[:, :, index] = torch.where(neg[:, :, index], up[:, index], L)
+        return slope
+
+    @staticmethod
+    def values(A, up, ub, alpha, lo_default, unstable, index) -> tuple[Tensor, Tensor]:
+        """(out, bias) without autograd: the forward pass, and every step outside autograd."""
+        neg = A < 0
+        out = A * _ReluStep._slope(A, neg, alpha, index, up, lo_default, unstable)
+        return out, (torch.where(neg, A, 0.0) * ub).sum(-1)
+
+    @staticmethod
+    def forward(ctx, A, up, ub, alpha, lo_default, unstable, index):
+        ctx.save_for_backward(A, up, ub, alpha, lo_default, unstable, index)
+        return _ReluStep.values(A, up, ub, alpha, lo_default, unstable, index)
+
+    @staticmethod
+    def backward(ctx, g, g_bias):
+        """The gradients one after the other, in place where they can be, so that at most about three
+        A-sized tensors are alive at once (the two results and one temporary)."""
+        A, up, ub, alpha, lo_default, unstable, index = ctx.saved_tensors
+        need_A, need_up, need_ub, need_alpha = ctx.needs_input_grad[:4]
+        neg = A < 0
+        grad_A = grad_up = grad_ub = grad_alpha = None
+        if need_alpha:  # A⁺ · g on the kept neurons; clamp passes it on [0, 1], as torch's clamp does
+            if index is None:
+                grad_alpha = A.clamp(min=0).mul_(g)
+                live = unstable & (alpha >= 0) & (alpha <= 1)
+            else:
+                grad_alpha = A[:, :, index].clamp_(min=0).mul_(g[:, :, index])
+                live = unstable[:, index] & (alpha >= 0) & (alpha <= 1)
+            grad_alpha.masked_fill_(~live, 0.0)
+        if need_ub:
+            grad_ub = torch.einsum("sb,sbn->bn", g_bias, torch.where(neg, A, 0.0))
+        if need_up:  # out takes up where A < 0, and with a sparse α on every neuron outside index
+            on_up = neg if alpha is None or index is None else neg | _outside(index, A.shape[2])
+            grad_up = torch.where(on_up, A, 0.0).mul_(g).sum(0)
+        if need_A:
+            grad_A = _ReluStep._slope(A, neg, alpha, index, up, lo_default, unstable).mul_(g)
+            grad_A.add_((g_bias[..., None] * ub).masked_fill_(~neg, 0.0))
+        return grad_A, grad_up, grad_ub, grad_alpha, None, None, None
+
+
+def _outside(index: Tensor, n: int) -> Tensor:
+    """(n,) bool: True for the neurons not in ``index``."""
+    out = torch.ones(n, dtype=torch.bool, device=index.device)
+    out[index] = False
+    return out
 
 
 class Relu(Op):
@@ -288,14 +366,6 @@ class Relu(Op):
         gap = -lower * upper / (upper - lower).clamp(min=1e-12)
         return torch.where(free, weight * gap, -1.0)
 
-    @staticmethod
-    def lower_slope(lower: Tensor, upper: Tensor, alpha: Tensor | None, default: Tensor) -> Tensor:
-        """The lower slope: α (clamped to [0, 1]) on unstable neurons, exact on stable ones."""
-        if alpha is None:
-            return default
-        unstable = (lower < 0) & (upper > 0)
-        return torch.where(unstable, alpha.clamp(0, 1), default)
-
     def _cached_relaxation(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``relaxation`` memoised on the identity (and version) of constant bound tensors: β-CROWN
         back-substitutes through the same fixed bounds at every optimisation step."""
@@ -317,33 +387,34 @@ class Relu(Op):
     def backward_relu(self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Tensor | Slopes | None = None):
         """A: (S, B, *shape); lower/upper: (B, *shape); alpha: (S, B, *shape), :class:`Slopes` or None.
 
-        Under autograd (α-CROWN, β-CROWN) a step on an ``A`` of at least ``CHECKPOINT_NUMEL`` entries is
-        checkpointed: it keeps only its inputs (``A`` and references to the bounds and α) and recomputes
-        its few elementwise products in the backward pass, instead of keeping three more ``A``-sized
-        tensors per ReLU and start node (α-CROWN on the 1024x4 MLP: 466 -> 348 MB, +14 % time). Smaller
-        steps (β-CROWN's batches of domains) are not: there the recomputation's overhead would cost
-        40 % of BaB's time and save a few MB."""
+        One :class:`_ReluStep` (with autograd when A, the bounds or α need it: α-CROWN, β-CROWN)."""
         if isinstance(A, Window):
             if alpha is not None and not isinstance(alpha, Slopes):
                 return self.backward_relu(A.dense(), lower, upper, alpha)
             return self._window_backward(A, lower, upper, alpha)
-        if A.numel() >= CHECKPOINT_NUMEL and torch.is_grad_enabled() and _needs_grad(A, lower, upper, alpha):
-            return checkpoint(self._relu_step, A, lower, upper, alpha, use_reentrant=False)
-        return self._relu_step(A, lower, upper, alpha)
-
-    def _relu_step(self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Tensor | Slopes | None):
         up_slope, up_bias, lo_slope = self._cached_relaxation(lower, upper)
-        neg = A < 0
-        bias = (torch.where(neg, A, 0.0) * up_bias).flatten(2).sum(-1)
-        if isinstance(alpha, Slopes):
-            return [self._sparse_backward(A, lower, upper, alpha, up_slope, lo_slope)], bias
-        lo_slope = self.lower_slope(lower, upper, alpha, lo_slope)
-        return [A * torch.where(neg, up_slope, lo_slope)], bias  # A⁺ · lower slope + A⁻ · upper slope
+        values, index = (alpha.values, alpha.index) if isinstance(alpha, Slopes) else (alpha, None)
+        if index is not None and len(index) == lower[0].numel():  # every neuron kept: the index is
+            index = None  # 0 .. n-1 (sorted, unique), so the values are the dense α
+        args = (
+            A.flatten(2),
+            up_slope.flatten(1),
+            up_bias.flatten(1),
+            values if values is None or index is not None else values.flatten(2),
+            lo_slope.flatten(1),
+            ((lower < 0) & (upper > 0)).flatten(1),
+            index,
+        )
+        if torch.is_grad_enabled() and _needs_grad(A, lower, upper, alpha):
+            out, bias = _ReluStep.apply(*args)
+        else:
+            out, bias = _ReluStep.values(*args)
+        return [out.view_as(A)], bias
 
     def _window_backward(self, A: Window, lower: Tensor, upper: Tensor, alpha: Slopes | None):
         """The relaxation read at each row's window (slopes outside the map are 0). With a sparse α,
         the lower slope of a neuron in its index that is unstable is α, of any other the same as in
-        :meth:`_sparse_backward` (the upper slope: exact when stable)."""
+        :class:`_ReluStep` (the upper slope: exact when stable)."""
         up_slope, up_bias, lo_slope = self._cached_relaxation(lower, upper)
         up = A.gather(up_slope)
         if alpha is None:
@@ -359,20 +430,6 @@ class Relu(Op):
         neg = A.values < 0
         A_in = A.values * torch.where(neg, up, lo)  # A⁺ · lower slope + A⁻ · upper slope
         return [A.with_values(A_in)], (torch.where(neg, A.values, 0.0) * A.gather(up_bias)).flatten(2).sum(-1)
-
-    def _sparse_backward(
-        self, A: Tensor, lower: Tensor, upper: Tensor, alpha: Slopes, up_slope: Tensor, lo_slope: Tensor
-    ) -> Tensor:
-        """``A_pos · lower slope + A_neg · upper slope`` written as ``A · upper slope`` plus, on the
-        neurons of ``alpha.index``, ``A_pos · (α - upper slope)``: autograd then keeps only the
-        ``(S, B, len(index))`` pieces, never a dense A-matrix, for α's gradient."""
-        idx = alpha.index
-        flat = A.flatten(2)  # (S, B, n)
-        up = up_slope.flatten(1)
-        lo_u, hi_u = lower.flatten(1)[:, idx], upper.flatten(1)[:, idx]
-        slope_u = torch.where((lo_u < 0) & (hi_u > 0), alpha.values.clamp(0, 1), lo_slope.flatten(1)[:, idx])
-        corr = flat[:, :, idx].clamp(min=0) * (slope_u - up[:, idx])
-        return (flat * up).index_add(2, idx, corr).view_as(A)
 
 
 class Flatten(Op):
