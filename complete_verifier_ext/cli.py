@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from .config import Config, ConfigError
 from .config_load import key_table, load_config
 from .errors import UserError
+from .results import report_error, write_atomic
 
 if TYPE_CHECKING:
     from .verify import InstanceResult
@@ -175,15 +176,6 @@ def done_instances(results_file: str) -> dict[tuple[str, str], str]:
     return done
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a reader (or a
-    kill) never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def result_text(res: InstanceResult) -> str:
     """VNN-COMP result file content."""
     if res.verdict == "sat" and res.counterexample:
@@ -323,17 +315,6 @@ def engine_of(config: str | None, overrides: list[str]) -> str:
         return "native"  # our loader reports the unreadable file
 
 
-def _error(results_file: str | None, writer: bool, msg: str) -> int:
-    """One line on stderr, ``error`` in the results file (when one is known), exit 1."""
-    print(f"error: {msg}", file=sys.stderr)
-    if results_file and writer:
-        try:
-            write_atomic(results_file, "error\n")
-        except OSError:
-            pass
-    return 1
-
-
 def _reexec_for_exact_memory(cfg: Config, argv: list[str] | None) -> None:
     """With ``parallel.exact_memory``, re-exec this process (run as a command: ``argv`` None) with
     glibc's mmap threshold set unless it is already: glibc reads it at start-up, and with it freed
@@ -430,9 +411,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wall time {time.monotonic() - t0:.1f}s")
         return 0
     except USER_ERRORS as e:
-        return _error(results_file if single else None, writer, str(e))
+        return report_error(results_file if single else None, writer, str(e))
     except launch.RankFailure as e:
-        return _error(results_file if single else None, writer, str(e).splitlines()[0])
+        return report_error(results_file if single else None, writer, str(e).splitlines()[0])
     except KeyboardInterrupt:
         if writer:
             kept = f"; the finished instances are in {results_file}" if n_done or len(instances) > 1 else ""

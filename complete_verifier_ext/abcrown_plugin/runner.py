@@ -19,8 +19,8 @@ import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
-from ..cli import _error, write_atomic
 from ..errors import UserError
+from ..results import report_error, write_atomic
 from . import bridge, locate
 from .locate import PluginError
 
@@ -332,11 +332,11 @@ def main(config: str | None, overrides: list[str], summary: str | None, quiet: b
             _report(result, all_args, results_file, summary, par, quiet)
         return 0
     except (UserError, FileNotFoundError) as e:
-        return _error(results_file, writer, str(e))
+        return report_error(results_file, writer, str(e))
     except launch.RankFailure as e:
         if e.details and "PluginError: " not in e.reason and writer:  # a bug: keep its traceback
             print(e.details.rstrip(), file=sys.stderr)
-        return _error(results_file, writer, str(e).splitlines()[0])
+        return report_error(results_file, writer, str(e).splitlines()[0])
     except KeyboardInterrupt:
         if writer:
             print("interrupted", file=sys.stderr)

@@ -86,9 +86,11 @@ def command(category: str, onnx: str, vnnlib: str, results: str, timeout: str, o
 
 
 def main(argv: list[str]) -> int:
-    from ..cli import _error
-    from ..cli import main as cli_main
+    import argparse
+
     from ..errors import UserError
+    from ..results import report_error
+    from .runner import main as run
 
     ours = None
     if "--ours" in argv:
@@ -101,8 +103,12 @@ def main(argv: list[str]) -> int:
     try:
         args = command(category, onnx, vnnlib, results, timeout, ours)
     except UserError as e:
-        return _error(results, True, str(e))
-    return cli_main([*args, "--quiet", *extra])
+        return report_error(results, True, str(e))
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--summary")
+    p.add_argument("--quiet", action="store_true")
+    opts, rest = p.parse_known_args(extra)
+    return run(args[1], [*args[2:], *rest], opts.summary, True)
 
 
 if __name__ == "__main__":

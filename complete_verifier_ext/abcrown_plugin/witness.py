@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from ..attack import _ort_output, clause_margins, format_counterexample
-from ..cli import write_atomic
+from ..results import write_atomic
 from ..spec import EmptyFloat32BoxError, float32_box, load_vnnlib
 
 _X = re.compile(r"\(\s*X_(\d+)\s+([^\s()]+)\s*\)")

@@ -91,15 +91,11 @@ def back_substitute(
         A_k = pending.pop(k, None)
         if A_k is None:
             continue
-        node = graph.nodes[k]
-        if (
-            not node.op.windows
-            or (betas is not None and k in betas)
-            or (record is not None and node.op.is_relu)
-        ):
+        node, beta = graph.nodes[k], None if betas is None else betas.get(k)
+        if not node.op.windows or beta is not None or (record is not None and node.op.is_relu):
             A_k = as_dense(A_k)
-        if betas is not None and k in betas:
-            A_k = A_k + betas[k]
+        if beta is not None:
+            A_k = A_k + beta
         if record is not None and node.op.is_relu:
             record[k] = A_k
         in_bounds = [bounds[i] for i in node.inputs] if node.op.needs_bounds else []
