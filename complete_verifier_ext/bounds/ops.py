@@ -20,6 +20,7 @@ bounds.  Weights of ``Linear``/``Conv`` live in a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -230,8 +231,6 @@ class Slopes:
         return full.index_copy(2, self.index, self.values.to(full.dtype)).view(S, *default.shape)
 
 
-
-
 def _needs_grad(*xs) -> bool:
     return any(
         (x.values if isinstance(x, Slopes) else x).requires_grad
@@ -394,7 +393,7 @@ class Relu(Op):
             return self._window_backward(A, lower, upper, alpha)
         up_slope, up_bias, lo_slope = self._cached_relaxation(lower, upper)
         values, index = (alpha.values, alpha.index) if isinstance(alpha, Slopes) else (alpha, None)
-        if index is not None and len(index) == lower[0].numel():  # every neuron kept: the index is
+        if index is not None and len(index) == math.prod(lower.shape[1:]):  # every neuron kept: the index is
             index = None  # 0 .. n-1 (sorted, unique), so the values are the dense α
         args = (
             A.flatten(2),
