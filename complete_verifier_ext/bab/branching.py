@@ -3,15 +3,17 @@
 * BaBSR: the free unstable neuron with the largest ``Relu.split_score``, weighted by |A| summed over
   the spec rows that are not yet verified (A: the recorded A-matrices of the domain's best bound).
 * FSB (``fsb``, ``kfsb``): the ``candidates`` best neurons by that score are each tried with one
-  cheap bound of both children (the domain's α and β, no optimisation), all candidates of all domains
-  in ONE batched back-substitution (also run with an empty batch, for lockstep); the candidate whose
-  children score best under ``reduceop`` (their worst clause margin, min or max of the two) wins.
+  cheap bound of both children (the domain's α and β, no optimisation), one batched back-substitution
+  per candidate rank for all domains (``candidates`` calls on every rank, an empty batch where a rank
+  has none, for lockstep); the candidate whose children score best under ``reduceop`` (their worst
+  clause margin, min or max of the two) wins.
 
 Every domain's choice depends on that domain alone, so it is the same at any P.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -89,29 +91,43 @@ def fsb(
     scores: dict[int, Tensor],
     B: int,
 ) -> list[Branch | None]:
-    """Filtered smart branching (see the module docstring). Children are laid out domain-major, then
-    candidate, then (active, inactive): child ``(b * k + c) * 2 + side``."""
+    """Filtered smart branching (see the module docstring). The ``k`` candidates are bounded one after
+    the other, each as one batch of ``2 B`` trial children (domain-major, then (active, inactive)), so
+    that the trial batch is never larger than twice the domains; every rank makes the same ``k`` calls
+    (``k`` depends on the model only), whatever its ``B``."""
     every, offsets = flat_scores(scores, B)
-    k = max(1, min(opts.candidates, every.shape[1])) if B else 1
-    top_score, top_flat = every.topk(k, dim=1) if B else (None, None)  # (B, k)
-    n = 2 * k * B
-    trial = _children_bounds(bc, bounds, offsets, top_flat, k, B)
+    n_free = sum(math.prod(bc.graph.nodes[q].shape) for q in bc.pre)
+    k = max(1, min(opts.candidates, n_free))
+    top_score, top_flat = every.topk(min(k, every.shape[1]), dim=1) if B else (None, None)  # (B, <= k)
     S, shapes = problem.C.shape[0], {q: bc.graph.nodes[q].shape for q in bc.pre}
-    trial_split = {
-        q: split[q].repeat_interleave(2 * k, 0) if B else torch.zeros(0, *shapes[q]) for q in bc.pre
-    }
-    trial_beta = {
-        q: beta[q].repeat_interleave(2 * k, 1) if B else torch.zeros(S, 0, *shapes[q]) for q in bc.pre
-    }
-    trial_alpha = {j: a.repeat_interleave(2 * k, 1) for j, a in alpha.items()}
-    box = (bc.box[0].expand(n, *bc.box[0].shape[1:]), bc.box[1].expand(n, *bc.box[1].shape[1:]))
-    A = spec_matrix(problem.C, n, bc.graph.nodes[bc.out].shape)
-    lb = split_bound(bc.graph, bc.out, A, trial, box, trial_alpha, trial_split, trial_beta).T  # (n, S)
+    trial_split = {q: split[q].repeat_interleave(2, 0) if B else torch.zeros(0, *shapes[q]) for q in bc.pre}
+    trial_beta = {q: beta[q].repeat_interleave(2, 1) if B else torch.zeros(S, 0, *shapes[q]) for q in bc.pre}
+    trial_alpha = {j: a.repeat_interleave(2, 1) for j, a in alpha.items()}
+    box = (bc.box[0].expand(2 * B, *bc.box[0].shape[1:]), bc.box[1].expand(2 * B, *bc.box[1].shape[1:]))
+    A = spec_matrix(problem.C, 2 * B, bc.graph.nodes[bc.out].shape)
+    pair = torch.full((B, k), -torch.inf)
+    for c in range(k):
+        has = B > 0 and c < top_flat.shape[1]  # else an empty batch: this rank stays in lockstep
+        m = 2 * B if has else 0
+        column = top_flat[:, c : c + 1].contiguous() if has else None
+        trial = _children_bounds(bc, bounds, offsets, column, 1, m // 2)
+        lb = split_bound(
+            bc.graph,
+            bc.out,
+            A[:, :m],
+            trial,
+            (box[0][:m], box[1][:m]),
+            {j: a[:, :m] for j, a in trial_alpha.items()},
+            {q: t[:m] for q, t in trial_split.items()},
+            {q: t[:, :m] for q, t in trial_beta.items()},
+        ).T  # (2B, S)
+        if has:
+            child_worst = problem.margins(lb).min(1).values.view(B, 2)
+            pair[:, c] = child_worst.min(1).values if opts.reduceop == "min" else child_worst.max(1).values
     if not B:
         return []
-    child_worst = problem.margins(lb).min(1).values.view(B, k, 2)
-    pair = child_worst.min(2).values if opts.reduceop == "min" else child_worst.max(2).values
-    pair = torch.where(top_score >= 0, pair, torch.full_like(pair, -torch.inf))
+    kk = top_flat.shape[1]
+    pair = torch.where(top_score >= 0, pair[:, :kk], torch.full_like(pair[:, :kk], -torch.inf))
     return [
         None if float(top_score[b, 0]) < 0 else locate(offsets, int(top_flat[b, int(pair[b].argmax())]))
         for b in range(B)
