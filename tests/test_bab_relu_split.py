@@ -545,3 +545,22 @@ def test_domains_bounded_from_float16_alpha_beta_are_sound():
             inside &= ((z >= 0) | (s != 1)).all(1) & ((z <= 0) | (s != -1)).all(1)
         if inside.any():
             assert float(margins[inside].min()) >= d.worst - 1e-5, (d.splits, d.worst)
+
+
+def test_branch_scores_by_hand():
+    """BaBSR's score and intercept term on three neurons, computed by hand: (l, u) = (-1, 1), slope
+    1/2, intercept 1/2; (-1, 3), slope 3/4, intercept 3/4; (1, 2) stable. Bias 0.4; row 1 is closed."""
+    from complete_verifier_ext.bounds.ops import Relu
+
+    lo, hi = torch.tensor([[-1.0, -1.0, 1.0]]), torch.tensor([[1.0, 3.0, 2.0]])
+    A = torch.tensor([[[-2.0, 2.0, 5.0]], [[100.0, 100.0, 100.0]]])  # (S=2, B=1, 3)
+    rows = torch.tensor([[1.0], [0.0]])
+    free = torch.ones(1, 3, dtype=torch.bool)
+    score, term = Relu.branch_scores(A, lo, hi, torch.full((3,), 0.4), rows, free)
+    # neuron 0: term -2 * 1/2 = -1; bias: bA = -0.8, max(-0.8 * -1/2, -0.8 * 1/2) = 0.4 -> |-0.6|
+    # neuron 1: term 0 (A > 0 takes the lower slope); bias: bA = 0.8, max(0.8 * -1/4, 0.8 * 3/4) = 0.6
+    torch.testing.assert_close(score, torch.tensor([[0.6, 0.6, -1.0]]))
+    torch.testing.assert_close(term, torch.tensor([[1.0, 0.0, -1.0]]))
+    score, term = Relu.branch_scores(A, lo, hi, None, rows, torch.tensor([[True, False, True]]))
+    torch.testing.assert_close(score, torch.tensor([[1.0, -1.0, -1.0]]))
+    torch.testing.assert_close(term, torch.tensor([[1.0, -1.0, -1.0]]))

@@ -1,12 +1,14 @@
 """Branching for ReLU-split BaB: which neuron each domain splits next.
 
-* BaBSR: the free unstable neuron with the largest ``Relu.split_score``, weighted by |A| summed over
-  the spec rows that are not yet verified (A: the recorded A-matrices of the domain's best bound).
-* FSB (``fsb``, ``kfsb``): the ``candidates`` best neurons by that score are each tried with one
-  cheap bound of both children (the domain's α and β, no optimisation), one batched back-substitution
-  per candidate rank for all domains (``candidates`` calls on every rank, an empty batch where a rank
-  has none, for lockstep); the candidate whose children score best under ``reduceop`` (their worst
-  clause margin, min or max of the two) wins.
+* BaBSR: the free unstable neuron with the largest BaBSR score (``Relu.branch_scores``: the
+  relaxation's intercept and the pre-activation bias that a split changes, through the A-matrices of
+  the domain's best bound, over the spec rows that are not yet verified).
+* FSB (``fsb``, ``kfsb``): the ``candidates`` best neurons by that score and the ``candidates`` best by
+  the intercept term alone (α,β-CROWN's kfsb) are each tried with one cheap bound of both children
+  (the domain's α and β, no optimisation), one batched back-substitution per candidate rank for all
+  domains (``candidates`` calls on every rank, an empty batch where a rank has none, for lockstep);
+  the candidate whose children score best under ``reduceop`` (their worst clause margin, min or max
+  of the two) wins.
 
 Every domain's choice depends on that domain alone, so it is the same at any P.
 """
@@ -34,19 +36,21 @@ Branch = tuple[int, int]  # (pre-activation node, flat neuron index)
 
 def babsr_scores(
     bc: BetaCrown, record: dict[int, Tensor], bounds: Bounds, split: dict[int, Tensor], rows: Tensor
-) -> dict[int, Tensor]:
-    """Score of splitting each free unstable neuron (``Relu.split_score``), its weight |A| summed over
-    the rows that are not yet verified (``rows`` (B, S), 1 where open).  (B, n_k) per node."""
-    scores = {}
+) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
+    """BaBSR's score and intercept term (``Relu.branch_scores``) of splitting each free unstable
+    neuron, from the recorded A-matrices of the domains' best bounds, over the rows that are not yet
+    verified (``rows`` (B, S), 1 where open). Two dicts of (B, n_k) per node."""
+    scores, intercepts = {}, {}
     for j in bc.relus:
         k = bc.relu_in[j]
-        lo, hi = bounds[k]
         A = record.get(j)
         if A is None:
             continue
-        w = (A.abs() * rows.T.reshape(A.shape[0], A.shape[1], *[1] * (A.dim() - 2))).sum(0)  # (B, *shape)
-        scores[k] = Relu.split_score(w, lo, hi, split[k] == 0).flatten(1)
-    return scores
+        lo, hi = bounds[k]
+        bias = bc.graph.nodes[k].op.neuron_bias()
+        score, term = Relu.branch_scores(A, lo, hi, bias, rows.T, split[k] == 0)
+        scores[k], intercepts[k] = score.flatten(1), term.flatten(1)
+    return scores, intercepts
 
 
 def flat_scores(scores: dict[int, Tensor], B: int) -> tuple[Tensor, list[tuple[int, int]]]:
@@ -67,9 +71,9 @@ def locate(offsets: list[tuple[int, int]], flat: int) -> Branch:
     raise IndexError(flat)
 
 
-def babsr(scores: dict[int, Tensor], B: int) -> list[Branch | None]:
-    """Each domain's best-scoring neuron; None where no neuron is free and unstable."""
-    every, offsets = flat_scores(scores, B)
+def babsr(scores: tuple[dict[int, Tensor], dict[int, Tensor]], B: int) -> list[Branch | None]:
+    """Each domain's neuron of the best BaBSR score; None where no neuron is free and unstable."""
+    every, offsets = flat_scores(scores[0], B)
     out: list[Branch | None] = []
     for b in range(B):
         if every.shape[1] == 0 or float(every[b].max()) < 0:
@@ -88,29 +92,36 @@ def fsb(
     split: dict[int, Tensor],
     alpha: dict[int, Tensor],
     beta: dict[int, Tensor],
-    scores: dict[int, Tensor],
+    scores: tuple[dict[int, Tensor], dict[int, Tensor]],
     B: int,
 ) -> list[Branch | None]:
-    """Filtered smart branching (see the module docstring). The ``k`` candidates are bounded one after
-    the other, each as one batch of ``2 B`` trial children (domain-major, then (active, inactive)), so
-    that the trial batch is never larger than twice the domains; every rank makes the same ``k`` calls
-    (``k`` depends on the model only), whatever its ``B``."""
-    every, offsets = flat_scores(scores, B)
+    """Filtered smart branching (see the module docstring). ``scores``: BaBSR's score and intercept
+    term (:func:`babsr_scores`); the ``k`` best neurons of each are the candidates. Candidate rank
+    ``c`` of both lists is bounded in one call, a batch of ``4 B`` trial children (domain-major, then
+    list, then (active, inactive)), so that the trial batch is never larger than four times the
+    domains; every rank makes the same ``k`` calls (``k`` depends on the model only), whatever its
+    ``B``."""
+    every, offsets = flat_scores(scores[0], B)
+    inter, _ = flat_scores(scores[1], B)
     n_free = sum(math.prod(bc.graph.nodes[q].shape) for q in bc.pre)
     k = max(1, min(opts.candidates, n_free))
-    top_score, top_flat = every.topk(min(k, every.shape[1]), dim=1) if B else (None, None)  # (B, <= k)
+    if B:
+        kk = min(k, every.shape[1])
+        top = [every.topk(kk, dim=1), inter.topk(kk, dim=1)]  # (B, kk) each
+        top_score = torch.stack([t.values for t in top], 2)  # (B, kk, 2)
+        top_flat = torch.stack([t.indices for t in top], 2)
     S, shapes = problem.C.shape[0], {q: bc.graph.nodes[q].shape for q in bc.pre}
-    trial_split = {q: split[q].repeat_interleave(2, 0) if B else torch.zeros(0, *shapes[q]) for q in bc.pre}
-    trial_beta = {q: beta[q].repeat_interleave(2, 1) if B else torch.zeros(S, 0, *shapes[q]) for q in bc.pre}
-    trial_alpha = {j: a.repeat_interleave(2, 1) for j, a in alpha.items()}
-    box = (bc.box[0].expand(2 * B, *bc.box[0].shape[1:]), bc.box[1].expand(2 * B, *bc.box[1].shape[1:]))
-    A = spec_matrix(problem.C, 2 * B, bc.graph.nodes[bc.out].shape)
-    pair = torch.full((B, k), -torch.inf)
+    trial_split = {q: split[q].repeat_interleave(4, 0) if B else torch.zeros(0, *shapes[q]) for q in bc.pre}
+    trial_beta = {q: beta[q].repeat_interleave(4, 1) if B else torch.zeros(S, 0, *shapes[q]) for q in bc.pre}
+    trial_alpha = {j: a.repeat_interleave(4, 1) for j, a in alpha.items()}
+    box = (bc.box[0].expand(4 * B, *bc.box[0].shape[1:]), bc.box[1].expand(4 * B, *bc.box[1].shape[1:]))
+    A = spec_matrix(problem.C, 4 * B, bc.graph.nodes[bc.out].shape)
+    pair = torch.full((B, k, 2), -torch.inf)
     for c in range(k):
-        has = B > 0 and c < top_flat.shape[1]  # else an empty batch: this rank stays in lockstep
-        m = 2 * B if has else 0
-        column = top_flat[:, c : c + 1].contiguous() if has else None
-        trial = _children_bounds(bc, bounds, offsets, column, 1, m // 2)
+        has = B > 0 and c < kk  # else an empty batch: this rank stays in lockstep
+        m = 4 * B if has else 0
+        columns = top_flat[:, c].contiguous() if has else None
+        trial = _children_bounds(bc, bounds, offsets, columns, 2, m // 4)
         lb = split_bound(
             bc.graph,
             bc.out,
@@ -120,16 +131,17 @@ def fsb(
             {j: a[:, :m] for j, a in trial_alpha.items()},
             {q: t[:m] for q, t in trial_split.items()},
             {q: t[:, :m] for q, t in trial_beta.items()},
-        ).T  # (2B, S)
+        ).T  # (4B, S)
         if has:
-            child_worst = problem.margins(lb).min(1).values.view(B, 2)
-            pair[:, c] = child_worst.min(1).values if opts.reduceop == "min" else child_worst.max(1).values
+            child_worst = problem.margins(lb).min(1).values.view(B, 2, 2)
+            reduce = child_worst.amin if opts.reduceop == "min" else child_worst.amax
+            pair[:, c] = reduce(2)
     if not B:
         return []
-    kk = top_flat.shape[1]
-    pair = torch.where(top_score >= 0, pair[:, :kk], torch.full_like(pair[:, :kk], -torch.inf))
+    pair = torch.where(top_score >= 0, pair[:, :kk], -torch.inf).flatten(1)  # (B, 2 kk): rank, then list
+    flat = top_flat.flatten(1)
     return [
-        None if float(top_score[b, 0]) < 0 else locate(offsets, int(top_flat[b, int(pair[b].argmax())]))
+        None if float(top_score[b, 0, 0]) < 0 else locate(offsets, int(flat[b, int(pair[b].argmax())]))
         for b in range(B)
     ]
 

@@ -232,7 +232,7 @@ class ReluSplitBab:
             else {}
         )
         split = {k: torch.cat([d.splits[k] for d in doms]) for k in self.bc.pre} if B else {}
-        scores = babsr_scores(self.bc, record, bounds, split, open_rows.float()) if B else {}
+        scores = babsr_scores(self.bc, record, bounds, split, open_rows.float()) if B else ({}, {})
         if self.opts.branching in ("fsb", "kfsb"):
             choice = fsb(self.bc, self.problem, self.opts, bounds, split, alpha, beta, scores, B)
         else:

@@ -57,6 +57,11 @@ class Op:
         when ``needs_bounds``) and ``alpha`` are for ops that relax."""
         return self.backward(A, *in_shapes)
 
+    def neuron_bias(self) -> Tensor | None:
+        """The constant this op adds to each output neuron, broadcastable to the output shape
+        (Linear/Conv: the bias), or None: what BaBSR's score of splitting the ReLU after it uses."""
+        return None
+
     def unit_rows(self, part: Tensor, B: int) -> tuple[Tensor, Tensor] | None:
         """``backward`` of the rows ``[+e_part; -e_part]`` of this op's output without the product, as
         ``(A_in (2m, B, *in_shape), bias (2m, B))``, or None where the op has no such shortcut (then the
@@ -92,6 +97,9 @@ class Linear(Op):
     def __init__(self, weight: Tensor, bias: Tensor | None, mode: str = "none"):
         self.weight = ShardedWeight(weight.detach().to(torch.float32), mode)
         self.bias = None if bias is None else bias.detach().to(torch.float32).clone()
+
+    def neuron_bias(self) -> Tensor | None:
+        return self.bias
 
     @property
     def out_features(self) -> int:
@@ -153,6 +161,9 @@ class Conv(Op):
         self.weight = ShardedWeight(weight.detach().to(torch.float32), mode)
         self.bias = None if bias is None else bias.detach().to(torch.float32).clone()
         self.stride, self.padding, self.dilation = tuple(stride), tuple(padding), tuple(dilation)
+
+    def neuron_bias(self) -> Tensor | None:
+        return None if self.bias is None else self.bias.view(-1, 1, 1)
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.weight.conv2d(x, self.stride, self.padding, self.dilation)
@@ -355,11 +366,40 @@ class Relu(Op):
         return up_slope, up_bias, lo_slope
 
     @staticmethod
+    def branch_scores(
+        A: Tensor, lower: Tensor, upper: Tensor, bias: Tensor | None, rows: Tensor, free: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """BaBSR's two estimates of what splitting each neuron gains for the lower bounds whose
+        A-matrix at this ReLU's output is ``A`` (S, B, *shape), weighted by ``rows`` (S, B) (1 where a
+        row is still open), as BaBSR (Bunel et al. 2020) and α,β-CROWN's kfsb define them:
+
+        * the intercept term: the triangle's intercept ``-l u / (u - l)`` that a negative coefficient
+          picks up, ``min(A, 0) · intercept``, which a split removes;
+        * the score: the intercept term plus the pre-activation ``bias`` (None: 0) carried through the
+          relaxation's slope, ``max(b A (slope - 1), b A slope)``, in absolute value.
+
+        Returns ``(score, intercept)``, both (B, *shape) and larger is better (the intercept term is
+        negated); -1 where the neuron is stable or not ``free``."""
+        lo, up = lower.clamp(max=0), upper.clamp(min=0)
+        slope = up / (up - lo).clamp(min=1e-12)
+        term = A.clamp(max=0) * (-lo * slope)  # <= 0
+        score = term
+        if bias is not None:
+            bA = A * bias
+            score = term + torch.maximum(bA * (slope - 1), bA * slope)
+        w = rows.reshape(*rows.shape, *[1] * (A.dim() - 2))
+        ok = free & (lower < 0) & (upper > 0)
+        score = torch.where(ok, (score.abs() * w).sum(0), -1.0)
+        return score, torch.where(ok, -(term * w).sum(0), -1.0)
+
+    @staticmethod
     def split_score(weight: Tensor, lower: Tensor, upper: Tensor, free: Tensor | None = None) -> Tensor:
         """BaBSR's score of splitting a neuron (broadcasts): ``weight`` (how much the bounds of interest
         depend on it, e.g. |A| summed over their rows) × the gap of its triangle relaxation,
-        ``-l u / (u - l)``; -1 where the neuron is stable or not ``free``. The one score that BaB's
-        branching, the split refinement and the MILP refinement's order use."""
+        ``-l u / (u - l)``; -1 where the neuron is stable or not ``free``. The score of the refinements
+        of intermediate bounds (split refinement, the MILP refinement's order), which tighten both
+        bounds of a neuron, so both signs of A pick up the intercept; BaB's branching, on lower bounds
+        alone, uses :meth:`branch_scores`."""
         unstable = (lower < 0) & (upper > 0)
         free = unstable if free is None else unstable & free
         gap = -lower * upper / (upper - lower).clamp(min=1e-12)
