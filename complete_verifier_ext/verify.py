@@ -626,7 +626,8 @@ def _verify_instance(
     progress: Callable | None,
 ) -> InstanceResult:
     torch.manual_seed(cfg.general.seed)
-    torch.use_deterministic_algorithms(cfg.general.deterministic)
+    if torch.are_deterministic_algorithms_enabled() != cfg.general.deterministic:
+        torch.use_deterministic_algorithms(cfg.general.deterministic)  # imports torch._inductor: 2-3 s
     clock = Clock(t0 + timeout, progress or _quiet)
     chunk = crown_chunk(cfg, graph)  # resolved once: every stage reads it from the config
     cfg = dataclasses.replace(
