@@ -339,10 +339,11 @@ class BranchingConfig:
     """``bab.branching``: how a BaB domain is split.
 
     Attributes:
-        method: ReLU branching heuristic: ``babsr`` or ``fsb``/``kfsb`` (one method here: the
-            ``candidates`` best neurons by BaBSR's score, per domain, bounded exactly; alpha-beta-CROWN's
-            ``sb``, ``naive`` and ``random`` run ``babsr``, with a warning).
-        candidates: candidates scored exactly by ``fsb``/``kfsb``.
+        method: ReLU branching heuristic: ``babsr`` or ``fsb``/``kfsb`` (one method here, alpha-beta-CROWN's
+            kfsb: the ``candidates`` best neurons by BaBSR's score and the ``candidates`` best by its
+            intercept term, per domain, each tried with a cheap bound of both children;
+            alpha-beta-CROWN's ``sb``, ``naive`` and ``random`` run ``babsr``, with a warning).
+        candidates: candidates per list scored by a bound in ``fsb``/``kfsb``.
         reduceop: how the scores of the two children are combined: ``min`` or ``max``.
         input_split: ``bab.branching.input_split`` settings.
     """
