@@ -173,8 +173,11 @@ def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str
         return fn(*args)
     comm.init_from_env(backend, timeout_s)
     rank = comm.rank()
+    done = False
     try:
-        return fn(*args)
+        result = fn(*args)
+        done = True
+        return result
     except RuntimeError as e:  # gloo and NCCL raise plain RuntimeErrors when a peer is gone
         if not (isinstance(e, torch.distributed.DistError) or _is_transport_error(e)):
             raise
@@ -183,6 +186,8 @@ def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str
         raise RankFailure(_Failure(rank, f"lost a peer rank (it died or hung): {first}")) from None
     finally:
         with contextlib.suppress(Exception):  # a group whose peer is gone may not shut down cleanly
+            if done:  # no rank tears gloo down while another still uses it (that aborted rank 0 under load)
+                comm.barrier()
             comm.shutdown()
 
 
