@@ -111,17 +111,18 @@ def fsb(
         top_score = torch.stack([t.values for t in top], 2)  # (B, kk, 2)
         top_flat = torch.stack([t.indices for t in top], 2)
     S, shapes = problem.C.shape[0], {q: bc.graph.nodes[q].shape for q in bc.pre}
-    trial_split = {q: split[q].repeat_interleave(4, 0) if B else torch.zeros(0, *shapes[q]) for q in bc.pre}
-    trial_beta = {q: beta[q].repeat_interleave(4, 1) if B else torch.zeros(S, 0, *shapes[q]) for q in bc.pre}
-    trial_alpha = {j: a.repeat_interleave(4, 1) for j, a in alpha.items()}
-    box = (bc.box[0].expand(4 * B, *bc.box[0].shape[1:]), bc.box[1].expand(4 * B, *bc.box[1].shape[1:]))
-    A = spec_matrix(problem.C, 4 * B, bc.graph.nodes[bc.out].shape)
+    n = 4  # trial children per domain and call: 2 lists x (active, inactive)
+    trial_split = {q: split[q].repeat_interleave(n, 0) if B else torch.zeros(0, *shapes[q]) for q in bc.pre}
+    trial_beta = {q: beta[q].repeat_interleave(n, 1) if B else torch.zeros(S, 0, *shapes[q]) for q in bc.pre}
+    trial_alpha = {j: a.repeat_interleave(n, 1) for j, a in alpha.items()}
+    box = (bc.box[0].expand(n * B, *bc.box[0].shape[1:]), bc.box[1].expand(n * B, *bc.box[1].shape[1:]))
+    A = spec_matrix(problem.C, n * B, bc.graph.nodes[bc.out].shape)
     pair = torch.full((B, k, 2), -torch.inf)
     for c in range(k):
         has = B > 0 and c < kk  # else an empty batch: this rank stays in lockstep
-        m = 4 * B if has else 0
+        m = n * B if has else 0
         columns = top_flat[:, c].contiguous() if has else None
-        trial = _children_bounds(bc, bounds, offsets, columns, 2, m // 4)
+        trial = _children_bounds(bc, bounds, offsets, columns, 2, m // n)
         lb = split_bound(
             bc.graph,
             bc.out,
@@ -131,7 +132,7 @@ def fsb(
             {j: a[:, :m] for j, a in trial_alpha.items()},
             {q: t[:m] for q, t in trial_split.items()},
             {q: t[:, :m] for q, t in trial_beta.items()},
-        ).T  # (4B, S)
+        ).T  # (n B, S)
         if has:
             child_worst = problem.margins(lb).min(1).values.view(B, 2, 2)
             reduce = child_worst.amin if opts.reduceop == "min" else child_worst.amax
