@@ -31,9 +31,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..parallel import comm
+from ..parallel import comm, serve
 from .locate import PluginError
 
 
@@ -68,9 +69,9 @@ def _sharded(op):
     return shard.tp if shard is not None else None
 
 
-def _bias_rows(b: Any, sw) -> Any:
-    lo, hi = sw.rows
-    return b[..., lo:hi] if isinstance(b, Tensor) else b
+def _part(b: Any, rows: tuple[int, int], dim: int) -> Any:
+    """Rows ``lo:hi`` of a bias along ``dim`` (a non-tensor passes through)."""
+    return b.narrow(dim, rows[0], rows[1] - rows[0]) if isinstance(b, Tensor) else b
 
 
 def _no_grad_through(*ts: Any) -> None:
@@ -84,9 +85,9 @@ def wrap_forward(orig):
         if sw is None:
             return orig(self, x, w, b)
         _no_grad_through(x)
-        y = orig(self, x, sw.local, _bias_rows(b, sw))
+        y = sw.columns(lambda w, rows: orig(self, x, w, _part(b, rows, -1)), -1)
         self.y_shape = torch.Size((sw.shape[1], sw.shape[0]))  # as orig sets it for the whole W
-        return comm.all_gather_cat(y, -1, sizes=sw.sizes)
+        return y
 
     forward.__wrapped__ = orig
     return forward
@@ -107,12 +108,16 @@ def wrap_interval(orig):
             lo = fn(v[2][0])
             return [Interval.make_interval(lo, lo if v[2][1] is v[2][0] else fn(v[2][1]), v[2])]
 
-        local = Interval(sw.local, sw.local)
         if C is None:
-            lo, hi = orig(self, v[0], local, *bias(lambda b: _bias_rows(b, sw)))
-            return comm.all_gather_cat(lo, -1, sizes=sw.sizes), comm.all_gather_cat(hi, -1, sizes=sw.sizes)
-        r0, r1 = sw.rows
-        merged = comm.all_reduce(C[..., r0:r1].matmul(sw.local).contiguous(), "sum")  # C @ W: (B, spec, in)
+
+            def block(w, rows):  # this block's (lower, upper), stacked
+                lo, hi = orig(self, v[0], Interval(w, w), *bias(lambda b: _part(b, rows, -1)))
+                return torch.stack((lo, hi))
+
+            both = sw.columns(block, -1)
+            return both[0], both[1]
+        merged = sw.row_sum(lambda w, rows: C[..., rows[0] : rows[1]].matmul(w))  # C @ W: (B, spec, in)
+        local = Interval(sw.local, sw.local)
         return orig(self, v[0], local, *bias(C.matmul), C=None, w=merged)
 
     interval_propagate.__wrapped__ = orig
@@ -179,11 +184,6 @@ def wrap_build_solver(orig):
     return build_solver
 
 
-def _bias_channels(b: Any, sw) -> Any:
-    lo, hi = sw.rows
-    return b[lo:hi] if isinstance(b, Tensor) else b
-
-
 def wrap_conv_forward(orig):
     """``BoundConv.forward(x, w, b)``: the rank's output channels, then one all-gather."""
 
@@ -192,8 +192,7 @@ def wrap_conv_forward(orig):
         if sw is None:
             return orig(self, *x)
         _no_grad_through(x[0])
-        y = orig(self, x[0], sw.local, *[_bias_channels(t, sw) for t in x[2:]])
-        return comm.all_gather_cat(y, 1, sizes=sw.sizes)
+        return sw.columns(lambda w, rows: orig(self, x[0], w, *[_part(t, rows, 0) for t in x[2:]]), 1)
 
     forward.__wrapped__ = orig
     return forward
@@ -207,14 +206,17 @@ def wrap_conv_interval(orig):
         if sw is None:
             return orig(self, *v, C=C)
         _no_grad_through(v[0][0], v[0][1])
-        bias = []
-        if len(v) == 3:
-            lo = _bias_channels(v[2][0], sw)
-            bias = [
-                Interval.make_interval(lo, lo if v[2][1] is v[2][0] else _bias_channels(v[2][1], sw), v[2])
-            ]
-        lo, hi = orig(self, v[0], Interval(sw.local, sw.local), *bias, C=C)
-        return comm.all_gather_cat(lo, 1, sizes=sw.sizes), comm.all_gather_cat(hi, 1, sizes=sw.sizes)
+
+        def block(w, rows):  # this block's (lower, upper), stacked
+            bias = []
+            if len(v) == 3:
+                lo = _part(v[2][0], rows, 0)
+                hi = lo if v[2][1] is v[2][0] else _part(v[2][1], rows, 0)
+                bias = [Interval.make_interval(lo, hi, v[2])]
+            return torch.stack(orig(self, v[0], Interval(w, w), *bias, C=C))
+
+        both = sw.columns(block, 2)
+        return both[0], both[1]
 
     interval_propagate.__wrapped__ = orig
     return interval_propagate
@@ -294,19 +296,23 @@ def column_parallel_forward(model: nn.Module, shards: dict[str, tuple[Any, bool]
 
 def _linear_forward(m: nn.Linear, sw):
     def forward(x: Tensor) -> Tensor:
-        bias = _bias_rows(m.bias, sw) if m.bias is not None else None
-        y = torch.nn.functional.linear(comm.reduce_grad(x), sw.local, bias)
+        if serve.active():  # the ranks out of lockstep (a BaB round): every shard fetched here
+            return sw.columns(lambda w, rows: F.linear(x, w, _part(m.bias, rows, 0)), -1)
+        y = F.linear(comm.reduce_grad(x), sw.local, _part(m.bias, sw.rows, 0))
         return comm.all_gather_cat_same_loss(y, -1, sizes=sw.sizes)
 
     return forward
 
 
 def _conv_forward(m: nn.Conv2d, sw):
+    def with_bias(y: Tensor, rows: tuple[int, int]) -> Tensor:
+        return y if m.bias is None else y + _part(m.bias, rows, 0).view(1, -1, 1, 1)
+
     def forward(x: Tensor) -> Tensor:
-        bias = _bias_channels(m.bias, sw) if m.bias is not None else None
+        if serve.active():
+            conv = lambda w, rows: with_bias(F.conv2d(x, w, None, m.stride, m.padding, m.dilation), rows)
+            return sw.columns(conv, 1)
         y = sw.local_conv2d(comm.reduce_grad(x), m.stride, m.padding, m.dilation)
-        if bias is not None:
-            y = y + bias.view(1, -1, 1, 1)
-        return comm.all_gather_cat_same_loss(y, 1, sizes=sw.sizes)
+        return comm.all_gather_cat_same_loss(with_bias(y, sw.rows), 1, sizes=sw.sizes)
 
     return forward

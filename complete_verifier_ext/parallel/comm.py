@@ -24,7 +24,8 @@ Every collective is counted in ``stats()`` (per name: calls and bytes this rank 
 pass ``sizes``), ``all_reduce``, ``reduce_scatter`` (the backward of ``all_gather_cat_grad``),
 ``all_reduce_flag``, ``broadcast``, ``broadcast_object``,
 ``ring_pass``, ``ring_pass_shape`` (the shape exchange of ``ring_pass`` when ``recv_shape`` is not
-given) and ``barrier``. Nothing is counted at world size 1.
+given), ``exchange`` (point-to-point sends of :func:`exchange`) and ``barrier``. Nothing is counted at
+world size 1.
 
 Lockstep rule: every rank (of the group) must call the same helpers in the same order with the same
 ``sizes`` / ``recv_shape`` arguments (sizes are global knowledge, e.g. from ``shard_range``), whatever its
@@ -68,6 +69,7 @@ __all__ = [
     "ring_pass",
     "ring_pass_start",
     "RingPass",
+    "exchange",
     "barrier",
     "stats",
     "reset_stats",
@@ -471,6 +473,28 @@ def ring_pass(
 ) -> Tensor:
     """Send ``t`` to rank + 1, return what rank - 1 sent (shapes may differ). No autograd."""
     return ring_pass_start(t, recv_shape, group=group).wait()
+
+
+def exchange(
+    sends: Sequence[tuple[int, Tensor]],
+    recvs: Sequence[tuple[int, Tensor]],
+    *,
+    group: ProcessGroup | None = None,
+) -> None:
+    """Point-to-point: send each ``(dst, tensor)`` and receive into each ``(src, buffer)`` (ranks of
+    ``group``), all posted at once and waited for. Every pair must be matched by the peer's call (the
+    caller derives both sides from knowledge every rank shares, e.g. an all-gathered request list);
+    messages between the same two ranks pair up in the order given."""
+    if not _parallel(group):
+        return
+    ops = []
+    for dst, t in sends:
+        t = t.detach().contiguous()
+        _STATS.add("exchange", _nbytes(t))
+        ops.append(dist.P2POp(dist.isend, t, _global_rank(group, dst), group))
+    ops += [dist.P2POp(dist.irecv, buf, _global_rank(group, src), group) for src, buf in recvs]
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
 
 
 # ----------------------------------------------------------------------------------------------------------

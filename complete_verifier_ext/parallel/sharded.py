@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from . import comm
+from . import comm, serve
 
 __all__ = ["MODES", "ShardedWeight", "release_gather_buffers"]
 
@@ -179,6 +179,8 @@ class ShardedWeight:
             self._padded = full.new_zeros((max(self._sizes), *full.shape[1:]))  # (m, *rest)
             self._padded[: self.n_local].copy_(full.detach()[self.rows[0] : self.rows[1]])
         self.local = self._padded[: self.n_local]
+        if mode != "none":
+            serve.register(self)
 
     @property
     def n_local(self) -> int:
@@ -216,6 +218,8 @@ class ShardedWeight:
         """
         if not self.sharded:
             return self.local
+        if serve.active():
+            return serve.full(self)
         most, row = self._padded.shape[0], self._padded[0].numel()
         flat = _gather_buffer(self._world * most * row, self._padded.dtype, self._padded.device)
         comm.all_gather_into(flat, self._padded.reshape(-1))
@@ -258,6 +262,35 @@ class ShardedWeight:
         if self.n_local > 0:
             return conv(x, self.local)
         return conv(x, self._padded.new_zeros((1, *self.shape[1:])))[:, :0]  # one zero channel, dropped
+
+    def columns(self, fn: Callable[[Tensor, tuple[int, int]], Tensor], dim: int) -> Tensor:
+        """``fn(W_rows, (lo, hi))`` (the output slice of rows ``lo:hi``) for every rank's rows,
+        concatenated along ``dim``: this rank's slice and one all-gather (no autograd), or, while
+        :mod:`.serve` is active, every shard fetched and its slice computed here (with autograd)."""
+        if not self.sharded:
+            return fn(self.local, (0, self.shape[0]))
+        if not serve.active():
+            return comm.all_gather_cat(fn(self.local, self.rows), dim, sizes=self._sizes)
+        parts = {q: fn(w, self._range(q)) for q, w in self._ring() if w.shape[0] > 0}
+        return torch.cat([parts[q] for q in sorted(parts)], dim)
+
+    def row_sum(self, fn: Callable[[Tensor, tuple[int, int]], Tensor]) -> Tensor:
+        """The sum over every rank's rows of ``fn(W_rows, (lo, hi))`` (e.g. ``C[..., lo:hi] @ W_rows``):
+        an all-reduce (no autograd), or, while :mod:`.serve` is active, summed here over fetched shards."""
+        if not self.sharded:
+            return fn(self.local, (0, self.shape[0]))
+        if not serve.active():
+            return comm.all_reduce(fn(self.local, self.rows).contiguous(), "sum")
+        out: Tensor | None = None
+        for q, w in self._ring():  # one fetched shard resident at a time
+            if w.shape[0] > 0:
+                part = fn(w, self._range(q))
+                out = part if out is None else out + part
+        assert out is not None
+        return out
+
+    def _range(self, q: int) -> tuple[int, int]:
+        return self._start(q), self._start(q) + self._sizes[q]
 
     # ---- CROWN backward: transposed products -----------------------------------------------------------
 
@@ -314,6 +347,10 @@ class ShardedWeight:
         are alive besides the own one.
         """
         p, r = self._world, self._rank
+        if serve.active():  # ranks out of lockstep: one request per shard
+            for k in range(p):
+                yield (r - k) % p, serve.shard(self, (r - k) % p)
+            return
         shard = self.local
         for k in range(p):
             q = (r - k) % p
