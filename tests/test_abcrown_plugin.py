@@ -492,6 +492,26 @@ def test_bab_with_domains_split_over_ranks(tmp_path):
     assert got[3] == got[1]
 
 
+@pytest.mark.parametrize(("P", "mode"), [(3, "tp"), (2, "fsdp")])
+def test_bab_with_the_weights_kept_sharded(tmp_path, P, mode):
+    """BaB with every layer still sharded (``tp``; ``fsdp`` with ``bab_weights: sharded``): each rank
+    bounds its own share, fetching weights on request (``parallel.serve``), with different numbers of
+    bound passes per rank. The same verdict and domain count as P = 1 (``test_bab_with_domains_split…``:
+    unsat, 16 domains); tp fetches single shards only, never a whole weight, and none is left alive."""
+    cfg = _config(tmp_path, BAB_YAML)
+    args = [*instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), "--parallel.bab_weights", "sharded"]
+    proc, s, results = run(tmp_path, cfg, *args, P=P, mode=mode, env=_env(CVE_ABCROWN_AUDIT="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (results.strip(), _visited(proc.stdout)) == ("unsat", 16)
+    assert s["parallel"]["bab_weights"] == "sharded"
+    whole, shards = zip(*s["bab_weight_fetches"], strict=True)
+    if mode == "tp":
+        assert sum(whole) == 0 and min(shards) > 0
+    else:
+        assert min(whole) > 0 and sum(shards) == 0
+    assert s["full_weights_live"] == [[[], []]] * P
+
+
 MOVE = """
 import sys, types
 import torch
@@ -554,7 +574,7 @@ def test_domains_move_between_lists_whole_and_in_order(tmp_path):
     ("change", "mode", "named"),
     [
         (("complete_verifier: bab", "complete_verifier: mip"), "fsdp", "general.complete_verifier: mip"),
-        (("complete_verifier: bab", "complete_verifier: bab"), "tp", "parallel.mode: tp"),
+        (("  timeout: 120", "  timeout: 120\n  attack:\n    enabled: true"), "tp", "bab.attack.enabled"),
     ],
 )
 def test_bab_features_not_split_yet_are_refused(tmp_path, change, mode, named):
@@ -619,3 +639,21 @@ def test_bab_proved_treats_nan_as_not_proven():
 
     assert bab_proved(torch.tensor(0.0)) and bab_proved(float("inf")) and bab_proved(0.3)
     assert not bab_proved(float("nan")) and not bab_proved(-1e-9) and not bab_proved(float("-inf"))
+
+
+def test_bab_weights_follow_the_mode():
+    """``parallel.bab_weights: auto`` (the default) is replicated under fsdp and sharded under tp; tp
+    with replicated weights is refused (tp never holds a whole layer)."""
+    from complete_verifier_ext.abcrown_plugin import bridge
+    from complete_verifier_ext.abcrown_plugin.locate import PluginError
+
+    def of(**sec):
+        return bridge.parallel_of({"parallel": {"world_size": 2, **sec}}, []).bab_weights
+
+    assert of(mode="fsdp") == "replicated" and of(mode="tp") == "sharded"
+    assert of(mode="fsdp", bab_weights="sharded") == "sharded"
+    assert bridge.parallel_of({}, ["--parallel_mode", "tp"]).bab_weights == "sharded"
+    with pytest.raises(PluginError, match="never holds a whole layer"):
+        of(mode="tp", bab_weights="replicated")
+    with pytest.raises(PluginError, match="not one of auto, replicated, sharded"):
+        of(mode="fsdp", bab_weights="some")

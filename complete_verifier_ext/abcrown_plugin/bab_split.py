@@ -12,11 +12,15 @@ the unverified ones back. Under P > 1 each rank keeps its own share of the list,
    the domains move (from the top of the sender's stack, as ``pick_out`` would take them) in one
    ``all_gather_object``;
 3. each rank picks up to its share and runs α,β-CROWN's own ``split_domain`` on it, rank-local: the
-   weights are replicated for the search (gathered once when BaB starts; ``parallel.bab_weights:
-   replicated``), the rows of intermediate layers are not dealt, and the clock is the rank's own, so
-   β-CROWN may stop early or prune on one rank only. The split depth is computed from the number picked
-   on all ranks together (``get_split_depth``), so each rank bounds its share of P = 1's batch; a rank
-   with nothing to pick skips it;
+   rows of intermediate layers are not dealt, and the clock is the rank's own, so β-CROWN may stop
+   early or prune on one rank only, and a rank with nothing to pick skips it. The weights are either
+   replicated for the search (gathered once when BaB starts; ``parallel.bab_weights: replicated``, the
+   default under ``fsdp``) or stay sharded (``sharded``, and always under ``tp``): the round then runs
+   inside :func:`~complete_verifier_ext.parallel.serve.serving`, where every weight a rank needs is
+   fetched on request (the whole weight under ``fsdp``, one shard at a time under ``tp``) and a rank
+   that is done serves the others until all are, so the ranks need not run the same passes. The
+   split depth is computed from the number picked on all ranks together (``get_split_depth``), so
+   each rank bounds its share of P = 1's batch;
 4. one ``all_gather_object`` of (domains held, worst domain's lb − rhs, domains visited, "all neurons
    split"): the global lower bound is the worst over the ranks, ``stats.visited`` the sum, and
    ``len(domains)`` reports the global count to ``general_bab`` (its loop, ``bab.max_domains``).
@@ -29,13 +33,12 @@ domains are picked, so verdicts agree on instances that finish, not necessarily 
 
 Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree search, BaB attack,
 input splits, clip-and-verify, MIP (``complete_verifier: mip`` / ``bab-refine``), and
-``enable_opt_interm_bounds`` (its intermediate α would be the row-sharded ones), and
-``parallel.bab_weights: sharded`` (bounding with per-use gathers would need every rank to bound in
-lockstep, the same number of β-CROWN iterations on every rank: not built).
+and ``enable_opt_interm_bounds`` (its intermediate α would be the row-sharded ones).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from typing import Any
@@ -43,7 +46,7 @@ from typing import Any
 import torch
 
 from ..bab.common import rebalance_plan
-from ..parallel import comm
+from ..parallel import comm, serve
 
 _picked_total: int | None = None  # domains picked this round on all ranks, for get_split_depth
 
@@ -70,12 +73,15 @@ def unsupported(all_args: dict) -> list[str]:
         found.append("bab.clip_n_verify")
     if solver["beta-crown"]["enable_opt_interm_bounds"]:
         found.append("solver.beta-crown.enable_opt_interm_bounds")
-    parallel = all_args.get("parallel", {})
-    if parallel.get("bab_weights") == "sharded":
-        found.append("parallel.bab_weights: sharded (BaB holds the weights whole: replicated)")
-    if parallel.get("mode") == "tp":
-        found.append("parallel.mode: tp (BaB holds the weights whole; parallel.mode: fsdp runs it)")
     return found
+
+
+def weights_sharded() -> bool:
+    """Whether BaB keeps the weights sharded (``tp`` always; ``fsdp`` with ``bab_weights: sharded``)."""
+    import arguments
+
+    par = arguments.Config["parallel"]
+    return par["mode"] == "tp" or par["bab_weights"] == "sharded"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -223,7 +229,8 @@ def wrap_act_split_round(split_domain, check_worst_domain):
             counts = rebalance(domains, counts)
         picks = [min(share, n) for n in counts]
         visited = stats.visited
-        with patches.local_clock():
+        fetch = serve.serving() if weights_sharded() else contextlib.nullcontext()
+        with patches.local_clock(), fetch:
             if picks[me] > 0:
                 stats.timer.start("pickout")
                 d = domains.pick_out(batch=picks[me], device=net.device)
@@ -284,7 +291,8 @@ def wrap_general_bab(orig):
     def general_bab(net, x, c, rhs, reference_dict=None, timeout=None, max_iterations=None):
         from . import fsdp, rows
 
-        with fsdp.replicated(), rows.inactive():
+        whole = contextlib.nullcontext() if weights_sharded() else fsdp.replicated()
+        with whole, rows.inactive():
             return orig(net, x, c, rhs, reference_dict, timeout, max_iterations)
 
     return general_bab

@@ -10,6 +10,7 @@ typo); its flat flags (``--device cpu``, ``--onnx_path X``) pass through unchang
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +77,10 @@ OUR_KEYS: list[tuple[str, list[str], dict]] = [
         ["parallel", "bab_weights"],
         dict(
             type=str,
-            default="replicated",
-            choices=["replicated", "sharded"],
-            help="Under fsdp, whether BaB gathers each layer per use (sharded) or keeps all (replicated).",
+            default="auto",
+            choices=["auto", "replicated", "sharded"],
+            help="Whether BaB keeps every layer whole on every rank (replicated) or sharded, fetched per "
+            "use (sharded); auto: replicated under fsdp, sharded under tp (which never builds a layer).",
         ),
     ),
 ]
@@ -93,7 +95,7 @@ class Parallel:
     backend: str = "auto"
     threads: int = 0
     exact_memory: bool = False
-    bab_weights: str = "replicated"
+    bab_weights: str = "replicated"  # resolved: replicated or sharded
 
 
 def register(config) -> None:
@@ -184,7 +186,7 @@ def parallel_of(data: dict, flat: list[str]) -> Parallel:
             backend=str(sec.get("backend", "auto")),
             threads=int(sec.get("threads", 0)),
             exact_memory=str(sec.get("exact_memory", False)).lower() in ("1", "true", "yes"),
-            bab_weights=str(sec.get("bab_weights", "replicated")),
+            bab_weights=str(sec.get("bab_weights", "auto")),
         )
     except (TypeError, ValueError) as e:
         raise PluginError(f"parallel: {e}") from None
@@ -194,6 +196,15 @@ def parallel_of(data: dict, flat: list[str]) -> Parallel:
         raise PluginError(f"parallel.world_size: {p.world_size} must be at least 1")
     if p.mode == "none" and p.world_size > 1:
         raise PluginError("parallel.world_size > 1 needs parallel.mode fsdp or tp")
+    if p.bab_weights not in ("auto", "replicated", "sharded"):
+        raise PluginError(f"parallel.bab_weights: '{p.bab_weights}' is not one of auto, replicated, sharded")
+    if p.mode == "tp" and p.bab_weights == "replicated":
+        raise PluginError(
+            "parallel.bab_weights: 'replicated' but parallel.mode is 'tp', which never holds a whole "
+            "layer: use parallel.mode fsdp or bab_weights sharded"
+        )
+    if p.bab_weights == "auto":
+        p = dataclasses.replace(p, bab_weights="sharded" if p.mode == "tp" else "replicated")
     return p
 
 

@@ -145,10 +145,12 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
     (``full_live`` not None), every rank's live full-size weights."""
     import torch
 
-    from ..parallel import comm
+    from ..parallel import comm, serve
 
     peaks = phases.peaks
+    fetched = serve.stats()
     row = [peaks.get("run", 0.0), peaks.get("bounds", 0.0), peaks.get("bab", 0.0), probe.alpha_elements]
+    row += [fetched["full"], fetched["shard"]]
     mine = torch.tensor([row], dtype=torch.float64, device=comm.device())
     every = comm.all_gather_cat(mine, 0).cpu()
     return {
@@ -158,6 +160,8 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
         "peak_mb_bounds": [float(v) for v in every[:, 1].tolist()],
         "peak_mb_bab": [float(v) for v in every[:, 2].tolist()],
         "alpha_elements": [int(v) for v in every[:, 3].tolist()],
+        # weights fetched on request in BaB rounds with the weights sharded (whole ones, single shards)
+        "bab_weight_fetches": [[int(a), int(b)] for a, b in every[:, 4:6].tolist()],
         "peak_mb_exact": phases.meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
     }
@@ -242,7 +246,8 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
                 "peak_mb_exact": result["peak_mb_exact"],
                 "alpha_elements": result["alpha_elements"],
                 "crown_batch_size": result["crown_batch_size"],
-                "parallel": {"mode": par.mode, "world_size": par.world_size},
+                "parallel": {"mode": par.mode, "world_size": par.world_size, "bab_weights": par.bab_weights},
+                "bab_weight_fetches": result["bab_weight_fetches"],
                 **(
                     {"full_weights_live": result["full_weights_live"]}
                     if "full_weights_live" in result

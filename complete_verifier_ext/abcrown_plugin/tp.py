@@ -23,7 +23,12 @@ Intermediate bounds are computed exactly as unpatched α,β-CROWN computes them 
 sharding). Supported: ``BoundLinear`` from ONNX Gemm (``transB = 1``, ``alpha = beta = 1``) and
 ``BoundConv`` (2-D, one group) with ``general.conv_mode: matrix``, with constant weights and biases. A
 sharded MatMul, another Gemm form, or a conv in patches mode is refused with one line naming the node
-(``parallel.mode: fsdp`` runs them); so are MIP/LP building and BaB (which holds the weights whole).
+(``parallel.mode: fsdp`` runs them); so is MIP/LP building.
+
+In a BaB round each rank bounds its own domains (:mod:`.bab_split`), so the column-parallel form, which
+needs every rank's input, does not apply: inside :func:`~complete_verifier_ext.parallel.serve.serving`
+``ShardedWeight.columns`` / ``row_sum`` / ``linear_t`` fetch the other ranks' shards one at a time and
+compute every block here (still no whole weight on any rank).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ a replicated tensor receives, on each rank, a partial gradient, and the partials
 the objective's gradient. ``all_gather_cat_grad`` (and the column-parallel ``ShardedWeight.linear`` /
 ``conv2d`` built on it) implement this; a replicated leaf that needs its full gradient must
 ``comm.all_reduce`` its ``.grad``; a loss replicated on every rank must be counted once (e.g. scaled by
-``1 / world_size``). Every rank must run backward through the same collective nodes in the same order, except inside
-``serve.serving()``, where sharded weights are fetched on demand and the ranks may run different work.
+``1 / world_size``). Every rank must run backward through the same collective nodes in the same order,
+except inside ``serve.serving()``, where sharded weights are fetched on demand and the ranks may run
+different work.
 """
 
 from . import comm, serve

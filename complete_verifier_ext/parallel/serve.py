@@ -44,7 +44,7 @@ _DONE, _FULL, _SHARD = 0, 1, 2
 _HOLDERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _KEYS = itertools.count()
 _serving = False
-_ticks = {"requests": 0, "ticks": 0}
+_ticks = {"full": 0, "shard": 0, "ticks": 0}
 
 
 def register(holder: Any) -> None:
@@ -59,7 +59,8 @@ def active() -> bool:
 
 
 def stats() -> dict[str, int]:
-    """Requests this rank made and ticks it took part in (since the process started)."""
+    """Whole weights and shards this rank requested, and ticks it took part in (since the process
+    started)."""
     return dict(_ticks)
 
 
@@ -91,7 +92,7 @@ def _tick(kind: int, key: int = -1, src: int = -1) -> tuple[Tensor | None, bool]
 
 def full(holder: Any) -> Tensor:
     """The whole weight of ``holder`` (a fresh tensor), fetched in one tick."""
-    _ticks["requests"] += 1
+    _ticks["full"] += 1
     got, _ = _tick(_FULL, holder.serve_key)
     assert got is not None
     return got
@@ -101,7 +102,7 @@ def shard(holder: Any, q: int) -> Tensor:
     """Rank ``q``'s rows of ``holder`` (this rank's own without communication)."""
     if q == comm.rank():
         return holder.local
-    _ticks["requests"] += 1
+    _ticks["shard"] += 1
     got, _ = _tick(_SHARD, holder.serve_key, q)
     assert got is not None
     return got
