@@ -31,14 +31,16 @@ def checkout() -> Path:
     return path
 
 
-def run_abcrown(args: list[str], tmp: Path, timeout: float, world: int = 1, env: dict | None = None) -> dict:
-    """``abcrown --general.engine abcrown ARGS`` in ``tmp`` (``fsdp`` over ``world`` gloo ranks when
+def run_abcrown(
+    args: list[str], tmp: Path, timeout: float, world: int = 1, env: dict | None = None, mode: str = "fsdp"
+) -> dict:
+    """``abcrown --general.engine abcrown ARGS`` in ``tmp`` (``mode`` over ``world`` gloo ranks when
     above 1): its summary plus ``wall_s``, or ``{"error": ...}``."""
     summary = tmp / "summary.json"
     summary.unlink(missing_ok=True)
     cmd = ["abcrown", *args, "--general.engine", "abcrown", "--summary", str(summary), "--quiet"]
     if world > 1:
-        cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(world)]
+        cmd += ["--parallel.mode", mode, "--parallel.world_size", str(world)]
     t0 = time.monotonic()
     try:
         out = subprocess.run(

@@ -44,7 +44,15 @@ attack:
 """
 
 
-def run_one(batch: int, world: int, rounds: int, tmp: Path, timeout: float) -> dict:
+# how the weights are held during BaB at P > 1: (parallel.mode, parallel.bab_weights)
+WEIGHTS = {
+    "fsdp-replicated": ("fsdp", "replicated"),
+    "fsdp-sharded": ("fsdp", "sharded"),
+    "tp": ("tp", "sharded"),
+}
+
+
+def run_one(batch: int, world: int, rounds: int, tmp: Path, timeout: float, weights: str) -> dict:
     cfg = tmp / "bab.yaml"
     cfg.write_text(YAML.format(batch=batch, rounds=rounds))
     args = ["--config", str(cfg), "--onnx_path", str(MNIST / "onnx" / "mnist-net_256x6.onnx")]
@@ -54,7 +62,10 @@ def run_one(batch: int, world: int, rounds: int, tmp: Path, timeout: float) -> d
         "--results_file",
         str(tmp / "out.txt"),
     ]
-    s = run_abcrown(args, tmp, timeout, world=world, env={"MALLOC_MMAP_THRESHOLD_": "65536"})
+    mode, held = WEIGHTS[weights]
+    args += ["--parallel.bab_weights", held] if world > 1 else []
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+    s = run_abcrown(args, tmp, timeout, world=world, env=env, mode=mode)
     if "error" in s:
         return s
     bab = s["bab"]
@@ -66,11 +77,14 @@ def run_one(batch: int, world: int, rounds: int, tmp: Path, timeout: float) -> d
         "bab_s": bab["time_s"],
         "domains_per_s": round(bab["domains"] / bab["time_s"], 1) if bab["time_s"] else None,
         "wall_s": s["wall_s"],
+        "bab_weight_fetches": s.get("bab_weight_fetches"),
     }
 
 
 def fit(rows: list[dict]) -> tuple[float, float] | None:
-    pts = [(r["B"] / r["P"], max(r["peak_mb_bab"])) for r in rows if "peak_mb_bab" in r]
+    """peak = a + b·B/P over the unpatched and fsdp-replicated runs."""
+    fitted = [r for r in rows if "peak_mb_bab" in r and r["weights"] in ("unpatched", "fsdp-replicated")]
+    pts = [(r["B"] / r["P"], max(r["peak_mb_bab"])) for r in fitted]
     if len({x for x, _ in pts}) < 2:
         return None
     x, y = np.array(pts).T
@@ -84,6 +98,7 @@ def main() -> None:
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--weights", nargs="+", default=list(WEIGHTS), choices=list(WEIGHTS))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_plugin_bab"))
     a = ap.parse_args()
     checkout()
@@ -93,27 +108,28 @@ def main() -> None:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         for B in a.batches:
-            for P in [1, *a.worlds]:
-                r = {"B": B, "P": P, **run_one(B, P, a.rounds, Path(d), a.timeout)}
+            runs = [(1, "unpatched")] + [(P, w) for P in a.worlds for w in a.weights]
+            for P, w in runs:
+                r = {"B": B, "P": P, "weights": w, **run_one(B, P, a.rounds, Path(d), a.timeout, w)}
                 rows.append(r)
                 print(json.dumps(r), flush=True)
                 (out / "abcrown_plugin_bab.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     base = {r["B"]: r for r in rows if r["P"] == 1 and "peak_mb_bab" in r}
     lines = [
-        "| B (domains a round) | P | verdict | BaB peak MB per rank (max) | × P=1 | domains | domains/s "
-        "| wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| B (domains a round) | P | BaB weights | verdict | BaB peak MB per rank (max) | × P=1 | domains "
+        "| domains/s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['B']} | {r['P']} | error: {r['error']} | | | | | |")
+            lines.append(f"| {r['B']} | {r['P']} | {r['weights']} | error: {r['error']} | | | | | |")
             continue
         peak = max(r["peak_mb_bab"])
         ref = base.get(r["B"])
         ratio = f"{peak / max(ref['peak_mb_bab']):.2f}" if ref and max(ref["peak_mb_bab"]) > 0 else ""
         lines.append(
-            f"| {r['B']} | {r['P']} | {r['verdict']} | {peak:.0f} | {ratio} | {r['domains']} | "
-            f"{r['domains_per_s']} | {r['wall_s']} |"
+            f"| {r['B']} | {r['P']} | {r['weights']} | {r['verdict']} | {peak:.0f} | {ratio} | "
+            f"{r['domains']} | {r['domains_per_s']} | {r['wall_s']} |"
         )
     ab = fit(rows)
     md = [
@@ -123,11 +139,16 @@ def main() -> None:
         f"α,β-CROWN 8250d5f / auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. "
         f"mnist-net_256x6, prop_2_0.05, kFSB, {a.rounds} BaB rounds, "
         "PGD off; P = 1 is α,β-CROWN unpatched. Peak: RSS high-water mark of `general_bab` above its "
-        "start, per rank.",
+        "start, per rank. BaB weights: `fsdp-replicated` gathers every layer once when BaB starts; "
+        "`fsdp-sharded` (whole layers) and `tp` (single shards) fetch them per use (`parallel.serve`).",
         "",
         *lines,
         "",
-        (f"Fit over these runs: peak ≈ {ab[0]:.1f} MB + {ab[1]:.3f} MB × B/P; " if ab else "")
+        (
+            f"Fit over the unpatched and fsdp-replicated runs: peak ≈ {ab[0]:.1f} MB + {ab[1]:.3f} MB × B/P; "
+            if ab
+            else ""
+        )
         + f"the paper's authors: {PAPER}.",
     ]
     (out / "abcrown_plugin_bab.md").write_text("\n".join(md) + "\n")
