@@ -62,7 +62,7 @@ def run_one(batch: int, world: int, rounds: int, tmp: Path, timeout: float, weig
         "--results_file",
         str(tmp / "out.txt"),
     ]
-    mode, held = WEIGHTS[weights]
+    mode, held = WEIGHTS.get(weights, ("none", "auto"))
     args += ["--parallel.bab_weights", held] if world > 1 else []
     env = {"MALLOC_MMAP_THRESHOLD_": "65536"}
     s = run_abcrown(args, tmp, timeout, world=world, env=env, mode=mode)
