@@ -3,7 +3,7 @@
 Inside ``serve.serving()`` each rank runs a different number of products on batches of its own
 size (rank 0 none at all, as a BaB rank with no domain), with gradients; every result must equal the
 plain op on the whole weight, and every rank must leave together. A rank that raises inside keeps
-serving the others.
+serving the others; a lockstep collective called inside raises instead of pairing up with a tick.
 """
 
 from __future__ import annotations
@@ -78,8 +78,16 @@ def _out_of_lockstep() -> dict[str, Any]:
                 bitwise &= torch.equal(sharded["fsdp", "lin"].gathered(), weights["lin"])
     except ValueError as e:
         raised = str(e)
+    guarded = None
+    try:
+        with serve.serving():
+            if me == 2:  # a lockstep collective here would pair up with the others' ticks
+                comm.all_reduce(torch.ones(1))
+    except RuntimeError as e:
+        guarded = "ranks run different work" in str(e)
     after = comm.all_gather_object(me)  # lockstep again: a plain collective works
-    mine = {"errs": errs, "bitwise": bitwise, "raised": raised, "after": after, "active": serve.active()}
+    mine = {"errs": errs, "bitwise": bitwise, "raised": raised, "guarded": guarded, "after": after}
+    mine["active"] = serve.active()
     return comm.all_gather_object(mine)
 
 
@@ -97,6 +105,7 @@ def test_products_out_of_lockstep_equal_the_plain_ops(results: list[dict[str, An
         assert results[r]["bitwise"]
 
 
-def test_a_rank_that_raises_inside_still_serves(results: list[dict[str, Any]]) -> None:
+def test_errors_inside_leave_the_others_served(results: list[dict[str, Any]]) -> None:
     assert [r["raised"] for r in results] == [None, "boom", None]
+    assert [r["guarded"] for r in results] == [None, None, True]
     assert all(r["after"] == [0, 1, 2] and not r["active"] for r in results)

@@ -35,7 +35,8 @@ data. Helpers skip a transfer only on conditions every rank sees identically (e.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -181,9 +182,32 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+_lockstep = True  # False inside serve.serving() outside its own request ticks
+
+
 def _parallel(group: ProcessGroup | None = None) -> bool:
-    """True when ``group`` has more than one rank, i.e. a collective over it moves data."""
-    return _active() and dist.get_world_size(group) > 1
+    """True when ``group`` has more than one rank, i.e. a collective over it moves data. Every
+    collective asks this first; with the ranks out of lockstep (``serve.serving()``) it raises instead
+    of letting the collective pair up with whatever another rank calls."""
+    if not (_active() and dist.get_world_size(group) > 1):
+        return False
+    if not _lockstep:
+        raise RuntimeError(
+            "a collective was called while the ranks run different work (inside parallel.serve.serving(), "
+            "where only weight requests may communicate)"
+        )
+    return True
+
+
+@contextmanager
+def lockstep(on: bool) -> Iterator[None]:
+    """Whether collectives may run (for :mod:`.serve`: off inside ``serving()``, on inside a tick)."""
+    global _lockstep
+    before, _lockstep = _lockstep, on
+    try:
+        yield
+    finally:
+        _lockstep = before
 
 
 def _global_rank(group: ProcessGroup | None, group_rank: int) -> int:

@@ -16,7 +16,8 @@ which needs no agreement on what comes next:
   rank has posted "done" in the same tick, which is how :func:`serving` ends, on every rank at once.
 
 Ranks may therefore run any number of bound passes on any batch, including none. A rank that raises
-inside keeps serving the others before its error propagates, so it never strands them in a tick.
+inside keeps serving the others before its error propagates, so it never strands them in a tick. Any
+other collective called inside (which could pair up with another rank's tick) raises at once.
 
 A weight holder (``ShardedWeight``, the plugin's ``Shard``) registers itself at construction
 (:func:`register`); keys come from one counter, so they agree over the ranks as long as every rank
@@ -66,6 +67,11 @@ def stats() -> dict[str, int]:
 
 def _tick(kind: int, key: int = -1, src: int = -1) -> tuple[Tensor | None, bool]:
     """One request round: returns what this rank asked for and whether every rank posted "done"."""
+    with comm.lockstep(True):
+        return _transfers(kind, key, src)
+
+
+def _transfers(kind: int, key: int, src: int) -> tuple[Tensor | None, bool]:
     me = comm.rank()
     mine = torch.tensor([[kind, key, src]], dtype=torch.int64, device=comm.device())
     every = comm.all_gather_cat(mine, 0, sizes=[1] * comm.world_size()).tolist()
@@ -118,7 +124,8 @@ def serving() -> Iterator[None]:
         return
     _serving = True
     try:
-        yield
+        with comm.lockstep(False):
+            yield
     finally:
         try:
             while not _tick(_DONE)[1]:
