@@ -265,14 +265,14 @@ print(len(before) - len(patches.CALLED), len(changed))
     assert changed == n  # every attribute was patched (but the ones only called), and every one is back
 
 
-def _kill_rank1_when(tmp_path: Path, cfg: str, args: list[str], ready, mode: str = "fsdp") -> None:
+def _kill_rank1_when(tmp_path: Path, cfg: str, args: list[str], ready) -> None:
     """Start a P = 2 run, SIGKILL rank 1 once ``ready(scratch)`` holds (``scratch``: the run's scratch
     folder, with rank 1's log), then expect ``error`` and exit 1 within 30 s, and no process left."""
     psutil = pytest.importorskip("psutil")
     out = tmp_path / "kill"
     (out / "tmp").mkdir(parents=True)
     cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", cfg, "--general.engine", "abcrown"]
-    cmd += ["--results_file", str(out / "out.txt"), "--parallel.mode", mode, "--parallel.world_size", "2"]
+    cmd += ["--results_file", str(out / "out.txt"), "--parallel.mode", "fsdp", "--parallel.world_size", "2"]
     env = _env(TMPDIR=str(out / "tmp"))
     proc = subprocess.Popen(
         [*cmd, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path
@@ -317,11 +317,11 @@ def _in_bab_round(scratch: Path, n: int = 2) -> bool:
 
 def test_a_rank_killed_mid_bab_is_an_error_within_30s(tmp_path):
     """The same in the middle of BaB (256x6 prop_2_0.05 stays open for minutes), while rank 1 bounds its
-    share of the domains, under tp: the weights stay sharded, so rank 0 is waiting in a weight request
-    or serving rank 1 when it dies."""
+    share of the domains, with the weights kept sharded: rank 0 is waiting in a weight request or
+    serving rank 1 when it dies."""
     cfg = _config(tmp_path, BAB_YAML.replace("batch_size: 8", "batch_size: 64"))
-    args = instance("mnist-net_256x6", "prop_2_0.05.vnnlib")
-    _kill_rank1_when(tmp_path, cfg, args, _in_bab_round, mode="tp")
+    args = [*instance("mnist-net_256x6", "prop_2_0.05.vnnlib"), "--parallel.bab_weights", "sharded"]
+    _kill_rank1_when(tmp_path, cfg, args, _in_bab_round)
 
 
 SKEW = """
