@@ -61,7 +61,9 @@ INSTANCES = [  # (category, α,β-CROWN config, onnx, vnnlib)
 ]
 
 
-def run_one(checkout: Path, inst: tuple, world: int, chunk: int | None, tmp: Path, timeout: float) -> dict:
+def run_one(
+    checkout: Path, inst: tuple, world: int, chunk: int | None, tmp: Path, timeout: float, mode: str = "fsdp"
+) -> dict:
     category, config, onnx, spec = inst
     summary = tmp / "summary.json"
     summary.unlink(missing_ok=True)
@@ -90,10 +92,13 @@ def run_one(checkout: Path, inst: tuple, world: int, chunk: int | None, tmp: Pat
     if chunk:
         cmd += ["--crown_batch_size", str(chunk)]
     if world > 1:
-        cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(world)]
+        cmd += ["--parallel.mode", mode, "--parallel.world_size", str(world)]
+    if mode == "tp" and world > 1:
+        cmd += ["--conv_mode", "matrix"]  # tp shards convs in matrix mode only
+    env = {**os.environ, "CVE_ABCROWN_AUDIT": "1"} if mode == "tp" and world > 1 else None
     t0 = time.monotonic()
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"over {timeout:.0f} s"}
     wall = time.monotonic() - t0
@@ -108,6 +113,7 @@ def run_one(checkout: Path, inst: tuple, world: int, chunk: int | None, tmp: Pat
         "alpha_elements": s.get("alpha_elements"),
         "crown_batch_size": s.get("crown_batch_size"),
         "wall_s": round(wall, 1),
+        **({"full_weights_live": s["full_weights_live"]} if "full_weights_live" in s else {}),
     }
 
 
@@ -152,6 +158,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_plugin_bounds"))
     ap.add_argument("--merge", action="store_true", help="keep the rows of other categories in --out's JSON")
     ap.add_argument("--report", action="store_true", help="only write the table from --out's JSON")
+    ap.add_argument("--mode", default="fsdp", choices=["fsdp", "tp"], help="parallel.mode at P > 1")
     a = ap.parse_args()
     checkout = Path(os.environ.get("ABCROWN_PATH", ""))
     if not (checkout / CONFIGS).is_dir():
@@ -179,7 +186,7 @@ def main() -> None:
             chunks = [None, 64] if inst[0] == "mnist_fc" else [None]
             for chunk in chunks:
                 for P in [1, *a.worlds]:
-                    r = run_one(checkout, inst, P, chunk, tmp, a.timeout)
+                    r = run_one(checkout, inst, P, chunk, tmp, a.timeout, a.mode)
                     rows.append(
                         {
                             "category": inst[0],
@@ -205,13 +212,23 @@ def main() -> None:
         f"Commit `{commit}`; command `{command}`; {machine}, gloo; α,β-CROWN 8250d5f / "
         "auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. Each run: `abcrown --config <α,β-CROWN's "
         "exp_configs/vnncomp22/X.yaml> --general.engine abcrown --device cpu --complete_verifier skip` "
-        "(+ `--parallel.mode fsdp --parallel.world_size P`). P = 1 is α,β-CROWN unpatched. Bounds: "
+        f"(+ `--parallel.mode {a.mode} --parallel.world_size P`"
+        + (", `--conv_mode matrix`; the live-tensor audit on" if a.mode == "tp" else "")
+        + "). P = 1 is α,β-CROWN unpatched. Bounds: "
         "the CROWN and α-CROWN lower bound of every clause as α,β-CROWN computed them, compared with the "
         "P = 1 run of the same row setting (max relative difference). A `sat` verdict comes from α,β-CROWN's "
         "PGD before any bound is computed.",
         "",
         table(rows),
     ]
+    audited = [r for r in rows if "full_weights_live" in r]
+    if audited:
+        found = sum(len(x) for r in audited for rank in r["full_weights_live"] for x in rank)
+        md += [
+            "",
+            f"Live-tensor audit (start and end of every build, every rank): {found} whole weights "
+            f"found in {len(audited)} runs.",
+        ]
     (out / "abcrown_plugin_bounds.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
