@@ -478,40 +478,33 @@ def _visited(stdout: str) -> int:
     return int(lines[-1].split()[0]) if lines else 0
 
 
-def test_bab_with_domains_split_over_ranks(tmp_path):
-    """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round): every rank keeps its own share of the
-    domain list and bounds up to ⌈8 / P⌉ of them a round, rebalanced when the queues drift. Same verdict
-    and (this tree is small enough that every round takes all its domains) the same domain count at
-    P = 1 and 3 (uneven shares; P = 2 runs in the kill test and the benchmark)."""
+# what unpatched α,β-CROWN (P = 1) gives on 256x2 prop_9_0.05 with BAB_YAML (kFSB, 8 domains a round):
+# unsat after 16 domains
+BAB_P1 = ("unsat", 16)
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "tp"])
+def test_bab_with_domains_split_over_ranks(tmp_path, mode):
+    """256x2 prop_9_0.05 needs BaB: every rank keeps its own share of the domain list and bounds up to
+    ⌈8 / P⌉ of them a round, rebalanced when the queues drift. Same verdict and (this tree is small
+    enough that every round takes all its domains) the same domain count as unpatched P = 1, at P = 3
+    (uneven shares; P = 2 runs in the kill test and the benchmark), with the weights replicated for the
+    search (``fsdp``, the default) or kept sharded (``tp``: each rank fetches single shards on request,
+    ``parallel.serve``, with its own number of bound passes; never a whole weight, none left alive).
+    ``fsdp`` with ``bab_weights: sharded`` runs in the kill test and ``test_parallel_serve``."""
     cfg = _config(tmp_path, BAB_YAML)
     args = instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
-    got = {}
-    for P in (1, 3):
-        proc, s, results = run(tmp_path, cfg, *args, P=P, name=f"p{P}")
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        got[P] = (results.strip(), _visited(proc.stdout))
-    assert got[1][0] == "unsat" and got[1][1] > 8
-    assert got[3] == got[1]
-
-
-@pytest.mark.parametrize(("P", "mode"), [(3, "tp"), (2, "fsdp")])
-def test_bab_with_the_weights_kept_sharded(tmp_path, P, mode):
-    """BaB with every layer still sharded (``tp``; ``fsdp`` with ``bab_weights: sharded``): each rank
-    bounds its own share, fetching weights on request (``parallel.serve``), with different numbers of
-    bound passes per rank. The same verdict and domain count as P = 1 (``test_bab_with_domains_split…``:
-    unsat, 16 domains); tp fetches single shards only, never a whole weight, and none is left alive."""
-    cfg = _config(tmp_path, BAB_YAML)
-    args = [*instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), "--parallel.bab_weights", "sharded"]
-    proc, s, results = run(tmp_path, cfg, *args, P=P, mode=mode, env=_env(CVE_ABCROWN_AUDIT="1"))
+    env = _env(CVE_ABCROWN_AUDIT="1") if mode == "tp" else None
+    proc, s, results = run(tmp_path, cfg, *args, P=3, mode=mode, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (results.strip(), _visited(proc.stdout)) == ("unsat", 16)
-    assert s["parallel"]["bab_weights"] == "sharded"
+    assert (results.strip(), _visited(proc.stdout)) == BAB_P1
     whole, shards = zip(*s["bab_weight_fetches"], strict=True)
     if mode == "tp":
+        assert s["parallel"]["bab_weights"] == "sharded"
         assert sum(whole) == 0 and min(shards) > 0
+        assert s["full_weights_live"] == [[[], []]] * 3
     else:
-        assert min(whole) > 0 and sum(shards) == 0
-    assert s["full_weights_live"] == [[[], []]] * P
+        assert s["parallel"]["bab_weights"] == "replicated" and sum(whole) + sum(shards) == 0
 
 
 MOVE = """

@@ -42,7 +42,7 @@ def _refine(graph, box, state, timeout=30.0, threads=1):
     return mip.refine_bounds(graph, box, bounds, opts, time.monotonic() + 60)
 
 
-@pytest.mark.parametrize("seed,threads", [(0, 1), (1, 1), (0, 2)])
+@pytest.mark.parametrize("seed,threads", [(0, 1), (0, 2)])  # one net: its exact ranges take ~30 s
 def test_refined_bounds_are_the_exact_neuron_ranges(seed, threads):
     net, graph, box, state, lo, hi = _case(seed)
     refined, stats = _refine(graph, box, state, threads=threads)
