@@ -115,7 +115,6 @@ def _install_patches(p: Any, probe: Any, par: bridge.Parallel, rank: int, world:
     from ..spec import cache_root
     from . import bab_split, fsdp, patches, rows, tp
 
-    patches.install_probe(p, probe)
     patches.install_spec_cache(p, str(cache_root() / "abcrown_specs" / f"rank{rank}"))
     if world > 1:
         patches.install_clock(p)
@@ -125,6 +124,9 @@ def _install_patches(p: Any, probe: Any, par: bridge.Parallel, rank: int, world:
         fsdp.install(p, tp=par.mode == "tp")
         if par.mode == "tp":
             tp.install(p)
+    # last, so that its general_bab is the outermost: the BaB phase's peak includes the weights that
+    # bab_weights: replicated gathers for the search
+    patches.install_probe(p, probe)
 
 
 def _phase_hook(phases: Phases, full_live: list[list[str]] | None) -> Callable[[str, bool], None]:

@@ -82,6 +82,7 @@ def _transfers(kind: int, key: int, src: int) -> tuple[Tensor | None, bool]:
         whole = comm.all_gather_cat(h.local, 0, sizes=h.sizes)
         if kind == _FULL and k == key:
             got = whole
+        del whole  # a rank holds at most the layer it asked for and the one arriving
     sends, recvs = [], []
     for r, (kd, k, q) in enumerate(every):
         if kd != _SHARD:
