@@ -8,10 +8,10 @@ domain at all) is the rank's own business. Weights that stay sharded through the
 which needs no agreement on what comes next:
 
 * inside :func:`serving`, a rank that needs a weight posts a request, and every rank takes part in one
-  *tick*: an all-gather of every rank's request (or "done"), then the transfers the requests name,
-  derived identically on every rank from that list: a whole weight (``full``: one all-gather of its
-  shards, as outside) or one rank's shard (``shard``: one point-to-point message, for ``tp``, which
-  never builds a whole weight);
+  *tick*: an all-gather of every rank's request (or "done"), then the point-to-point messages the
+  requests name, derived identically on every rank from that list: a whole weight (``full``: every
+  other rank sends the requester its rows, assembled in place, bitwise the weight; no other rank
+  builds it) or one rank's shard (``shard``, for ``tp``, which never builds a whole weight);
 * a rank with nothing (more) to compute serves: it posts "done" and takes part in ticks until every
   rank has posted "done" in the same tick, which is how :func:`serving` ends, on every rank at once.
 
@@ -77,22 +77,30 @@ def _transfers(kind: int, key: int, src: int) -> tuple[Tensor | None, bool]:
     every = comm.all_gather_cat(mine, 0, sizes=[1] * comm.world_size()).tolist()
     _ticks["ticks"] += 1
     got = None
-    for k in sorted({k for kd, k, _ in every if kd == _FULL}):  # the same order on every rank
-        h = _HOLDERS[k]
-        whole = comm.all_gather_cat(h.local, 0, sizes=h.sizes)
-        if kind == _FULL and k == key:
-            got = whole
-        del whole  # a rank holds at most the layer it asked for and the one arriving
     sends, recvs = [], []
     for r, (kd, k, q) in enumerate(every):
-        if kd != _SHARD:
+        if kd == _DONE:
             continue
         h = _HOLDERS[k]
-        if q == me:
-            sends.append((r, h.local))
-        if r == me:
-            got = h.local.new_empty((h.sizes[q], *h.shape[1:]))
-            recvs.append((q, got))
+        if kd == _SHARD:
+            if q == me:
+                sends.append((r, h.local))
+            if r == me:
+                got = h.local.new_empty((h.sizes[q], *h.shape[1:]))
+                recvs.append((q, got))
+        elif r != me:  # a whole weight for rank r: every other rank sends it its rows
+            if h.sizes[me] > 0:
+                sends.append((r, h.local))
+        else:  # assembled here, each rank's rows into their place (bitwise the weight)
+            got = h.local.new_empty(h.shape)
+            start = 0
+            for src, n in enumerate(h.sizes):
+                block = got.narrow(0, start, n)
+                if src == me:
+                    block.copy_(h.local)
+                elif n > 0:
+                    recvs.append((src, block))
+                start += n
     comm.exchange(sends, recvs)
     return got, all(kd == _DONE for kd, _, _ in every)
 
