@@ -16,8 +16,8 @@ def _touch_and_free(mb: int) -> None:
 
 def test_cpu_peak_counts_a_transient_allocation() -> None:
     """A 64 MiB transient shows as a 56..112 MiB peak. RSS includes file pages (the mapped torch
-    libraries), which the kernel may reclaim while the test runs (this VM's proactive reclaim did: a
-    peak of 0); such a drop makes one attempt read low, so the test takes the best of three."""
+    libraries), which the kernel may reclaim while the test runs; such a drop makes one attempt read
+    low (one run here read a peak of 0), so the test takes the best of three."""
     pm = PeakMemory("cpu")
     peaks = []
     for _ in range(3):
