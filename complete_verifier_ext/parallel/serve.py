@@ -45,7 +45,7 @@ _DONE, _FULL, _SHARD = 0, 1, 2
 _HOLDERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _KEYS = itertools.count()
 _serving = False
-_ticks = {"full": 0, "shard": 0, "ticks": 0}
+_counts = {"full": 0, "shard": 0, "ticks": 0}
 
 
 def register(holder: Any) -> None:
@@ -62,20 +62,16 @@ def active() -> bool:
 def stats() -> dict[str, int]:
     """Whole weights and shards this rank requested, and ticks it took part in (since the process
     started)."""
-    return dict(_ticks)
+    return dict(_counts)
 
 
 def _tick(kind: int, key: int = -1, src: int = -1) -> tuple[Tensor | None, bool]:
     """One request round: returns what this rank asked for and whether every rank posted "done"."""
-    with comm.lockstep(True):
-        return _transfers(kind, key, src)
-
-
-def _transfers(kind: int, key: int, src: int) -> tuple[Tensor | None, bool]:
     me = comm.rank()
     mine = torch.tensor([[kind, key, src]], dtype=torch.int64, device=comm.device())
-    every = comm.all_gather_cat(mine, 0, sizes=[1] * comm.world_size()).tolist()
-    _ticks["ticks"] += 1
+    with comm.lockstep(True):
+        every = comm.all_gather_cat(mine, 0, sizes=[1] * comm.world_size()).tolist()
+    _counts["ticks"] += 1
     got = None
     sends, recvs = [], []
     for r, (kd, k, q) in enumerate(every):
@@ -94,20 +90,21 @@ def _transfers(kind: int, key: int, src: int) -> tuple[Tensor | None, bool]:
         else:  # assembled here, each rank's rows into their place (bitwise the weight)
             got = h.local.new_empty(h.shape)
             start = 0
-            for src, n in enumerate(h.sizes):
+            for owner, n in enumerate(h.sizes):
                 block = got.narrow(0, start, n)
-                if src == me:
+                if owner == me:
                     block.copy_(h.local)
                 elif n > 0:
-                    recvs.append((src, block))
+                    recvs.append((owner, block))
                 start += n
-    comm.exchange(sends, recvs)
+    with comm.lockstep(True):
+        comm.exchange(sends, recvs)
     return got, all(kd == _DONE for kd, _, _ in every)
 
 
 def full(holder: Any) -> Tensor:
     """The whole weight of ``holder`` (a fresh tensor), fetched in one tick."""
-    _ticks["full"] += 1
+    _counts["full"] += 1
     got, _ = _tick(_FULL, holder.serve_key)
     assert got is not None
     return got
@@ -117,7 +114,7 @@ def shard(holder: Any, q: int) -> Tensor:
     """Rank ``q``'s rows of ``holder`` (this rank's own without communication)."""
     if q == comm.rank():
         return holder.local
-    _ticks["shard"] += 1
+    _counts["shard"] += 1
     got, _ = _tick(_SHARD, holder.serve_key, q)
     assert got is not None
     return got
