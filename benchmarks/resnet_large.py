@@ -134,14 +134,19 @@ def one(P: int, mode: str, limit: float, threads: int, max_layers: int) -> dict:
     return launch.run(crown_job, P, (limit, threads, max_layers, mode), backend="gloo", timeout_s=7200)
 
 
-def table(runs: list[dict], command: str, commit: str) -> str:
+def table(runs: list[dict], command: str, prov: dict) -> str:
     """The markdown table of ``runs`` (one per P and mode), against the first P = 1 run."""
     base = next((r for r in runs if r["P"] == 1), None)
     lines = [
         "# CROWN on the CIFAR-100 ResNet-large shape (15.4M parameters)",
         "",
-        f"`{command}` at {commit}; chunk picked from the memory available (`solver.crown.batch_size: 0`).",
+        f"`{command}` at {prov.get('commit', '?')}; chunk picked from the memory available "
+        "(`solver.crown.batch_size: 0`).",
         "",
+    ]
+    for e in prov.get("earlier", []):
+        lines += [f"Runs from `{e['file']}`: `{e['command']}` at {e['commit']}.", ""]
+    lines += [
         "| P | mode | threads/rank | layers done | time s | peak MB per rank | × P=1 | last layer "
         "| max rel. diff to P=1 |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -183,6 +188,7 @@ def main() -> None:
     ap.add_argument("--exact", action="store_true", help="MALLOC_MMAP_THRESHOLD_ (exact peaks, slower)")
     ap.add_argument("--name", default="crown_layers")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "scale" / "resnet_large"))
+    ap.add_argument("--against", nargs="*", default=[], help="earlier NAME.json files whose runs come first")
     ap.add_argument("--one", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -201,7 +207,8 @@ def main() -> None:
 
         ensure(n_specs=1)
         env = {**os.environ, **({"MALLOC_MMAP_THRESHOLD_": "65536"} if args.exact else {})}
-        runs = []
+        earlier = [json.loads(Path(f).read_text()) for f in args.against]
+        runs = [r for e in earlier for r in e["runs"]]
         for P in (int(p) for p in args.ranks.split(",")):
             cmd = [sys.executable, __file__, "--one", str(P), args.mode, str(args.limit), str(args.threads)]
             out = subprocess.run([*cmd, str(args.layers)], env=env, capture_output=True, text=True)
@@ -212,11 +219,13 @@ def main() -> None:
             r = runs[-1]
             print(f"P={P}: {len(r['layers'])} layers, {r['time_s']:.0f} s, peak {r['peak_mb']}")
         prov = provenance()
+        if earlier:
+            prov["earlier"] = [{"file": Path(f).name, **e["provenance"]} for f, e in zip(args.against, earlier)]
         folder = Path(args.results)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{args.name}.json").write_text(json.dumps({"provenance": prov, "runs": runs}, indent=1))
         command = "python resnet_large.py " + " ".join(sys.argv[1:])
-        (folder / f"{args.name}.md").write_text(table(runs, command, prov.get("commit", "?")))
+        (folder / f"{args.name}.md").write_text(table(runs, command, prov))
         return
     folder = Path(args.out)
     path, n_params = build(folder / "cifar100_resnet_large_shape.onnx")
