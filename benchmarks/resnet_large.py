@@ -12,14 +12,16 @@ in [0, 1] (clipped to it), the correct class (here: the model's prediction) agai
 
     python benchmarks/resnet_large.py [--out benchmarks/generated/resnet_large] [--specs 2]
     python benchmarks/resnet_large.py --crown [--ranks 1,2,4] [--mode fsdp] [--layers K] [--limit 1500]
-        [--threads 2] [--exact] [--name crown_layers] [--results DIR]
+        [--threads 2] [--exact] [--name crown_layers] [--results DIR] [--against EARLIER.json ...]
 
 ``--crown`` runs our CROWN sweep (intermediate bounds of every layer, then the output) on the first
 spec, at each P of ``--ranks`` in its own process, and records per layer the neurons bounded, the time
 and every rank's peak RSS so far; it stops after ``--layers`` layers or at ``--limit`` seconds (checked
 after each layer; the table says how far it got) and writes ``NAME.json`` and ``NAME.md`` (commit,
 command, machine). ``--exact`` sets ``MALLOC_MMAP_THRESHOLD_`` so that RSS follows the live tensors
-(its page faults make the run slower); without it the peak is an upper bound.
+(its page faults make the run slower); without it the peak is an upper bound. ``--against`` puts the
+runs of earlier results files first (once each, their provenance kept), so a P = 1 run of an hour
+need not be repeated to compare P = 2 and 4 with it.
 ``benchmarks/scale.py --models resnet_large`` measures auto_LiRPA on the same files.
 """
 
@@ -208,7 +210,9 @@ def main() -> None:
         ensure(n_specs=1)
         env = {**os.environ, **({"MALLOC_MMAP_THRESHOLD_": "65536"} if args.exact else {})}
         earlier = [json.loads(Path(f).read_text()) for f in args.against]
-        runs = [r for e in earlier for r in e["runs"]]
+        runs = []
+        for r in (r for e in earlier for r in e["runs"]):  # a file may repeat an earlier file's runs
+            runs += [r] if r not in runs else []
         for P in (int(p) for p in args.ranks.split(",")):
             cmd = [sys.executable, __file__, "--one", str(P), args.mode, str(args.limit), str(args.threads)]
             out = subprocess.run([*cmd, str(args.layers)], env=env, capture_output=True, text=True)
