@@ -29,6 +29,7 @@ from onnx import numpy_helper
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.cli import main
+from complete_verifier_ext.bounds.walk import finite_batch
 from complete_verifier_ext.config_load import load_config
 from complete_verifier_ext.model.onnx_loader import ModelError, load_onnx
 from complete_verifier_ext.spec import load_vnnlib
@@ -163,6 +164,39 @@ def test_some_extreme_cases_are_still_proven(tmp_path):
     )
     assert not sampled_counterexample(onnx_path, spec)
     assert run(onnx_path, spec, METHODS["crown"]) == "unsat"
+
+
+def test_finite_bounds_whose_width_overflows_prove_nothing(tmp_path):
+    """h = (2e38 x, x) on x in [-1, 1], y = -relu(h_0): h_0's bounds ±2e38 are finite but u − l
+    overflows, which made the ReLU's upper slope u / (u − l) zero (the line y = 0 under relu) and every
+    bound method proved y > -1, though x = 1 gives y = -2e38."""
+    from onnx import TensorProto, helper
+
+    inits = {"W1": [[2e38], [1.0]], "b1": [0.0, 0.0], "W2": [[-1.0, 0.0]], "b2": [0.0]}
+    nodes = [
+        helper.make_node("Gemm", ["x", "W1", "b1"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Gemm", ["r", "W2", "b2"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "overflowing_width",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+        [numpy_helper.from_array(np.array(v, dtype=np.float32), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx_path = str(tmp_path / "net.onnx")
+    onnx.save(model, onnx_path)
+    spec = write_spec(tmp_path / "p.vnnlib", [-1.0], [1.0], [["(<= Y_0 -1.0)"]], 1)
+    assert sampled_counterexample(onnx_path, spec)
+    for name, extra in METHODS.items():
+        assert run(onnx_path, spec, extra) != "unsat", name
+    lo, hi = torch.tensor([[-2e38, 0.0]]), torch.tensor([[2e38, 1.0]])
+    assert not finite_batch((lo, hi)).item()
+    assert finite_batch((lo / 2, hi / 2)).item()
+    assert not finite_batch((lo / 2, torch.tensor([[torch.nan, 1.0]]))).item()
 
 
 # ----------------------------------------------------------------------------------------------------------

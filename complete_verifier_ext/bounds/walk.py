@@ -21,9 +21,11 @@ Alphas = dict[int, Tensor | Slopes]  # ReLU node index -> slopes (S, B, *shape),
 
 
 def finite_batch(box: Box) -> Tensor:
-    """(B,) True where every lower and upper bound of batch element b is finite."""
+    """(B,) True where every lower and upper bound of batch element b is finite, and so is every width
+    ``hi − lo`` (finite bounds such as ±2e38 have a width that overflows float32, and the ReLU
+    relaxation's slope ``u / (u − l)`` then comes out 0: an upper line below the ReLU)."""
     lo, hi = box
-    return torch.isfinite(lo).flatten(1).all(1) & torch.isfinite(hi).flatten(1).all(1)
+    return torch.isfinite(hi - lo).flatten(1).all(1)
 
 
 def proven_only(lb: Tensor, ok: Tensor | None = None) -> Tensor:
