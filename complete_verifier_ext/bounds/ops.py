@@ -290,7 +290,7 @@ class _ReluStep(torch.autograd.Function):
         dense one, ``out = A·L + A⁻·(u_s − L)`` (three passes over A, no where: the same products up to
         rounding on the entries where A < 0)."""
         neg_part = A.clamp(max=0)
-        bias = torch.matmul(neg_part.transpose(0, 1), ub.unsqueeze(-1)).squeeze(-1).transpose(0, 1)
+        bias = torch.einsum("sbn,bn->sb", neg_part, ub)
         if index is None:
             L = _ReluStep._lower(alpha, index, lo_default, unstable)
             return (A * L).addcmul_(neg_part, up - L), bias
