@@ -224,7 +224,8 @@ def main() -> None:
             print(f"P={P}: {len(r['layers'])} layers, {r['time_s']:.0f} s, peak {r['peak_mb']}")
         prov = provenance()
         if earlier:
-            prov["earlier"] = [{"file": Path(f).name, **e["provenance"]} for f, e in zip(args.against, earlier)]
+            pairs = zip(args.against, earlier, strict=True)
+            prov["earlier"] = [{"file": Path(f).name, **e["provenance"]} for f, e in pairs]
         folder = Path(args.results)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{args.name}.json").write_text(json.dumps({"provenance": prov, "runs": runs}, indent=1))

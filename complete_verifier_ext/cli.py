@@ -12,17 +12,17 @@ import argparse
 import csv
 import json
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import clock
 from .config import Config, ConfigError
 from .config_load import key_table, load_config
-from .errors import UserError
-from .results import report_error, write_atomic
+from .errors import UserError, end_cleanly_on_signals, interrupted_exit_code
+from .results import check_writable, report_error, write_atomic
 
 if TYPE_CHECKING:
     from .verify import InstanceResult
@@ -116,7 +116,7 @@ def run_instances(
 ) -> list[InstanceResult]:
     """Runs on every rank, in lockstep.  A user error in one instance of a list is that instance's
     ``error`` verdict; a single instance re-raises it so that the CLI exits non-zero.  The clock of a
-    single instance starts at ``started`` (the process start), so its timeout is a wall-clock limit.
+    single instance starts at ``started`` (the verifier's start, clock.py): its timeout is a wall-clock limit.
     For a list, rank 0 prints one line per finished instance and appends it to the results file at
     once, and to ``partial`` (JSON lines for the summary): a run that is killed keeps what it did."""
     from .parallel import comm
@@ -322,7 +322,7 @@ def _reexec_for_exact_memory(cfg: Config, argv: list[str] | None) -> None:
     from .parallel.memory import MMAP_THRESHOLD_ENV, mmap_threshold_env_ok
 
     if cfg.parallel.exact_memory and argv is None and not mmap_threshold_env_ok():
-        env = {**os.environ, **MMAP_THRESHOLD_ENV}
+        env = {**os.environ, **MMAP_THRESHOLD_ENV, clock.ENV: repr(clock.started_wall())}  # same origin
         os.execve(sys.executable, [sys.executable, "-m", "complete_verifier_ext.cli", *sys.argv[1:]], env)
 
 
@@ -364,18 +364,19 @@ def _csv_start(
 
 def main(argv: list[str] | None = None) -> int:
     """The ``abcrown`` command (``argv``: its arguments, default ``sys.argv[1:]``). Returns the exit code."""
-    if argv is None:  # Ctrl-C (SIGINT) ends the run cleanly even where it was started with SIGINT ignored
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job of a script)
+    if argv is None:  # Ctrl-C, SIGTERM and SIGHUP end the run cleanly (ranks stopped, scratch removed)
+        end_cleanly_on_signals()
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if engine_of(args.config, overrides) == "abcrown":
         from .abcrown_plugin.runner import main as abcrown_main
 
-        return abcrown_main(args.config, overrides, args.summary, args.quiet)
+        started_wall = clock.started_wall() if argv is None else None
+        return abcrown_main(args.config, overrides, args.summary, args.quiet, started_wall)
     from .parallel import launch
 
-    # the timeout of a single instance counts from the process start (imports too); a call from Python
-    # (``main(argv)``) counts from the call
-    started = launch.process_start() if argv is None else time.monotonic()
+    # the timeout of a single instance counts from the verifier's start (imports too; clock.py); a call
+    # from Python (``main(argv)``) counts from the call
+    started = clock.started_monotonic() if argv is None else time.monotonic()
     writer = launch.is_rank0()  # decided before any group exists (under torchrun every rank returns)
     results_file = results_file_hint(args.config, overrides)
     instances: list[Instance] = []
@@ -384,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, warnings = load_config(args.config, overrides)
         results_file = cfg.general.results_file
+        check_writable(results_file, "general.results_file")
+        if args.summary:
+            check_writable(args.summary, "--summary")
         _reexec_for_exact_memory(cfg, argv)
         _warn(warnings, writer)
         instances = list_instances(cfg)
@@ -414,11 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(results_file if single else None, writer, str(e))
     except launch.RankFailure as e:
         return report_error(results_file if single else None, writer, str(e).splitlines()[0])
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if writer:
             kept = f"; the finished instances are in {results_file}" if n_done or len(instances) > 1 else ""
             print(f"interrupted{kept}", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(e)
 
 
 if __name__ == "__main__":

@@ -421,12 +421,14 @@ class ParallelConfig:
             ``parallel/memory.py``).  It costs time (every large tensor is fresh pages: BaB on
             mnist-net_256x4 runs about 1.4x slower), so it is off unless memory is being measured; off,
             ``peak_mb`` also counts memory the allocator keeps for reuse.
-        bab_weights: during ReLU-split BaB in ``fsdp`` mode, ``sharded`` (the default) gathers each
-            layer whenever it is used, as everywhere else: two all-gathers per layer per β step;
-            ``replicated`` gathers every layer once when the search starts and holds it whole until it
-            ends, so that a round costs no collective but its agreement.  The domains stay split either
-            way; replicating adds one copy of the weights per rank (on mnist-net_256x6, 1.5 MB against
-            ~14 KB per queued domain).  ``tp`` never holds a full layer, so it only allows ``sharded``.
+        bab_weights: how ReLU-split BaB holds the weights (both engines): ``replicated`` gathers
+            every layer once when the search starts and holds it whole until it ends, so that a round
+            costs no collective but its agreement; ``sharded`` keeps the shards and gathers (or, in
+            the α,β-CROWN plugin, fetches) a layer whenever it is used, as everywhere else.  The
+            domains stay split either way; replicating adds one copy of the weights per rank (on
+            mnist-net_256x6, 1.5 MB against ~14 KB per queued domain) and is several times faster
+            per round.  ``tp`` never holds a full layer, so it only allows ``sharded``.  ``auto``
+            (the default): ``replicated`` under ``fsdp``, ``sharded`` under ``tp``.
         threads: torch threads per rank; 0 (the default) divides the cores available to the process
             (its CPU affinity) less one among the ranks on the host, at least 1 each (2 threads on 2
             cores are no faster alone and several times slower beside another busy process).
@@ -436,8 +438,15 @@ class ParallelConfig:
     world_size: int = _opt(1, minimum=1)
     backend: str = _opt("auto", choices=("auto", "gloo", "nccl"))
     exact_memory: bool = _opt(False)
-    bab_weights: str = _opt("sharded", choices=("sharded", "replicated"))
+    bab_weights: str = _opt("auto", choices=("auto", "replicated", "sharded"))
     threads: int = _opt(0, minimum=0)
+
+    @property
+    def bab_weights_resolved(self) -> str:
+        """``bab_weights`` with ``auto`` settled: ``sharded`` under ``tp``, else ``replicated``."""
+        if self.bab_weights != "auto":
+            return self.bab_weights
+        return "sharded" if self.mode == "tp" else "replicated"
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from .config import (
     PATH_KEYS,
     Config,
     ConfigError,
+    ParallelConfig,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "config_to_dict",
     "key_table",
     "load_config",
+    "load_parallel",
     "parse_overrides",
     "resolve_path",
 ]
@@ -359,9 +361,20 @@ def _source_of(flat: Flat, *dotted: str) -> str:
     return "config"
 
 
-def _validate(cfg: Config, flat: Flat) -> None:
-    """Checks that involve more than one key."""
-    par = cfg.parallel
+def load_parallel(sources: Sequence[tuple[Any, str]]) -> ParallelConfig:
+    """The ``parallel`` section alone, checked as in a whole config: ``sources`` are ``(section
+    mapping, where it came from)`` pairs, later ones winning (the α,β-CROWN plugin's YAML, then its
+    command line). Both engines share this one schema."""
+    flat: Flat = {}
+    for data, source in sources:
+        flat.update(_flatten({"parallel": data}, source)[0])
+    par = _build(ParallelConfig, flat, [], ("parallel",))
+    _validate_parallel(par, flat)
+    return par
+
+
+def _validate_parallel(par: ParallelConfig, flat: Flat) -> None:
+    """The checks of the ``parallel`` section that involve more than one of its keys."""
     if par.mode == "none" and par.world_size > 1:
         source = _source_of(flat, "parallel.world_size", "parallel.mode")
         raise ConfigError(
@@ -374,6 +387,12 @@ def _validate(cfg: Config, flat: Flat) -> None:
             f"{source}: key 'parallel.bab_weights' is 'replicated' but 'parallel.mode' is 'tp', which never "
             "holds a full layer; use parallel.mode 'fsdp' or bab_weights 'sharded'"
         )
+
+
+def _validate(cfg: Config, flat: Flat) -> None:
+    """Checks that involve more than one key."""
+    par = cfg.parallel
+    _validate_parallel(par, flat)
     if par.mode == "tp" and cfg.general.complete_verifier in ("bab-refine", "mip"):
         source = _source_of(flat, "general.complete_verifier", "parallel.mode")
         raise ConfigError(

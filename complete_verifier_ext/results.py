@@ -26,3 +26,27 @@ def report_error(results_file: str | None, writer: bool, msg: str) -> int:
         except OSError:
             pass
     return 1
+
+
+def check_writable(path: str | os.PathLike | None, key: str) -> None:
+    """A ``UserError`` unless a file can be written at ``path`` (its folder exists and takes a new
+    file): checked before any verification, so that a verdict is never lost to a bad path."""
+    import tempfile
+
+    from .errors import UserError
+
+    if not path:
+        return
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise UserError(f"{key}: {path} is a folder, not a file")
+    if not folder.exists():
+        raise UserError(f"{key}: {path}: the folder {folder} does not exist")
+    if not folder.is_dir():
+        raise UserError(f"{key}: {path}: {folder} is not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".check"):
+            pass
+    except OSError as e:
+        raise UserError(f"{key}: {path}: cannot write in {folder} ({e.strerror or e})") from None

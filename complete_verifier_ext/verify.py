@@ -442,7 +442,7 @@ def complete_clause(
         rate = domains / max(1e-9, now - t0)
         clock.say(f"BaB round {rounds}: {left} domains left, worst {worst:+.5f}, {rate:.0f} domains/s")
 
-    replicate = cfg.parallel.bab_weights == "replicated" and cfg.parallel.mode == "fsdp"
+    replicate = cfg.parallel.bab_weights_resolved == "replicated" and cfg.parallel.mode == "fsdp"
     with graph.replicated() if replicate else contextlib.nullcontext():
         return relu_split_bab(
             graph,
@@ -559,7 +559,7 @@ def verify_instance(
     started: float | None = None,
 ) -> InstanceResult:
     """Verify one (model, spec) pair on this rank; every rank must call it with the same arguments.
-    The clock starts at ``started`` (``time.monotonic()`` of the process start, so that start-up
+    The clock starts at ``started`` (``time.monotonic()`` of the verifier's start, so that start-up
     counts as in VNN-COMP, and ``END_RESERVE_S`` is kept for the results), else now.  ``progress``
     receives a one-line status from every stage (PGD, each bound method, α-CROWN steps, BaB rounds)."""
     t0 = time.monotonic()

@@ -218,7 +218,7 @@ def test_missing_checkout_is_one_line(tmp_path):
 def test_install_and_uninstall_leave_auto_lirpa_as_it_was(tmp_path):
     code = f"""
 import inspect, importlib
-from complete_verifier_ext.abcrown_plugin import bab_split, fsdp, locate, patches, rows, runner, tp
+from complete_verifier_ext.abcrown_plugin import bab_split, fsdp, inputs, locate, patches, rows, runner, tp
 runner._import_abcrown(locate.find({str(VENDOR)!r}))
 import abcrown
 def snapshot():
@@ -238,7 +238,8 @@ for dotted in patches.SIGNATURES:
     patches.check_signature(dotted)
 p = patches.Patcher()
 patches.install_probe(p, patches.Probe())
-patches.install_spec_cache(p, {str(tmp_path / "cache")!r})
+inputs.install(p, patches.spec_cache_reader({str(tmp_path / "cache")!r}))
+patches.install_start(p, 0.0)
 patches.install_clock(p)
 rows.install(p)
 fsdp.install(p)
@@ -643,12 +644,12 @@ def test_bab_weights_follow_the_mode():
     from complete_verifier_ext.abcrown_plugin.locate import PluginError
 
     def of(**sec):
-        return bridge.parallel_of({"parallel": {"world_size": 2, **sec}}, []).bab_weights
+        return bridge.parallel_of({"parallel": {"world_size": 2, **sec}}, [], "x.yaml").bab_weights_resolved
 
     assert of(mode="fsdp") == "replicated" and of(mode="tp") == "sharded"
     assert of(mode="fsdp", bab_weights="sharded") == "sharded"
-    assert bridge.parallel_of({}, ["--parallel_mode", "tp"]).bab_weights == "sharded"
-    with pytest.raises(PluginError, match="never holds a whole layer"):
+    assert bridge.parallel_of({}, ["--parallel_mode", "tp"], None).bab_weights_resolved == "sharded"
+    with pytest.raises(PluginError, match="never holds a full layer"):
         of(mode="tp", bab_weights="replicated")
-    with pytest.raises(PluginError, match="not one of auto, replicated, sharded"):
+    with pytest.raises(PluginError, match="x.yaml: key 'parallel.bab_weights' must be one of"):
         of(mode="fsdp", bab_weights="some")

@@ -28,8 +28,8 @@ import torch
 from onnx import numpy_helper
 
 from complete_verifier_ext import testing
-from complete_verifier_ext.cli import main
 from complete_verifier_ext.bounds.walk import finite_batch
+from complete_verifier_ext.cli import main
 from complete_verifier_ext.config_load import load_config
 from complete_verifier_ext.model.onnx_loader import ModelError, load_onnx
 from complete_verifier_ext.spec import load_vnnlib

@@ -9,6 +9,9 @@
 # through the plugin (general.engine abcrown), sharded as the parallel section of configs/CATEGORY.yaml
 # says (mode and world_size); see docs/abcrown_plugin.md.
 set -euo pipefail
+# the instance's clock starts here, as the harness's does (complete_verifier_ext/clock.py)
+CVE_CLOCK_START="$(date +%s.%N)"
+export CVE_CLOCK_START
 
 usage() {
     echo "usage: $0 v1 CATEGORY ONNX VNNLIB RESULTS TIMEOUT" >&2

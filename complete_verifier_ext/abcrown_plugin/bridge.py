@@ -12,90 +12,49 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from ..config import ParallelConfig
 from .locate import PluginError
 
-# (flag, hierarchy, argparse keywords); the help texts follow α,β-CROWN's rules (capital, full stop)
-OUR_KEYS: list[tuple[str, list[str], dict]] = [
-    (
-        "--engine",
-        ["general", "engine"],
-        dict(
-            type=str,
-            default="abcrown",
-            choices=["native", "abcrown"],
-            help="Which engine runs the verification: native (complete_verifier_ext) or abcrown (this one).",
-        ),
+ENGINE_KEY = (
+    "--engine",
+    ["general", "engine"],
+    dict(
+        type=str,
+        default="abcrown",
+        choices=["native", "abcrown"],
+        help="Which engine runs the verification: native (complete_verifier_ext) or abcrown (this one).",
     ),
-    (
-        "--parallel_mode",
-        ["parallel", "mode"],
-        dict(
-            type=str,
-            default="none",
-            choices=["none", "fsdp", "tp"],
-            help="How the bound propagation is sharded over the ranks (none, fsdp or tp).",
-        ),
-    ),
-    (
-        "--parallel_world_size",
-        ["parallel", "world_size"],
-        dict(type=int, default=1, help="Number of ranks (processes, one GPU each with CUDA)."),
-    ),
-    (
-        "--parallel_backend",
-        ["parallel", "backend"],
-        dict(
-            type=str,
-            default="auto",
-            choices=["auto", "gloo", "nccl"],
-            help="Collective backend: auto picks gloo on CPU and NCCL with one GPU per rank.",
-        ),
-    ),
-    (
-        "--parallel_threads",
-        ["parallel", "threads"],
-        dict(
-            type=int, default=0, help="Torch threads per rank; 0 divides the available cores among the ranks."
-        ),
-    ),
-    (
-        "--parallel_exact_memory",
-        ["parallel", "exact_memory"],
-        dict(
-            type=lambda s: str(s).lower() in ("1", "true", "yes"),
-            default=False,
-            help="Measure the exact per-rank peak (glibc returns freed memory at once; slower).",
-        ),
-    ),
-    (
-        "--parallel_bab_weights",
-        ["parallel", "bab_weights"],
-        dict(
-            type=str,
-            default="auto",
-            choices=["auto", "replicated", "sharded"],
-            help="Whether BaB keeps every layer whole on every rank (replicated) or sharded, fetched per "
-            "use (sharded); auto: replicated under fsdp, sharded under tp (which never builds a layer).",
-        ),
-    ),
-]
+)
 
 
-@dataclass(frozen=True)
-class Parallel:
-    """What the parent needs before any rank starts (read from the merged YAML)."""
+def _to_bool(text) -> bool:
+    return str(text).strip().lower() in ("1", "true", "yes", "on", "y")
 
-    mode: str = "none"
-    world_size: int = 1
-    backend: str = "auto"
-    threads: int = 0
-    exact_memory: bool = False
-    bab_weights: str = "replicated"  # resolved: replicated or sharded
+
+def _parallel_keys() -> list[tuple[str, list[str], dict]]:
+    """``(flag, hierarchy, argparse keywords)`` of every ``parallel`` key, from the one schema that
+    both engines share (``config.ParallelConfig``: types, defaults, choices, docs)."""
+    from ..config_load import key_table
+
+    docs = {key: doc for key, _, doc in key_table()}
+    keys = []
+    for f in dataclasses.fields(ParallelConfig):
+        doc = " ".join(docs[f"parallel.{f.name}"].replace("``", "").split())
+        doc = f"{f.name.replace('_', ' ').capitalize()}: {doc.rstrip('.')}."  # α,β-CROWN's help rule
+        kw: dict = {"default": f.default, "help": doc}
+        kw["type"] = _to_bool if isinstance(f.default, bool) else type(f.default)
+        if f.metadata.get("choices"):
+            kw["choices"] = list(f.metadata["choices"])
+        keys.append((f"--parallel_{f.name}", ["parallel", f.name], kw))
+    return keys
+
+
+# (flag, hierarchy, argparse keywords) of our keys inside α,β-CROWN's config
+OUR_KEYS: list[tuple[str, list[str], dict]] = [ENGINE_KEY, *_parallel_keys()]
 
 
 def register(config) -> None:
@@ -172,40 +131,21 @@ def flag_value(flat: list[str], name: str) -> str | None:
     return value
 
 
-def parallel_of(data: dict, flat: list[str]) -> Parallel:
-    """Our ``parallel`` section (α,β-CROWN's flat ``--parallel_*`` flags win, as in its parser)."""
-    sec = dict(data.get("parallel") or {})
+def parallel_of(data: dict, flat: list[str], config_path: str | None) -> ParallelConfig:
+    """Our ``parallel`` section, checked by the schema both engines share; α,β-CROWN's flat
+    ``--parallel_*`` flags win over the YAML, as in its parser. Every mistake names where it is."""
+    from ..config import ConfigError
+    from ..config_load import COMMAND_LINE, load_parallel
+
+    from_flags = {}
     for flag, hierarchy, _ in OUR_KEYS:
         value = flag_value(flat, flag)
         if hierarchy[0] == "parallel" and value is not None:
-            sec[hierarchy[1]] = value
+            from_flags[hierarchy[1]] = value
     try:
-        p = Parallel(
-            mode=str(sec.get("mode", "none")),
-            world_size=int(sec.get("world_size", 1)),
-            backend=str(sec.get("backend", "auto")),
-            threads=int(sec.get("threads", 0)),
-            exact_memory=str(sec.get("exact_memory", False)).lower() in ("1", "true", "yes"),
-            bab_weights=str(sec.get("bab_weights", "auto")),
-        )
-    except (TypeError, ValueError) as e:
-        raise PluginError(f"parallel: {e}") from None
-    if p.mode not in ("none", "fsdp", "tp"):
-        raise PluginError(f"parallel.mode: '{p.mode}' is not one of none, fsdp, tp")
-    if p.world_size < 1:
-        raise PluginError(f"parallel.world_size: {p.world_size} must be at least 1")
-    if p.mode == "none" and p.world_size > 1:
-        raise PluginError("parallel.world_size > 1 needs parallel.mode fsdp or tp")
-    if p.bab_weights not in ("auto", "replicated", "sharded"):
-        raise PluginError(f"parallel.bab_weights: '{p.bab_weights}' is not one of auto, replicated, sharded")
-    if p.mode == "tp" and p.bab_weights == "replicated":
-        raise PluginError(
-            "parallel.bab_weights: 'replicated' but parallel.mode is 'tp', which never holds a whole "
-            "layer: use parallel.mode fsdp or bab_weights sharded"
-        )
-    if p.bab_weights == "auto":
-        p = dataclasses.replace(p, bab_weights="sharded" if p.mode == "tp" else "replicated")
-    return p
+        return load_parallel([(data.get("parallel"), config_path or "config"), (from_flags, COMMAND_LINE)])
+    except ConfigError as e:
+        raise PluginError(str(e)) from None
 
 
 def rank_args(config_yaml: str, flat: list[str], rank: int, scratch: str) -> list[str]:

@@ -36,6 +36,8 @@ from .locate import PluginError
 # the parameter names of every callable we wrap, as in α,β-CROWN 8250d5f / auto_LiRPA 0.7.0
 SIGNATURES: dict[str, tuple[str, ...]] = {
     "utils.Logger.summarize_results": ("self", "verified_status", "index"),
+    "utils.Logger.record_start_time": ("self",),
+    "load_model.load_model_onnx": ("path", "quirks", "x"),
     "auto_LiRPA.BoundedModule.init_alpha": (
         "self",
         "x",
@@ -404,9 +406,9 @@ def install_probe(p: Patcher, probe: Probe) -> None:
     p.wrap("beta_CROWN_solver.LiRPANet.build", _probe_build(probe))
 
 
-def install_spec_cache(p: Patcher, cache_dir: str) -> None:
-    """``read_vnnlib`` reads a copy of the spec in ``cache_dir`` (named by its content), where its
-    ``.compiled`` cache then lives too."""
+def spec_cache_reader(cache_dir: str) -> Callable:
+    """α,β-CROWN's ``read_vnnlib`` reading a copy of the spec in ``cache_dir`` (named by its content),
+    where its ``.compiled`` cache then lives too; :func:`.inputs.install` sets it."""
     import read_vnnlib as rv
 
     orig = rv.read_vnnlib
@@ -421,11 +423,25 @@ def install_spec_cache(p: Patcher, cache_dir: str) -> None:
             os.replace(tmp, copy)
         return orig(copy, regression)
 
-    import abcrown
-    import loading
+    return read_vnnlib
 
-    for mod in (rv, loading, abcrown):
-        p.set(mod, "read_vnnlib", read_vnnlib)
+
+def install_start(p: Patcher, started_wall: float) -> None:
+    """The first instance's clock (``Logger.start_time``, from which α,β-CROWN measures its timeout)
+    starts at ``started_wall``, the verifier's start, so that start-up (imports, spawning the ranks)
+    counts against the timeout as in a VNN-COMP harness; later instances start when they start."""
+    first = [True]
+
+    def wrap(orig):
+        def record_start_time(self):
+            orig(self)  # the same calls (and clock collectives) on every rank
+            if first[0]:
+                first[0] = False
+                self.start_time = min(self.start_time, started_wall)
+
+        return record_start_time
+
+    p.wrap("utils.Logger.record_start_time", wrap)
 
 
 class SyncedTime(types.ModuleType):

@@ -16,11 +16,14 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+import warnings
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from ..errors import UserError
-from ..results import report_error, write_atomic
+from ..config import ParallelConfig
+from ..errors import UserError, interrupted_exit_code
+from ..results import check_writable, report_error, write_atomic
 from . import bridge, locate
 from .locate import PluginError
 
@@ -29,6 +32,22 @@ SHARDED_CROWN_BATCH = (
     512  # rows of one process's pass that P > 1 ranks share when the config leaves the default
 )
 AUDIT_ENV = "CVE_ABCROWN_AUDIT"  # "1": count live full-size weights at the start and end of each build
+
+
+@contextlib.contextmanager
+def warnings_to_stdout() -> Iterator[None]:
+    """Python warnings (α,β-CROWN's, onnx2pytorch's, torch's at their import) go with α,β-CROWN's log
+    on stdout, the rank's log file where that is redirected; stderr keeps our own lines alone."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        shown(message, category, filename, lineno, sys.stdout, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _import_abcrown(checkout: locate.Checkout):
@@ -110,12 +129,15 @@ def _redirect_to_log(stack: contextlib.ExitStack, log: IO[str] | None, rank: int
             stack.enter_context(contextlib.redirect_stderr(log))
 
 
-def _install_patches(p: Any, probe: Any, par: bridge.Parallel, rank: int, world: int) -> None:
+def _install_patches(
+    p: Any, probe: Any, par: ParallelConfig, rank: int, world: int, started_wall: float
+) -> None:
     """Every patch this rank runs α,β-CROWN with (see ``patches``'s docstring), recorded in ``p``."""
     from ..spec import cache_root
-    from . import bab_split, fsdp, patches, rows, tp
+    from . import bab_split, fsdp, inputs, patches, rows, tp
 
-    patches.install_spec_cache(p, str(cache_root() / "abcrown_specs" / f"rank{rank}"))
+    inputs.install(p, patches.spec_cache_reader(str(cache_root() / "abcrown_specs" / f"rank{rank}")))
+    patches.install_start(p, started_wall)
     if world > 1:
         patches.install_clock(p)
         rows.install(p)
@@ -170,7 +192,12 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
 
 
 def _rank_main(
-    checkout: locate.Checkout, args: list[str], par: bridge.Parallel, scratch: str, quiet: bool
+    checkout: locate.Checkout,
+    args: list[str],
+    par: ParallelConfig,
+    scratch: str,
+    quiet: bool,
+    started_wall: float,
 ) -> dict:
     """One rank: α,β-CROWN's ``ABCROWN(args).main()`` with our patches (undone after), then what
     :func:`_gathered_result` collects; the launcher returns rank 0's."""
@@ -182,7 +209,6 @@ def _rank_main(
 
     rank, world = comm.rank(), comm.world_size()
     launch.set_threads(par.threads, world)
-    arguments = _import_abcrown(checkout)
     if torch.cuda.is_available() and comm.backend() == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     p = patches.Patcher()
@@ -191,11 +217,13 @@ def _rank_main(
     try:
         with contextlib.ExitStack() as quiet_ctx:
             _redirect_to_log(quiet_ctx, log, rank)
+            quiet_ctx.enter_context(warnings_to_stdout())
+            arguments = _import_abcrown(checkout)
             for dotted in patches.SIGNATURES:  # all checked before any is set: never half-patched
                 patches.check_signature(dotted)
             import abcrown
 
-            _install_patches(p, probe, par, rank, world)
+            _install_patches(p, probe, par, rank, world, started_wall)
             phases = Phases(PeakMemory(comm.device()))
             audit = os.environ.get(AUDIT_ENV) == "1"
             full_live: list[list[str]] = []
@@ -228,7 +256,7 @@ def _recheck_sat(all_args: dict, results_file: str | None, result: dict) -> str 
     return warning
 
 
-def summary_json(result: dict, par: bridge.Parallel) -> dict:
+def summary_json(result: dict, par: ParallelConfig) -> dict:
     """Our summary schema (as the native engine's) plus ``engine``; bounds as α,β-CROWN computed them."""
     from ..verify import json_number
 
@@ -248,7 +276,11 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
                 "peak_mb_exact": result["peak_mb_exact"],
                 "alpha_elements": result["alpha_elements"],
                 "crown_batch_size": result["crown_batch_size"],
-                "parallel": {"mode": par.mode, "world_size": par.world_size, "bab_weights": par.bab_weights},
+                "parallel": {
+                    "mode": par.mode,
+                    "world_size": par.world_size,
+                    "bab_weights": par.bab_weights_resolved,
+                },
                 "bab_weight_fetches": result["bab_weight_fetches"],
                 **(
                     {"full_weights_live": result["full_weights_live"]}
@@ -261,7 +293,7 @@ def summary_json(result: dict, par: bridge.Parallel) -> dict:
     return out[0] if len(out) == 1 else {"instances": out}
 
 
-def _refuse_unsupported(all_args: dict, par: bridge.Parallel, config: str | None) -> None:
+def _refuse_unsupported(all_args: dict, par: ParallelConfig, config: str | None) -> None:
     """PluginError when the config asks for a BaB feature that is not split over ranks yet (P > 1)."""
     if par.world_size <= 1:
         return
@@ -283,7 +315,7 @@ def _extra_args(all_args: dict, world_size: int) -> list[str]:
     return extra
 
 
-def _backend(par: bridge.Parallel, all_args: dict) -> str:
+def _backend(par: ParallelConfig, all_args: dict) -> str:
     """``parallel.backend``, with ``auto`` on the CPU settled as gloo."""
     if par.backend == "auto" and all_args["general"]["device"] == "cpu":
         return "gloo"
@@ -295,7 +327,7 @@ def _report(
     all_args: dict,
     results_file: str | None,
     summary: str | None,
-    par: bridge.Parallel,
+    par: ParallelConfig,
     quiet: bool,
 ) -> None:
     """Rank 0, after the run: re-check a sat, write the summary, print the peaks."""
@@ -308,45 +340,58 @@ def _report(
         print("peak MB per rank: " + " ".join(f"{v:.1f}" for v in result["peak_mb"]), file=sys.stderr)
 
 
-def main(config: str | None, overrides: list[str], summary: str | None, quiet: bool) -> int:
-    """The ``abcrown`` command with ``general.engine: abcrown``. Returns the exit code."""
+def main(
+    config: str | None,
+    overrides: list[str],
+    summary: str | None,
+    quiet: bool,
+    started_wall: float | None = None,
+) -> int:
+    """The ``abcrown`` command with ``general.engine: abcrown``. Returns the exit code. The first
+    instance's timeout counts from ``started_wall`` (``time.time()`` of the verifier's start), else
+    from now."""
     from ..parallel import launch
 
+    started_wall = time.time() if started_wall is None else started_wall
     writer = launch.is_rank0()
     scratch = tempfile.mkdtemp(prefix="cve_abcrown_")
     results_file = None
     try:
-        yaml_path, flat, data = bridge.merged_yaml(config, overrides, scratch)
-        general = data.get("general") or {}
-        results_file = bridge.flag_value(flat, "--results_file") or general.get("results_file")
-        checkout = locate.find()
-        par = bridge.parallel_of(data, flat)
-        all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
-        results_file = all_args["general"]["results_file"]
-        _refuse_unsupported(all_args, par, config)
-        extra = _extra_args(all_args, par.world_size)
-        for w in launch.check_world_size(par.world_size):
+        with warnings_to_stdout():
+            yaml_path, flat, data = bridge.merged_yaml(config, overrides, scratch)
+            general = data.get("general") if isinstance(data.get("general"), dict) else {}
+            results_file = bridge.flag_value(flat, "--results_file") or general.get("results_file")
+            checkout = locate.find()
+            par = bridge.parallel_of(data, flat, config)
+            all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
+            results_file = all_args["general"]["results_file"]
+            check_writable(results_file, "general.results_file")
+            if summary:
+                check_writable(summary, "--summary")
+            _refuse_unsupported(all_args, par, config)
+            extra = _extra_args(all_args, par.world_size)
+            for w in launch.check_world_size(par.world_size):
+                if writer:
+                    print(f"warning: {w}", file=sys.stderr)
+            result = launch.run(
+                _rank_main,
+                par.world_size,
+                (checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall),
+                backend=_backend(par, all_args),
+                exact_memory=par.exact_memory,
+            )
             if writer:
-                print(f"warning: {w}", file=sys.stderr)
-        result = launch.run(
-            _rank_main,
-            par.world_size,
-            (checkout, [yaml_path, *flat, *extra], par, scratch, quiet),
-            backend=_backend(par, all_args),
-            exact_memory=par.exact_memory,
-        )
-        if writer:
-            _report(result, all_args, results_file, summary, par, quiet)
+                _report(result, all_args, results_file, summary, par, quiet)
         return 0
     except (UserError, FileNotFoundError) as e:
         return report_error(results_file, writer, str(e))
     except launch.RankFailure as e:
-        if e.details and "PluginError: " not in e.reason and writer:  # a bug: keep its traceback
+        if e.details and writer:  # a bug: keep its traceback
             print(e.details.rstrip(), file=sys.stderr)
         return report_error(results_file, writer, str(e).splitlines()[0])
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if writer:
             print("interrupted", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(e)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -15,6 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .. import clock
+from ..errors import end_cleanly_on_signals
+
 USAGE = "vnncomp CATEGORY ONNX VNNLIB RESULTS TIMEOUT [--ours CONFIG] [abcrown flags...]"
 
 # VNN-COMP category -> α,β-CROWN config under complete_verifier/exp_configs (its vnncomp_main.py's
@@ -108,8 +111,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--summary")
     p.add_argument("--quiet", action="store_true")
     opts, rest = p.parse_known_args(extra)
-    return run(args[1], [*args[2:], *rest], opts.summary, True)
+    return run(args[1], [*args[2:], *rest], opts.summary, True, clock.started_wall())
 
 
 if __name__ == "__main__":
+    end_cleanly_on_signals()
     sys.exit(main(sys.argv[1:]))

@@ -47,7 +47,7 @@ from ..errors import UserError
 from . import comm
 from .memory import MMAP_THRESHOLD_ENV, available_mb
 
-__all__ = ["RankFailure", "check_world_size", "is_rank0", "process_start", "run", "set_threads"]
+__all__ = ["RankFailure", "check_world_size", "is_rank0", "run", "set_threads"]
 
 T = TypeVar("T")
 
@@ -65,6 +65,8 @@ class _Failure:
     details: str = ""  # the child's traceback, if any
     died: bool = False
     when: float = float("inf")  # the child's clock at the error (time.time())
+    user: str | None = None  # a UserError's message: the user's mistake, raised as such by the parent
+    lost: bool = False  # a collective failed because a peer died or hung (collateral, never the cause)
 
 
 class RankFailure(RuntimeError):
@@ -79,20 +81,6 @@ class RankFailure(RuntimeError):
 
 
 RANK_MB = 400  # resident memory of one idle rank (Python, torch, the package), measured here: ~350 MB
-
-
-def process_start() -> float:
-    """``time.monotonic()`` at the moment this process started (the kernel's start time, so that the
-    imports before any of our code ran count too); now where /proc is not there."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        age = max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-        return time.monotonic() - age
-    except (OSError, ValueError, IndexError):
-        return time.monotonic()
 
 
 def is_rank0() -> bool:
@@ -179,11 +167,9 @@ def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str
         done = True
         return result
     except RuntimeError as e:  # gloo and NCCL raise plain RuntimeErrors when a peer is gone
-        if not (isinstance(e, torch.distributed.DistError) or _is_transport_error(e)):
+        if not _is_lost_peer(e):
             raise
-        first = re.sub(r"^\[[^\]]*\] ", "", (str(e).strip() or type(e).__name__).splitlines()[0])
-        first = first.split(". This is typically")[0]  # gloo's advice, a line long
-        raise RankFailure(_Failure(rank, f"lost a peer rank (it died or hung): {first}")) from None
+        raise RankFailure(_Failure(rank, f"lost a peer rank (it died or hung): {_first_line(e)}")) from None
     finally:
         with contextlib.suppress(Exception):  # a group whose peer is gone may not shut down cleanly
             if done:  # no rank tears gloo down while another still uses it (that aborted rank 0 under load)
@@ -191,11 +177,19 @@ def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str
             comm.shutdown()
 
 
-def _is_transport_error(e: BaseException) -> bool:
+def _is_lost_peer(e: BaseException) -> bool:
+    """Whether ``e`` is a collective that failed because another rank died or stopped responding."""
+    if isinstance(e, torch.distributed.DistError):
+        return True
     text = str(e)
-    return any(
-        w in text for w in ("gloo", "Gloo", "NCCL", "Connection reset", "Connection closed", "timed out")
-    )
+    words = ("gloo", "Gloo", "NCCL", "Connection reset", "Connection closed", "timed out")
+    return isinstance(e, RuntimeError) and any(w in text for w in words)
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of a transport error, without gloo's source location and its advice."""
+    first = re.sub(r"^\[[^\]]*\] ", "", (str(e).strip() or type(e).__name__).splitlines()[0])
+    return first.split(". This is typically")[0]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -252,8 +246,13 @@ def _child(
         conn.send(("joined",))
         result = fn(*args)
         message: tuple = ("ok", pickle.dumps(result, pickle.HIGHEST_PROTOCOL) if rank == 0 else None)
+    except UserError as exc:  # the user's mistake: the parent raises it as such (one line, no traceback)
+        message = ("user", str(exc), time.time())
     except BaseException as exc:  # everything, KeyboardInterrupt included, goes back to the parent
-        message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time())
+        if _is_lost_peer(exc):
+            message = ("lost", _first_line(exc), time.time())
+        else:
+            message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time())
     conn.send(message)
     conn.close()
     if message[0] == "ok":
@@ -300,6 +299,11 @@ def _poll(rank: int, proc: Any, conn: Connection) -> tuple[str, Any] | None:
         return "joined", None
     if message is not None and message[0] == "ok":
         return "ok", message[1]
+    if message is not None and message[0] == "user":
+        return "failed", _Failure(rank, f"failed: {message[1]}", when=message[2], user=message[1])
+    if message is not None and message[0] == "lost":
+        reason = f"lost a peer rank (it died or hung): {message[1]}"
+        return "failed", _Failure(rank, reason, when=message[2], lost=True)
     if message is not None:
         _, summary, details, when = message
         return "failed", _Failure(rank, f"failed: {summary}", details, when=when)
@@ -358,7 +362,13 @@ def _raise_root_cause(first: _Failure, procs: list[Any], conns: list[Connection]
                 others.discard(rank)
                 if seen[0] == "failed":
                     failures.append(seen[1])
-    root = min(failures, key=lambda f: (not f.died, f.when, f.rank))
+    if all(f.lost for f in failures):  # every report is collateral: blame a rank that stays silent
+        silent = [r for r in sorted(others) if procs[r].is_alive()]
+        if silent:
+            failures.append(_Failure(silent[0], "stopped responding (a collective waited for it in vain)"))
+    root = min(failures, key=lambda f: (not f.died, f.lost, f.when, f.rank))
+    if root.user is not None and not any(f.died for f in failures):
+        raise UserError(root.user)
     raise RankFailure(root, sorted(failures, key=lambda f: f.rank))
 
 

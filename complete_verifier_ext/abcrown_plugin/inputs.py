@@ -1,0 +1,155 @@
+"""The user's files as α,β-CROWN loads them: a bad ONNX model or VNN-LIB spec is one line naming the
+file (and the line), as on the native engine, never α,β-CROWN's traceback.
+
+α,β-CROWN signals bad input with whatever its loaders raise (``AssertionError`` whose message is the
+whole spec, protobuf's ``DecodeError``, a reshape's ``RuntimeError``). They are recognised where they
+are raised, in the two loading stages, and only when a check of the file itself confirms the mistake:
+
+* ``read_vnnlib``: our own VNN-LIB reader names the file and the line; a file ours reads but
+  α,β-CROWN's reader does not (its parser takes a subset of the format) is named with α,β-CROWN's
+  first line of complaint;
+* ``load_model_onnx``: a file ``onnx`` cannot parse, or a model whose input does not have the spec's
+  number of inputs.
+
+Anything else is re-raised unchanged: a bug keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from .locate import PluginError
+
+_SHORT = 160  # characters of α,β-CROWN's own message kept in ours (its spec errors hold the whole file)
+
+
+def short(e: BaseException) -> str:
+    """``Type: first line`` of an exception, cut to a readable length."""
+    lines = str(e).strip().splitlines()
+    text = lines[0] if lines else ""
+    text = text if len(text) <= _SHORT else text[:_SHORT] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def spec_problem(path: str, error: BaseException) -> str:
+    """What is wrong with the VNN-LIB file ``path`` that α,β-CROWN's reader rejected with ``error``."""
+    from ..spec import load_vnnlib
+
+    try:
+        load_vnnlib(path, cache=False)
+    except UserError as e:
+        return str(e)
+    except Exception:  # our reader failing otherwise says nothing about the file
+        pass
+    return f"{path}: alpha-beta-CROWN's VNN-LIB reader cannot read this file ({short(error)})"
+
+
+def _onnx_model(path: str):
+    import onnx
+
+    data = Path(path).read_bytes()
+    if path.endswith(".gz"):
+        data = gzip.decompress(data)
+    return onnx.load_model_from_string(data)
+
+
+def model_problem(path: str, x: Any) -> str | None:
+    """What is wrong with the ONNX file ``path`` (given the spec's inputs ``x``), or None when the file
+    looks fine: then the failure is not the user's."""
+    try:
+        model = _onnx_model(path)
+    except OSError:
+        return None  # a missing file is reported as such by the caller's FileNotFoundError
+    except Exception as e:  # protobuf's DecodeError and friends: the bytes are not an ONNX model
+        return f"{path}: not a readable ONNX model ({short(e)})"
+    if x is None:
+        return None
+    init = {t.name for t in model.graph.initializer}
+    feeds = [i for i in model.graph.input if i.name not in init]
+    if not feeds:
+        return f"{path}: the model has no input"
+    dims = [d.dim_value for d in feeds[0].type.tensor_type.shape.dim]
+    count = 1
+    for d in dims:
+        count *= max(int(d), 1)
+    given = int(getattr(x, "numel", lambda: len(x))())
+    if dims and count != given:
+        return (
+            f"{path}: input '{feeds[0].name}' has {count} elements (shape {dims}) but the VNN-LIB spec "
+            f"declares {given} inputs"
+        )
+    return None
+
+
+def checked_read_vnnlib(orig: Callable) -> Callable:
+    """``read_vnnlib`` whose bad-input failures are one line (see the module docstring). ``orig`` may
+    read a cached copy; ``vnnlib_filename`` is the user's path, the one named."""
+
+    def read_vnnlib(vnnlib_filename, regression=False):
+        if not Path(vnnlib_filename).is_file():
+            raise PluginError(f"{vnnlib_filename}: VNN-LIB file not found")
+        try:
+            return orig(vnnlib_filename, regression)
+        except (
+            AssertionError,
+            ValueError,
+            IndexError,
+            KeyError,
+            NotImplementedError,
+            UnicodeDecodeError,
+        ) as e:
+            raise PluginError(spec_problem(str(vnnlib_filename), e)) from None
+
+    return read_vnnlib
+
+
+def checked_load_model_onnx(orig: Callable) -> Callable:
+    """``load_model_onnx`` whose failures on a bad file are one line naming it."""
+
+    def load_model_onnx(path, quirks=None, x=None):
+        if not Path(path).is_file():
+            raise PluginError(f"{path}: ONNX file not found")
+        try:
+            model, shape = orig(path, quirks, x)
+        except Exception:
+            problem = model_problem(str(path), x)
+            if problem is None:
+                raise
+            raise PluginError(problem) from None
+        count = math.prod(int(d) for d in shape)
+        given = int(x.numel()) if x is not None else 0
+        if x is not None and count > 0 and given % count != 0:  # α,β-CROWN views the box as (-1, *shape)
+            raise PluginError(
+                f"{path}: the model's input has {count} elements (shape {list(shape)}) but the VNN-LIB "
+                f"spec declares {given} inputs"
+            )
+        return model, shape
+
+    return load_model_onnx
+
+
+# the modules that hold their own reference to each loader (``from m import f``)
+READ_VNNLIB_IN = ("read_vnnlib", "loading", "abcrown")
+LOAD_MODEL_ONNX_IN = ("load_model", "loading", "api", "custom.custom_model_loader")
+
+
+def install(p: Any, read_vnnlib: Callable) -> None:
+    """Set the checked loaders in every imported module that refers to them. ``read_vnnlib``: the
+    spec reader to check (α,β-CROWN's, or the spec cache's wrapper of it)."""
+    import importlib
+
+    checked = checked_read_vnnlib(read_vnnlib)
+    for name in READ_VNNLIB_IN:
+        p.set(importlib.import_module(name), "read_vnnlib", checked)
+    orig = importlib.import_module("load_model").load_model_onnx
+    checked_onnx = checked_load_model_onnx(orig)
+    for name in LOAD_MODEL_ONNX_IN:
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "load_model_onnx", None) is orig:
+            p.set(mod, "load_model_onnx", checked_onnx)
