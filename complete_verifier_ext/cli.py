@@ -245,6 +245,12 @@ def _rank_main(cfg: Config, *args) -> list[InstanceResult]:
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """usage: abcrown [--config FILE.yaml] [--summary PATH] [--quiet] [--resume] [--section.key VALUE ...]
+
+    --config   the YAML config (alpha-beta-CROWN's layout)
+    --summary  write a JSON summary (verdict, time, bounds per method, peak MB per rank)
+    --quiet    no progress, only the verdict line
+    --resume   csv runs: skip the instances the results file already holds (and keep their lines)"""
     p = argparse.ArgumentParser(
         prog="abcrown",
         description=__doc__.split("\n\n")[1].replace("\n", " "),
@@ -315,6 +321,30 @@ def engine_of(config: str | None, overrides: list[str]) -> str:
         return "native"  # our loader reports the unreadable file
 
 
+def _config_flag(argv: list[str]) -> str | None:
+    """The value of ``--config`` in ``argv`` (before argparse has run)."""
+    for i, item in enumerate(argv):
+        if item == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if item.startswith("--config="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def _abcrown_help() -> int:
+    """``--help`` with ``general.engine abcrown``: the command's options, then the user's α,β-CROWN keys."""
+    from .abcrown_plugin import locate, runner
+
+    usage = parse_args.__doc__ or ""
+    try:
+        keys = runner.keys_help(locate.find())
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{usage.strip()}\n\n{keys}")
+    return 0
+
+
 def _reexec_for_exact_memory(cfg: Config, argv: list[str] | None) -> None:
     """With ``parallel.exact_memory``, re-exec this process (run as a command: ``argv`` None) with
     glibc's mmap threshold set unless it is already: glibc reads it at start-up, and with it freed
@@ -366,7 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     """The ``abcrown`` command (``argv``: its arguments, default ``sys.argv[1:]``). Returns the exit code."""
     if argv is None:  # Ctrl-C, SIGTERM and SIGHUP end the run cleanly (ranks stopped, scratch removed)
         end_cleanly_on_signals()
-    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    raw = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(raw) and engine_of(_config_flag(raw), raw) == "abcrown":
+        return _abcrown_help()
+    args, overrides = parse_args(raw)
     if engine_of(args.config, overrides) == "abcrown":
         from .abcrown_plugin.runner import main as abcrown_main
 

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from support import rank_processes
+from support import relative_error as rel
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 VENDOR = SHARED / "vendor" / "alpha-beta-CROWN"
@@ -94,11 +96,6 @@ def run(tmp: Path, config: str, *args: str, P: int = 1, env: dict | None = None,
 
 def instance(net: str, prop: str) -> list[str]:
     return ["--onnx_path", str(MNIST / "onnx" / f"{net}.onnx"), "--vnnlib_path", str(MNIST / "vnnlib" / prop)]
-
-
-def rel(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b) and a
-    return max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b, strict=True))
 
 
 CHUNK = 32  # rows a CROWN pass on 256x2: its largest start node has 140 unstable rows, 5 passes
@@ -284,7 +281,7 @@ def _kill_rank1_when(tmp_path: Path, cfg: str, args: list[str], ready) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (len(ranks) == 2 and ready(out / "tmp")):
             time.sleep(0.5)
-            ranks = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+            ranks = [psutil.Process(pid) for pid in rank_processes(parent.pid)]
         assert len(ranks) == 2 and ready(out / "tmp"), "the ranks did not get there"
         assert proc.poll() is None
         ranks[1].send_signal(signal.SIGKILL)

@@ -21,11 +21,11 @@ import multiprocessing
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from support import rank_processes
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.bab.common import BabOptions, BabResult
@@ -476,24 +476,6 @@ def test_timeout_single_rank():
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _spawned_children() -> list[int]:
-    """Live processes spawned by this one through multiprocessing (ranks; not the resource tracker)."""
-    me, out = os.getpid(), []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            stat = (p / "stat").read_text()
-            cmd = (p / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        state = stat.rsplit(")", 1)[1].split()[0]
-        if ppid == me and b"spawn_main" in cmd and state != "Z":
-            out.append(int(p.name))
-    return out
-
-
 def test_rank_killed_mid_bab_is_reported():
     spec, _, _, rounds = _single("long")
     assert rounds >= 3
@@ -505,7 +487,7 @@ def test_rank_killed_mid_bab_is_reported():
     assert info.value.rank == 1 and "died (signal 9)" in str(info.value), str(info.value)
     assert elapsed < 30, elapsed
     assert not multiprocessing.active_children()
-    assert not _spawned_children()
+    assert not rank_processes(os.getpid())
 
 
 # ----------------------------------------------------------------------------------------------------------

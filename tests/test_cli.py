@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support import rank_processes
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.cli import main
@@ -153,11 +154,6 @@ def test_two_ranks_same_verdict_and_bounds(tmp_path):
     np.testing.assert_allclose(sharded["bounds"]["alpha_crown"], single["bounds"]["alpha_crown"], atol=1e-4)
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
 def _start_long_two_rank_run(out: Path, stderr) -> tuple[subprocess.Popen, list[int]]:
     """``abcrown`` on 2 ranks that cannot finish soon (lr 0: α-CROWN never proves the example);
     returns the launcher and its two rank processes once both run."""
@@ -169,7 +165,7 @@ def _start_long_two_rank_run(out: Path, stderr) -> tuple[subprocess.Popen, list[
     ranks: list[int] = []
     deadline = time.monotonic() + 60
     while len(ranks) < 2 and time.monotonic() < deadline:  # spawn also starts a resource tracker
-        ranks = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        ranks = rank_processes(proc.pid)
         time.sleep(0.5)
     assert len(ranks) == 2, "ranks did not start"
     return proc, ranks

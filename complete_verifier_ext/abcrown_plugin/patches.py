@@ -37,6 +37,7 @@ from .locate import PluginError
 SIGNATURES: dict[str, tuple[str, ...]] = {
     "utils.Logger.summarize_results": ("self", "verified_status", "index"),
     "utils.Logger.record_start_time": ("self",),
+    "utils.Logger.update_timeout": ("self", "timeout"),
     "load_model.load_model_onnx": ("path", "quirks", "x"),
     "auto_LiRPA.BoundedModule.init_alpha": (
         "self",
@@ -426,22 +427,45 @@ def spec_cache_reader(cache_dir: str) -> Callable:
     return read_vnnlib
 
 
+class OutOfTime(Exception):
+    """A single instance's time ran out before its verification started (start-up took it all)."""
+
+
 def install_start(p: Patcher, started_wall: float) -> None:
     """The first instance's clock (``Logger.start_time``, from which α,β-CROWN measures its timeout)
     starts at ``started_wall``, the verifier's start, so that start-up (imports, spawning the ranks)
-    counts against the timeout as in a VNN-COMP harness; later instances start when they start."""
-    first = [True]
+    counts against the timeout as in a VNN-COMP harness; later instances start when they start. A
+    single instance whose time is gone once its timeout is known (``Logger.update_timeout``, after
+    loading) is reported ``timeout`` at once (:class:`OutOfTime` ends ``ABCROWN.main``), not after
+    the incomplete phase and a BaB round that α,β-CROWN would still run."""
+    import importlib
 
-    def wrap(orig):
+    utils = importlib.import_module("utils")
+    first = [True]
+    check = [False]
+
+    def wrap_start(orig):
         def record_start_time(self):
             orig(self)  # the same calls (and clock collectives) on every rank
             if first[0]:
-                first[0] = False
+                first[0], check[0] = False, True
                 self.start_time = min(self.start_time, started_wall)
 
         return record_start_time
 
-    p.wrap("utils.Logger.record_start_time", wrap)
+    def wrap_timeout(orig):
+        def update_timeout(self, timeout):
+            orig(self, timeout)
+            if check[0] and self.run_mode == "single_vnnlib":
+                check[0] = False
+                if utils.time.time() - self.start_time >= float(timeout):  # the synced clock at P > 1
+                    self.summarize_results("unknown (the time ran out before verification started)", 0)
+                    raise OutOfTime
+
+        return update_timeout
+
+    p.wrap("utils.Logger.record_start_time", wrap_start)
+    p.wrap("utils.Logger.update_timeout", wrap_timeout)
 
 
 class SyncedTime(types.ModuleType):

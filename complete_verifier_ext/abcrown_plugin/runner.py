@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import shutil
 import sys
@@ -60,6 +61,22 @@ def _import_abcrown(checkout: locate.Checkout):
     return arguments
 
 
+def _fork_ready(checkout: locate.Checkout) -> None:
+    """Import all of α,β-CROWN here, before the ranks are forked from this process (``launch.run``'s
+    ``fork``): seconds saved per rank. What it prints on import is dropped (each rank's log gets its
+    own run's output)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        _import_abcrown(checkout)
+        import abcrown  # noqa: F401
+
+
+def _log_to_stdout() -> None:
+    """auto_LiRPA's log handler writes to the ``sys.stdout`` of its import; point it at this rank's."""
+    for handler in logging.getLogger().handlers:
+        if type(handler) is logging.StreamHandler:
+            handler.setStream(sys.stdout)
+
+
 def check_config(checkout: locate.Checkout, args: list[str], config_path: str | None) -> dict:
     """Parse the config with α,β-CROWN's own parser; its complaints become one-line errors."""
     arguments = _import_abcrown(checkout)
@@ -73,6 +90,34 @@ def check_config(checkout: locate.Checkout, args: list[str], config_path: str | 
     except ValueError as e:  # "Config key [...] not found!"
         raise PluginError(f"{config_path or 'config'}: alpha-beta-CROWN: {e}") from None
     return arguments.Config.all_args
+
+
+def keys_help(checkout: locate.Checkout) -> str:
+    """``abcrown --help`` on this engine: every key of the user's α,β-CROWN (section.key, its flat
+    flag, default and help, read from the checkout's own parser), ours among them with the defaults
+    this engine uses."""
+    import textwrap
+
+    with contextlib.redirect_stdout(io.StringIO()), warnings_to_stdout():
+        arguments = _import_abcrown(checkout)
+    config = arguments.Config
+    actions = {a.dest: a for a in config.defaults_parser._actions}
+    out = [
+        f"config keys of alpha-beta-CROWN ({checkout.root}), ours (general.engine, parallel.*) included:",
+        "set them in the YAML file (section: {key: value}), as --section.key VALUE, or as the flat flag",
+        "",
+    ]
+    for dest, hierarchy in config.config_file_hierarchies.items():
+        action = actions.get(dest)
+        if action is None or hierarchy is None:  # a command-line-only option (--config)
+            continue
+        default = "null" if action.default is None else action.default
+        out.append(f"  {'.'.join(hierarchy)} = {default}    (--{dest})")
+        text = " ".join(str(action.help or "").replace("%%", "%").split())
+        if action.choices:
+            text += f" Choices: {', '.join(map(str, action.choices))}."
+        out += textwrap.wrap(text, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(out)
 
 
 def _crown_batch_args(all_args: dict, world_size: int) -> list[str]:
@@ -219,6 +264,7 @@ def _rank_main(
             _redirect_to_log(quiet_ctx, log, rank)
             quiet_ctx.enter_context(warnings_to_stdout())
             arguments = _import_abcrown(checkout)
+            _log_to_stdout()
             for dotted in patches.SIGNATURES:  # all checked before any is set: never half-patched
                 patches.check_signature(dotted)
             import abcrown
@@ -230,7 +276,8 @@ def _rank_main(
             sharded = par.mode in ("fsdp", "tp") and world > 1
             probe.on_phase = _phase_hook(phases, full_live if audit and sharded else None)
             phases.start("run")
-            abcrown.ABCROWN(args=bridge.rank_args(args[0], args[1:], rank, scratch)).main()
+            with contextlib.suppress(patches.OutOfTime):  # reported "timeout" already
+                abcrown.ABCROWN(args=bridge.rank_args(args[0], args[1:], rank, scratch)).main()
             phases.end("run")
     finally:
         p.undo()
@@ -373,12 +420,17 @@ def main(
             for w in launch.check_world_size(par.world_size):
                 if writer:
                     print(f"warning: {w}", file=sys.stderr)
+            backend = _backend(par, all_args)
+            fork = par.world_size > 1 and backend == "gloo" and not par.exact_memory
+            if fork:
+                _fork_ready(checkout)
             result = launch.run(
                 _rank_main,
                 par.world_size,
                 (checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall),
-                backend=_backend(par, all_args),
+                backend=backend,
                 exact_memory=par.exact_memory,
+                fork=fork,
             )
             if writer:
                 _report(result, all_args, results_file, summary, par, quiet)

@@ -72,6 +72,7 @@ class _Builder:
         self.node_of: dict[str, int] = {}
         self.sample: dict[int, torch.Tensor] = {}  # one example value per node, to infer shapes
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
+        self.unbatched = False  # the model's input is one vector without a batch axis (W @ x models)
 
     def error(self, node: onnx.NodeProto, msg: str) -> ModelError:
         return ModelError(f"{self.path}: node '{node.name or node.output[0]}' ({node.op_type}): {msg}")
@@ -124,12 +125,19 @@ def _gemm(b: _Builder, node, x: int) -> None:
 
 
 def _matmul(b: _Builder, node, x: int) -> None:
-    W = b.const(node.input[1])
-    if W is None or W.ndim != 2:
-        raise b.error(node, "only x @ W with a constant 2-D W is supported")
+    """``x @ W`` (batched rows x) or ``W @ x`` (a model whose input is one 1-D vector, as the ACAS Xu
+    nets of VNN-COMP: ``W`` of shape (out, in) times ``x`` of shape (in,)), W a constant 2-D matrix:
+    both are one Linear layer with weight (out, in)."""
+    W_right, W_left = b.const(node.input[1]), b.const(node.input[0])
     if len(b.graph.nodes[x].shape) != 1:
         raise b.error(node, f"expects a flat input, got shape {b.graph.nodes[x].shape}")
-    b.add(node, Linear(torch.as_tensor(np.array(W.T, dtype=np.float32)), None), (x,))
+    if W_right is not None and W_right.ndim == 2:
+        weight = W_right.T
+    elif W_left is not None and W_left.ndim == 2 and b.unbatched:
+        weight = W_left  # W @ x on a vector
+    else:
+        raise b.error(node, "only x @ W, or W @ x on a 1-D model input, with a constant 2-D W is supported")
+    b.add(node, Linear(torch.as_tensor(np.array(weight, dtype=np.float32)), None), (x,))
 
 
 def _conv(b: _Builder, node, x: int) -> None:
@@ -342,6 +350,7 @@ def load_onnx(path: str | os.PathLike) -> Graph:
         raise ModelError(f"{path}: expected one network input, found {len(inputs)}")
     dims = [d.dim_value if d.HasField("dim_value") else 1 for d in inputs[0].type.tensor_type.shape.dim]
     shape = tuple(dims[1:]) if len(dims) > 1 else tuple(dims)
+    b.unbatched = len(dims) == 1
     idx = b.graph.add(inputs[0].name, Input(), (), shape)
     b.node_of[inputs[0].name] = idx
     b.sample[idx] = torch.rand(1, *shape)

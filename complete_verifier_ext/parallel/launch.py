@@ -139,9 +139,13 @@ def run(
     backend: str = "auto",
     timeout_s: float = 30.0,
     exact_memory: bool = True,
+    fork: bool = False,
 ) -> T:
     """Run ``fn(*args)`` on ``world_size`` ranks; return rank 0's result (see the module docstring).
-    ``exact_memory``: spawned ranks start with ``MALLOC_MMAP_THRESHOLD_`` (RSS follows live tensors)."""
+    ``exact_memory``: spawned ranks start with ``MALLOC_MMAP_THRESHOLD_`` (RSS follows live tensors).
+    ``fork``: with gloo, fork the ranks from this process instead of starting fresh interpreters, so
+    that what it has imported (α,β-CROWN: seconds per rank) is not imported again; the caller must
+    not have used CUDA or run a parallel torch operation (an OpenMP pool does not survive a fork)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -149,7 +153,8 @@ def run(
     if world_size == 1:
         return fn(*args)
     backend = comm.resolve_backend(backend, world_size)
-    return _run_spawned(fn, world_size, args, backend, timeout_s, exact_memory)
+    method = "fork" if fork and backend == "gloo" and exact_memory is False else "spawn"
+    return _run_spawned(fn, world_size, args, backend, timeout_s, exact_memory, method)
 
 
 def _run_joined(fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float) -> T:
@@ -216,11 +221,16 @@ def _child_environment() -> Iterator[None]:
             os.environ.pop(k, None)
 
 
-def _die_with_parent() -> None:
+RANK_NAME = "cve-rank{}"  # the process name of a spawned or forked rank (``ps``, /proc/PID/comm)
+
+
+def _die_with_parent(rank: int) -> None:
     """Ask Linux to SIGKILL this rank when the launching process dies, however it dies (a killed
-    ``abcrown`` must not leave ranks running).  Elsewhere a no-op; the parent's own cleanup remains."""
+    ``abcrown`` must not leave ranks running), and name the process ``cve-rankN``.  Elsewhere a no-op;
+    the parent's own cleanup remains."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, RANK_NAME.format(rank).encode()[:15], 0, 0, 0)  # PR_SET_NAME
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the parent died before the call above took effect
             os._exit(1)
@@ -240,7 +250,9 @@ def _child(
     conn: Connection,
 ) -> None:
     """Body of a spawned rank: join, run, send ``("ok", pickled result | None)`` or ``("error", ...)``."""
-    _die_with_parent()
+    _die_with_parent(rank)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # a forked rank inherits the command's handlers
+        signal.signal(sig, signal.SIG_DFL)
     try:
         comm.init(backend, rank, world_size, addr, port, timeout_s)
         conn.send(("joined",))
@@ -260,13 +272,19 @@ def _child(
 
 
 def _run_spawned(
-    fn: Callable[..., T], world_size: int, args: tuple, backend: str, timeout_s: float, exact_memory: bool
+    fn: Callable[..., T],
+    world_size: int,
+    args: tuple,
+    backend: str,
+    timeout_s: float,
+    exact_memory: bool,
+    method: str = "spawn",
 ) -> T:
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise UserError(f"nccl needs one GPU per rank: {world_size} ranks, {torch.cuda.device_count()} GPUs")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else _free_port(addr)
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(method)
     procs: list[Any] = []
     conns: list[Connection] = []
     try:
