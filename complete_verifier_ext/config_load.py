@@ -564,8 +564,20 @@ def _assemble(data: Any, source: str, overrides: Sequence[str]) -> tuple[Config,
     notes: list[str] = []
     cfg = _build(Config, flat, notes)
     _validate(cfg, flat)
+    if cfg.bab.branching.input_split.enable:  # there the method names the input-split heuristic
+        notes = [_input_split_note(n) if n.startswith("bab.branching.method ") else n for n in notes]
     unread = [k for k in DECLARED_NOT_IMPLEMENTED if _value(cfg, k) != _value(Config(), k)]
     return cfg, flat, _warning(source, ignored + over_ignored + unread, notes)
+
+
+def _input_split_note(note: str) -> str:
+    """The note of a replaced ``bab.branching.method`` under input split, where it chose the input
+    dimension to bisect in alpha-beta-CROWN: say what ours does instead."""
+    original = note.split("'")[1]
+    return (
+        f"bab.branching.method '{original}' (the input-split heuristic) -> ours: bisect the dimension "
+        "of largest width x |coefficient of the worst row's CROWN bound|"
+    )
 
 
 def _value(cfg: Any, dotted: str) -> Any:

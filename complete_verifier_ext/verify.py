@@ -423,7 +423,12 @@ def complete_clause(
         from .bab.input_split import input_split_bab
 
         method = "alpha-crown" if cfg.solver.bound_prop_method == "alpha-crown" else "crown"
-        return input_split_bab(graph, box, problem, opts, clock.expired, method)
+        try:
+            lo, hi = float32_box(region.lower, region.upper, inward=True)
+            inner = (torch.tensor(lo), torch.tensor(hi))
+        except EmptyFloat32BoxError:  # no float32 point in the box: no candidate is a counterexample
+            inner = None
+        return input_split_bab(graph, box, problem, opts, clock.expired, method, inner)
     if state is None:
         with torch.no_grad():
             _, state = crown(

@@ -114,7 +114,7 @@ def _run(
         return expire_after is not None and calls[0] >= expire_after
 
     opts = BabOptions(batch_size=batch, max_domains=max_domains, iteration=3, lr_alpha=0.1)
-    result = input_split_bab(graph, _box(dim), problem, opts, expired, method)
+    result = input_split_bab(graph, _box(dim), problem, opts, expired, method, _box(dim))
     assert calls[0] == result.rounds  # expired() is asked exactly once per round
     return result
 

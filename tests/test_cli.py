@@ -185,6 +185,20 @@ def test_killed_rank_ends_run_with_error(tmp_path):
         assert not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text()
 
 
+def test_sighup_ends_the_run_like_ctrl_c(tmp_path):
+    """SIGHUP (a closed terminal) and SIGTERM end a run as Ctrl-C does: ranks stopped, one line, exit
+    128 + the signal, no traceback (the α,β-CROWN path: ``test_abcrown_plugin_hostile.py``)."""
+    proc, ranks = _start_long_two_rank_run(tmp_path / "out.txt", subprocess.PIPE)
+    time.sleep(2)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGHUP and "Traceback" not in err, err[-3000:]
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted"]
+    time.sleep(0.5)
+    assert not [r for r in ranks if Path(f"/proc/{r}").exists() and "zombie" not in
+                Path(f"/proc/{r}/status").read_text()]  # fmt: skip
+
+
 def test_killed_launcher_takes_its_ranks_along(tmp_path):
     """SIGKILL of the launching process (no cleanup runs there) must not leave ranks running."""
     proc, ranks = _start_long_two_rank_run(tmp_path / "out.txt", subprocess.DEVNULL)

@@ -129,6 +129,47 @@ def _gemm_inits(n_in: int = 4, n_out: int = 3) -> list:
     ]
 
 
+def _vector_model(path: Path, batch: bool) -> Path:
+    """``y = W1 @ relu(W0 @ x + b0) + b1`` on a 1-D input ``x`` (the ACAS Xu nets' form), or on a batched
+    one (``batch``: there ``W @ x`` would mix the batch into the product)."""
+    rng = np.random.default_rng(3)
+    dims = ["batch", 5] if batch else [5]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3] if batch else [3])
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(8, 5)).astype(np.float32), "W0"),
+        numpy_helper.from_array(rng.normal(size=(8,)).astype(np.float32), "b0"),
+        numpy_helper.from_array(rng.normal(size=(3, 8)).astype(np.float32), "W1"),
+        numpy_helper.from_array(rng.normal(size=(3,)).astype(np.float32), "b1"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["W0", "x"], ["m0"], name="M0"),
+        helper.make_node("Add", ["m0", "b0"], ["h0"]),
+        helper.make_node("Relu", ["h0"], ["r0"]),
+        helper.make_node("MatMul", ["W1", "r0"], ["m1"], name="M1"),
+        helper.make_node("Add", ["m1", "b1"], ["y"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 13)]
+    )
+    onnx.save(model, str(path))
+    return path
+
+
+def test_weight_times_vector_matches_onnxruntime(tmp_path: Path) -> None:
+    """``W @ x`` with a constant W on a 1-D model input is one Linear layer (VNN-COMP's ACAS Xu nets)."""
+    path = _vector_model(tmp_path / "wx.onnx", batch=False)
+    graph = load_model(path)
+    x = random_inputs(graph.input_shape, 6, seed=1)
+    np.testing.assert_allclose(graph_outputs(graph, x), onnxruntime_outputs(path, x), rtol=1e-5, atol=1e-5)
+    assert [type(n.op).__name__ for n in graph.nodes] == ["Input", "Linear", "Relu", "Linear"]
+
+
+def test_weight_times_batched_input_names_node(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="'M0' \\(MatMul\\): only x @ W, or W @ x on a 1-D model input"):
+        load_model(_vector_model(tmp_path / "wxb.onnx", batch=True))
+
+
 def test_unsupported_op_names_op_and_node(tmp_path: Path) -> None:
     path = _write_model(
         tmp_path / "sigmoid.onnx",

@@ -237,10 +237,12 @@ def _bound_children(
     lo: Tensor,
     hi: Tensor,
     parent_margins: Tensor,
-    box0: tuple[Tensor, Tensor],
+    inner: tuple[Tensor, Tensor] | None,
 ) -> tuple[Domains, np.ndarray | None, int]:
     """Bound every rank's children together; return this rank's unverified children, the first
-    counterexample among its children (or None) and the number of its children."""
+    counterexample among its children (or None) and the number of its children. Candidates are
+    clamped into ``inner``, the float32 points of the real box (none when it holds no float32 point):
+    the outward-rounded box that is bounded may stick out of the real one by half an ulp."""
     n = lo.shape[1]
     sizes = [int(s) for s in comm.all_gather_cat(torch.tensor([lo.shape[0]], dtype=torch.int64), 0).tolist()]
     me = comm.rank()
@@ -255,8 +257,8 @@ def _bound_children(
     coef = input_coefficients(graph, state, lo_all, hi_all, problem.C[rows])
     open_ = (margins <= 0).any(1).nonzero().flatten()  # unverified children, global indices
     cex = None
-    if len(open_) > 0:
-        lo0, hi0 = box0
+    if len(open_) > 0 and inner is not None:
+        lo0, hi0 = inner
         centre = (lo_all[open_] + hi_all[open_]) / 2
         vertex = torch.where(coef[open_] > 0, lo_all[open_], hi_all[open_])  # minimises a·x on the box
         cand = torch.cat([centre, vertex]).clamp(min=lo0, max=hi0)
@@ -286,9 +288,16 @@ class InputSplitSearch:
     parents are bisected per rank per round."""
 
     def __init__(
-        self, graph: Graph, box0: tuple[Tensor, Tensor], problem: Clauses, opts: BabOptions, method: str
+        self,
+        graph: Graph,
+        box0: tuple[Tensor, Tensor],
+        problem: Clauses,
+        opts: BabOptions,
+        method: str,
+        inner: tuple[Tensor, Tensor] | None,
     ):
         self.graph, self.box0, self.problem, self.opts, self.method = graph, box0, problem, opts, method
+        self.inner = inner
         self.n = box0[0].numel()
         self.queue = Domains.empty(self.n, problem.n_clauses)
         self.per_round = opts.batch_size
@@ -304,7 +313,7 @@ class InputSplitSearch:
 
     def _bound(self, lo: Tensor, hi: Tensor, parent: Tensor) -> tuple[int, np.ndarray | None]:
         kept, cex, k = _bound_children(
-            self.graph, self.problem, self.method, self.opts, lo, hi, parent, self.box0
+            self.graph, self.problem, self.method, self.opts, lo, hi, parent, self.inner
         )
         self.queue = Domains.cat([self.queue, kept])
         return k, cex
@@ -340,9 +349,12 @@ def input_split_bab(
     problem: Clauses,
     opts: BabOptions,
     expired: Callable[[], bool],
-    method: str = "crown",
+    method: str,
+    inner: tuple[Tensor, Tensor] | None,
 ) -> BabResult:
-    """Input-split BaB over ``box`` (``(lo, hi)``, one box of ``numel == prod(input_shape)``).
+    """Input-split BaB over ``box`` (``(lo, hi)``, one box of ``numel == prod(input_shape)``, rounded
+    outward); counterexample candidates are taken in ``inner`` (the box rounded inward; None when it
+    holds no float32 point: then none is a counterexample).
 
     Every rank must call it with the same arguments (lockstep); each returns the same
     :class:`BabResult` (see :func:`bab.search.run_search`). ``expired`` is called exactly once per round
@@ -350,5 +362,7 @@ def input_split_bab(
     """
     if method not in METHODS:
         raise ValueError(f"unknown bound method {method!r} for input split; expected one of {METHODS}")
-    box0 = _flat_box(box, math.prod(graph.input_shape))
-    return run_search(InputSplitSearch(graph, box0, problem, opts, method), opts, expired)
+    n = math.prod(graph.input_shape)
+    box0 = _flat_box(box, n)
+    inner0 = None if inner is None else _flat_box(inner, n)
+    return run_search(InputSplitSearch(graph, box0, problem, opts, method, inner0), opts, expired)
