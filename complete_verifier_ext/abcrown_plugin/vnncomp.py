@@ -12,6 +12,7 @@ The sharding comes from the ``parallel`` section of our category config (``--our
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -20,8 +21,8 @@ from ..errors import end_cleanly_on_signals
 
 USAGE = "vnncomp CATEGORY ONNX VNNLIB RESULTS TIMEOUT [--ours CONFIG] [abcrown flags...]"
 
-# VNN-COMP category -> α,β-CROWN config under complete_verifier/exp_configs (its vnncomp_main.py's
-# choices for these benchmarks); a callable picks by the ONNX file name.
+# The fallback table (VNN-COMP 2021/2022 names, which α,β-CROWN's current ``vnncomp_main.py`` no longer
+# lists): category -> config under complete_verifier/exp_configs; a callable picks by the ONNX file name.
 CONFIGS = {
     "acasxu": "vnncomp21/acasxu.yaml",
     "cifar2020": "vnncomp22/cifar2020_2_255.yaml",
@@ -34,19 +35,58 @@ CONFIGS = {
     "tllverifybench": "vnncomp22/tllVerifyBench.yaml",
     "vggnet16_2022": "vnncomp22/vggnet16.yaml",
 }
-ALIASES = {"mnistfc": "mnist_fc", "acasxu_2023": "acasxu", "collins-rul-cnn": "collins_rul_cnn"}
+ALIASES = {"mnistfc": "mnist_fc", "collins-rul-cnn": "collins_rul_cnn"}
+
+# ``elif args.CATEGORY == "NAME":`` followed by ``cmd += "exp_configs/REL"`` in vnncomp_main.py
+_CHOICE = re.compile(r'args\.CATEGORY\s*==\s*"([^"]+)"\s*:\s*\n\s*cmd\s*\+=\s*"exp_configs/([^"]+)"')
+_YEAR = re.compile(r"_20\d\d$")
+# vnncomp_main.py's own special cases: VNN-COMP's test instances, whatever the category
+TEST_SPECS = {f"test_{size}.vnnlib" for size in ("nano", "tiny", "small")}
 
 
-def abcrown_config(checkout_root: Path, category: str, onnx: str) -> Path:
+def checkout_choices(complete_verifier: Path) -> dict[str, str]:
+    """Category -> config (relative to exp_configs) as the checkout's own ``vnncomp_main.py`` maps
+    them, so that a newer α,β-CROWN brings its own categories; empty when the file is not there."""
+    main = complete_verifier / "vnncomp_main.py"
+    return dict(_CHOICE.findall(main.read_text(errors="replace"))) if main.is_file() else {}
+
+
+def _pick(table: dict, name: str, onnx: str) -> str | None:
+    choice = table.get(name)
+    return choice(onnx) if callable(choice) else choice
+
+
+def config_choice(choices: dict[str, str], category: str, onnx: str, vnnlib: str) -> str | None:
+    """The config (relative to exp_configs) for ``category``: VNN-COMP's test specs first, as
+    vnncomp_main.py does; then the checkout's mapping, then the fallback table, each by the exact
+    name, then with a year suffix (``_2023``) dropped or added as the other side spells it."""
+    if Path(vnnlib).name in TEST_SPECS:
+        return "vnncomp21/test.yaml"
+    if "test_prop" in vnnlib:
+        return "vnncomp21/acasxu.yaml"
+    name = ALIASES.get(category, category)
+    for table in (choices, CONFIGS):
+        found = _pick(table, name, onnx)
+        if found:
+            return found
+    bare = _YEAR.sub("", name)
+    for table in (choices, CONFIGS):
+        for key in table:
+            if _YEAR.sub("", ALIASES.get(key, key)) == bare:
+                return _pick(table, key, onnx)
+    return None
+
+
+def abcrown_config(checkout_root: Path, category: str, onnx: str, vnnlib: str = "") -> Path:
     from .locate import PluginError
 
-    key = ALIASES.get(category, category)
-    choice = CONFIGS.get(key)
-    if choice is None:
-        known = ", ".join(sorted(CONFIGS))
+    cv = checkout_root / "complete_verifier"
+    choices = checkout_choices(cv)
+    rel = config_choice(choices, category, onnx, vnnlib)
+    if rel is None:
+        known = ", ".join(sorted({*choices, *CONFIGS}))
         raise PluginError(f"no alpha-beta-CROWN config known for category {category!r} (known: {known})")
-    rel = choice(onnx) if callable(choice) else choice
-    path = checkout_root / "complete_verifier" / "exp_configs" / rel
+    path = cv / "exp_configs" / rel
     if not path.is_file():
         raise PluginError(f"{path}: not found in the alpha-beta-CROWN checkout")
     return path
@@ -69,7 +109,7 @@ def command(category: str, onnx: str, vnnlib: str, results: str, timeout: str, o
 
     args = [
         "--config",
-        str(abcrown_config(locate.find().complete_verifier.parent, category, onnx)),
+        str(abcrown_config(locate.find().complete_verifier.parent, category, onnx, vnnlib)),
         "--general.engine",
         "abcrown",
         "--onnx_path",
