@@ -440,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             (cfg, instances, not args.quiet, partial, started, args.quiet),
             backend=_backend(cfg),
             exact_memory=cfg.parallel.exact_memory,
+            timeout_s=cfg.parallel.collective_timeout,
         )
         if not writer:  # torchrun: every rank got the result, rank 0 alone reports
             return 0

@@ -432,6 +432,10 @@ class ParallelConfig:
         threads: torch threads per rank; 0 (the default) divides the cores available to the process
             (its CPU affinity) less one among the ranks on the host, at least 1 each (2 threads on 2
             cores are no faster alone and several times slower beside another busy process).
+        collective_timeout: seconds a collective waits for a rank before the run ends with one line
+            naming the rank that stopped responding (stopped, swapped out, deadlocked).  A rank that
+            dies is noticed within a second whatever this says.  Raise it where one rank may
+            legitimately run far ahead of the others (a very slow shared machine).
     """
 
     mode: str = _opt("none", choices=("none", "fsdp", "tp"))
@@ -440,6 +444,7 @@ class ParallelConfig:
     exact_memory: bool = _opt(False)
     bab_weights: str = _opt("auto", choices=("auto", "replicated", "sharded"))
     threads: int = _opt(0, minimum=0)
+    collective_timeout: float = _opt(30.0, minimum=1)
 
     @property
     def bab_weights_resolved(self) -> str:

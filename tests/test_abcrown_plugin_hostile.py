@@ -212,8 +212,9 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path):
 
 
 def test_a_stopped_rank_ends_the_run_with_one_line(tmp_path):
-    """SIGSTOP on rank 1: rank 0's next collective times out (30 s); one line naming rank 1."""
-    proc = _start(tmp_path)
+    """SIGSTOP on rank 1: rank 0's next collective times out (``parallel.collective_timeout``); one
+    line naming rank 1."""
+    proc = _start(tmp_path, "--parallel.collective_timeout", "10")
     try:
         ranks = _ranks_busy(proc, tmp_path)
         os.kill(ranks[1], signal.SIGSTOP)

@@ -76,14 +76,6 @@ def unsupported(all_args: dict) -> list[str]:
     return found
 
 
-def weights_sharded() -> bool:
-    """Whether BaB keeps the weights sharded (``tp`` always; ``fsdp`` with ``bab_weights: sharded``)."""
-    import arguments
-
-    par = arguments.Config["parallel"]
-    return par["mode"] == "tp" or par["bab_weights"] == "sharded"
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Moving domains between the ranks' lists
 # ----------------------------------------------------------------------------------------------------------
@@ -207,8 +199,9 @@ def _worst(candidates: list) -> torch.Tensor:
     return min(held, key=margin)
 
 
-def wrap_act_split_round(split_domain, check_worst_domain):
-    """``split_domain``, ``check_worst_domain``: α,β-CROWN's own (``bab`` module)."""
+def wrap_act_split_round(split_domain, check_worst_domain, weights_sharded: bool):
+    """``split_domain``, ``check_worst_domain``: α,β-CROWN's own (``bab`` module); ``weights_sharded``:
+    whether BaB keeps the weights sharded (``parallel.bab_weights`` resolved: ``tp`` always)."""
 
     def act_split_round(domains, net, batch, iter_idx, stats=None, branching_heuristic=None):
         global _picked_total
@@ -229,7 +222,7 @@ def wrap_act_split_round(split_domain, check_worst_domain):
             counts = rebalance(domains, counts)
         picks = [min(share, n) for n in counts]
         visited = stats.visited
-        fetch = serve.serving() if weights_sharded() else contextlib.nullcontext()
+        fetch = serve.serving() if weights_sharded else contextlib.nullcontext()
         with patches.local_clock(), fetch:
             if picks[me] > 0:
                 stats.timer.start("pickout")
@@ -287,22 +280,15 @@ def wrap_get_split_depth(orig):
     return get_split_depth
 
 
-def wrap_general_bab(orig):
+def wrap_general_bab(orig, weights_sharded: bool):
+    """``general_bab`` with the weights replicated for the search (unless ``weights_sharded``) and the
+    rows of each bound not dealt (the domains are)."""
+
     def general_bab(net, x, c, rhs, reference_dict=None, timeout=None, max_iterations=None):
         from . import fsdp, rows
 
-        whole = contextlib.nullcontext() if weights_sharded() else fsdp.replicated()
+        whole = contextlib.nullcontext() if weights_sharded else fsdp.replicated()
         with whole, rows.inactive():
             return orig(net, x, c, rhs, reference_dict, timeout, max_iterations)
 
     return general_bab
-
-
-def install(p) -> None:
-    import bab as abcrown_bab
-
-    round_ = wrap_act_split_round(abcrown_bab.split_domain, abcrown_bab.check_worst_domain)
-    p.set(abcrown_bab, "act_split_round", round_)
-    p.wrap("bab.get_split_depth", wrap_get_split_depth)
-    p.wrap("branching_domains.BatchedDomainList.__len__", wrap_len)
-    p.wrap("complete_verifier_func.general_bab", wrap_general_bab)

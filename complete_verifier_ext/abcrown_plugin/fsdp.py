@@ -382,14 +382,11 @@ WRAPPED = {
 }
 
 
-def install(p, tp: bool = False) -> None:
-    """The FSDP op wrappers (``tp``: :mod:`.tp` installs its own) and the sharding after every
-    ``LiRPANet`` build."""
-    if not tp:
-        for dotted, make in WRAPPED.items():
-            p.wrap(dotted, make)
+def wrap_lirpanet_init(tp: bool):
+    """``LiRPANet.__init__`` that builds on the whole model, then shards the new net's weights (and the
+    model's, on its first build): :func:`shard_net`."""
 
-    def lirpanet_init(orig):
+    def wrap(orig):
         def __init__(self, model_ori, in_size, c=None, device=None):
             if model_ori not in _MODEL_SHARDS:
                 share_copies(model_ori)
@@ -402,7 +399,7 @@ def install(p, tp: bool = False) -> None:
 
         return __init__
 
-    p.wrap("beta_CROWN_solver.LiRPANet.__init__", lirpanet_init)
+    return wrap
 
 
 def live_full_weights() -> list[tuple[int, ...]]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gzip
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -132,24 +131,3 @@ def checked_load_model_onnx(orig: Callable) -> Callable:
         return model, shape
 
     return load_model_onnx
-
-
-# the modules that hold their own reference to each loader (``from m import f``)
-READ_VNNLIB_IN = ("read_vnnlib", "loading", "abcrown")
-LOAD_MODEL_ONNX_IN = ("load_model", "loading", "api", "custom.custom_model_loader")
-
-
-def install(p: Any, read_vnnlib: Callable) -> None:
-    """Set the checked loaders in every imported module that refers to them. ``read_vnnlib``: the
-    spec reader to check (α,β-CROWN's, or the spec cache's wrapper of it)."""
-    import importlib
-
-    checked = checked_read_vnnlib(read_vnnlib)
-    for name in READ_VNNLIB_IN:
-        p.set(importlib.import_module(name), "read_vnnlib", checked)
-    orig = importlib.import_module("load_model").load_model_onnx
-    checked_onnx = checked_load_model_onnx(orig)
-    for name in LOAD_MODEL_ONNX_IN:
-        mod = sys.modules.get(name)
-        if mod is not None and getattr(mod, "load_model_onnx", None) is orig:
-            p.set(mod, "load_model_onnx", checked_onnx)

@@ -1,19 +1,18 @@
-"""What is patched into α,β-CROWN and auto_LiRPA at runtime, and how it is undone.
+"""The machinery of patching α,β-CROWN and auto_LiRPA, and the patches that belong to no sharding
+concern; *what* is patched, when and in which order is :mod:`.table`, one row per attribute.
 
-Every patch sets a class or module attribute (never a subclass: upstream checks ``type(x) ==
-BoundLinear``) and :func:`install` checks the signature of every callable it wraps *before* setting
-any of them, so an unknown upstream is refused with one line instead of half-patched.
-:func:`uninstall` puts every original back.
-
-* **probe** (always): records what α,β-CROWN computed (the initial CROWN bounds, the α-CROWN bounds,
-  each instance's verdict and time) for our ``--summary``.
-* **spec cache** (always): α,β-CROWN caches a parsed VNN-LIB file as ``<spec>.compiled`` beside the
-  spec; each rank reads a copy in its own cache folder instead (inputs may be read-only, and P ranks
-  would race on one file).
-* **clock** (P > 1): ``time`` in α-CROWN's optimiser and in BaB is the all-reduced maximum of the
-  ranks' clocks, so every time-limit decision is the same on every rank.
-* **fsdp** (``parallel.mode: fsdp``): :mod:`.fsdp`, weights kept as 1/P row shards.
-* **rows** (P > 1): :mod:`.rows`, the unstable neurons of each bounded layer dealt over the ranks.
+* :class:`Patcher` sets attributes and remembers the originals; ``undo`` puts them back. Every patch
+  sets a class or module attribute (never a subclass: upstream checks ``type(x) == BoundLinear``).
+  ``SIGNATURES`` holds the parameter names of every upstream callable the plugin wraps or calls,
+  checked before anything is set, so that an unknown upstream is refused with one line instead of
+  being half-patched.
+* the **probe**: records what α,β-CROWN computed (the initial CROWN bounds, the α-CROWN bounds, each
+  instance's verdict, time and BaB domains) for our ``--summary``, and the phases' memory peaks;
+* the **spec cache**: α,β-CROWN caches a parsed VNN-LIB file as ``<spec>.compiled`` beside the spec;
+  each rank reads a copy in its own cache folder instead (inputs may be read-only, and P ranks would
+  race on one file);
+* the **clocks**: the first instance's clock starts at the verifier's start; at P > 1, ``time`` in the
+  modules whose clock feeds a time limit is the all-reduced maximum of the ranks' clocks.
 """
 
 from __future__ import annotations
@@ -222,7 +221,9 @@ def check_signature(dotted: str) -> None:
 
 @dataclass
 class Patcher:
-    """Sets attributes and remembers the originals, so that :meth:`undo` restores them all."""
+    """Sets attributes and remembers the originals, so that :meth:`undo` restores them all: an
+    attribute that the owner only inherited (a class whose base defines the method) is deleted again,
+    not left behind as a copy."""
 
     saved: list[tuple[Any, str, Any]] = field(default_factory=list)
 
@@ -236,13 +237,20 @@ class Patcher:
         self.set(owner, name, make(orig))
 
     def set(self, owner: Any, name: str, value: Any) -> None:
-        self.saved.append((owner, name, inspect.getattr_static(owner, name)))
+        own = vars(owner).get(name, _INHERITED) if hasattr(owner, "__dict__") else getattr(owner, name)
+        self.saved.append((owner, name, own))
         setattr(owner, name, value)
 
     def undo(self) -> None:
         while self.saved:
             owner, name, value = self.saved.pop()
-            setattr(owner, name, value)
+            if value is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_INHERITED = object()  # Patcher: the owner did not hold the attribute itself
 
 
 @dataclass
@@ -305,7 +313,7 @@ Wrapper = Callable[[Callable], Callable]
 """What :meth:`Patcher.wrap` takes: the original callable -> its replacement."""
 
 
-def _probe_summarize(probe: Probe) -> Wrapper:
+def probe_summarize(probe: Probe) -> Wrapper:
     """``Logger.summarize_results``: closes the probe's record of the instance with its verdict."""
 
     def summarize(orig):
@@ -318,7 +326,7 @@ def _probe_summarize(probe: Probe) -> Wrapper:
     return summarize
 
 
-def _probe_init_alpha(probe: Probe) -> Wrapper:
+def probe_init_alpha(probe: Probe) -> Wrapper:
     """``BoundedModule.init_alpha``: records the initial CROWN bounds it returns."""
 
     def init_alpha(orig):
@@ -334,7 +342,7 @@ def _probe_init_alpha(probe: Probe) -> Wrapper:
     return init_alpha
 
 
-def _probe_optimized(probe: Probe) -> Wrapper:
+def probe_optimized(probe: Probe) -> Wrapper:
     """``BoundedModule._get_optimized_bounds``: notes that α-CROWN ran and how many α it holds."""
 
     def optimized(orig):
@@ -350,7 +358,7 @@ def _probe_optimized(probe: Probe) -> Wrapper:
     return optimized
 
 
-def _probe_build(probe: Probe) -> Wrapper:
+def probe_build(probe: Probe) -> Wrapper:
     """``LiRPANet.build``: the ``bounds`` phase; records its CROWN or α-CROWN bounds of the output."""
 
     def build(orig):
@@ -375,7 +383,7 @@ def _probe_build(probe: Probe) -> Wrapper:
     return build
 
 
-def _probe_general_bab(probe: Probe) -> Wrapper:
+def probe_general_bab(probe: Probe) -> Wrapper:
     """``general_bab``: the ``bab`` phase, its time and domains; a "safe" it did not prove is unknown."""
 
     def general_bab(orig):
@@ -398,21 +406,9 @@ def _probe_general_bab(probe: Probe) -> Wrapper:
     return general_bab
 
 
-def install_probe(p: Patcher, probe: Probe) -> None:
-    """Wrap α,β-CROWN and auto_LiRPA so that ``probe`` records what they compute (see :class:`Probe`)."""
-    p.wrap("utils.Logger.summarize_results", _probe_summarize(probe))
-    p.wrap("complete_verifier_func.general_bab", _probe_general_bab(probe))
-    p.wrap("auto_LiRPA.BoundedModule.init_alpha", _probe_init_alpha(probe))
-    p.wrap("auto_LiRPA.BoundedModule._get_optimized_bounds", _probe_optimized(probe))
-    p.wrap("beta_CROWN_solver.LiRPANet.build", _probe_build(probe))
-
-
-def spec_cache_reader(cache_dir: str) -> Callable:
-    """α,β-CROWN's ``read_vnnlib`` reading a copy of the spec in ``cache_dir`` (named by its content),
-    where its ``.compiled`` cache then lives too; :func:`.inputs.install` sets it."""
-    import read_vnnlib as rv
-
-    orig = rv.read_vnnlib
+def cached_read_vnnlib(orig: Callable, cache_dir: str) -> Callable:
+    """α,β-CROWN's ``read_vnnlib`` (``orig``) reading a copy of the spec in ``cache_dir`` (named by its
+    content), where its ``.compiled`` cache then lives too."""
 
     def read_vnnlib(vnnlib_filename, regression=False):
         data = Path(vnnlib_filename).read_bytes()
@@ -431,41 +427,42 @@ class OutOfTime(Exception):
     """A single instance's time ran out before its verification started (start-up took it all)."""
 
 
-def install_start(p: Patcher, started_wall: float) -> None:
+class FirstInstanceClock:
     """The first instance's clock (``Logger.start_time``, from which α,β-CROWN measures its timeout)
-    starts at ``started_wall``, the verifier's start, so that start-up (imports, spawning the ranks)
+    starts at ``started_wall``, the verifier's start, so that start-up (imports, starting the ranks)
     counts against the timeout as in a VNN-COMP harness; later instances start when they start. A
     single instance whose time is gone once its timeout is known (``Logger.update_timeout``, after
     loading) is reported ``timeout`` at once (:class:`OutOfTime` ends ``ABCROWN.main``), not after
     the incomplete phase and a BaB round that α,β-CROWN would still run."""
-    import importlib
 
-    utils = importlib.import_module("utils")
-    first = [True]
-    check = [False]
+    def __init__(self, started_wall: float) -> None:
+        self.started_wall = started_wall
+        self.first = True
+        self.check = False
 
-    def wrap_start(orig):
-        def record_start_time(self):
-            orig(self)  # the same calls (and clock collectives) on every rank
-            if first[0]:
-                first[0], check[0] = False, True
-                self.start_time = min(self.start_time, started_wall)
+    def wrap_start(self, orig: Callable) -> Callable:
+        def record_start_time(logger):
+            orig(logger)  # the same calls (and clock collectives) on every rank
+            if self.first:
+                self.first, self.check = False, True
+                logger.start_time = min(logger.start_time, self.started_wall)
 
         return record_start_time
 
-    def wrap_timeout(orig):
-        def update_timeout(self, timeout):
-            orig(self, timeout)
-            if check[0] and self.run_mode == "single_vnnlib":
-                check[0] = False
-                if utils.time.time() - self.start_time >= float(timeout):  # the synced clock at P > 1
-                    self.summarize_results("unknown (the time ran out before verification started)", 0)
+    def wrap_timeout(self, orig: Callable) -> Callable:
+        import importlib
+
+        utils = importlib.import_module("utils")
+
+        def update_timeout(logger, timeout):
+            orig(logger, timeout)
+            if self.check and logger.run_mode == "single_vnnlib":
+                self.check = False
+                if utils.time.time() - logger.start_time >= float(timeout):  # the synced clock at P > 1
+                    logger.summarize_results("unknown (the time ran out before verification started)", 0)
                     raise OutOfTime
 
         return update_timeout
-
-    p.wrap("utils.Logger.record_start_time", wrap_start)
-    p.wrap("utils.Logger.update_timeout", wrap_timeout)
 
 
 class SyncedTime(types.ModuleType):
@@ -508,12 +505,8 @@ def local_clock():
 CLOCK_MODULES = ("abcrown", "utils", "complete_verifier_func", "bab", "auto_LiRPA.optimized_bounds")
 
 
-def install_clock(p: Patcher) -> None:
-    import importlib
-
-    clock = SyncedTime()
-    for name in CLOCK_MODULES:
-        mod = importlib.import_module(name)
-        if getattr(mod, "time", None) is not _time:
-            raise PluginError(f"{name}.time is not the time module: not the supported release")
-        p.set(mod, "time", clock)
+def synced_time(orig: Any) -> SyncedTime:
+    """The replacement of a module's ``time`` (``orig``: it must be the time module itself)."""
+    if orig is not _time:
+        raise PluginError(f"{orig!r} is not the time module: not the supported release")
+    return SyncedTime()

@@ -339,18 +339,11 @@ def _synced(cls):
     return Synced
 
 
-def install(p) -> None:
-    import sys
-
-    import auto_LiRPA.optimized_bounds as ob
-
-    p.wrap("auto_LiRPA.BoundedModule.batched_backward", wrap_batched_backward)
-    p.wrap("auto_LiRPA.BoundedModule._compute_bounds_main", wrap_compute_bounds_main)
-    p.wrap("auto_LiRPA.operators.BoundRelu.init_opt_parameters", wrap_init_opt_parameters)
-    p.wrap("auto_LiRPA.operators.BoundRelu.select_alpha_by_idx", wrap_select_alpha_by_idx)
+def synced_optim(orig: types.ModuleType) -> types.ModuleType:
+    """The ``optim`` that auto_LiRPA's ``optimized_bounds`` sees: ``torch.optim`` (``orig``) with Adam and
+    SGD summing every gradient over the ranks before their step."""
     optim = types.ModuleType("optim")
-    optim.__dict__.update(torch.optim.__dict__)
-    optim.Adam = _synced(torch.optim.Adam)  # type: ignore[attr-defined]
-    optim.SGD = _synced(torch.optim.SGD)  # type: ignore[attr-defined]
-    p.set(ob, "optim", optim)
-    p.set(sys.modules[__name__], "_active", True)
+    optim.__dict__.update(orig.__dict__)
+    optim.Adam = _synced(orig.Adam)  # type: ignore[attr-defined]
+    optim.SGD = _synced(orig.SGD)  # type: ignore[attr-defined]
+    return optim

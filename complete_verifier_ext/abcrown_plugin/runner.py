@@ -174,28 +174,6 @@ def _redirect_to_log(stack: contextlib.ExitStack, log: IO[str] | None, rank: int
             stack.enter_context(contextlib.redirect_stderr(log))
 
 
-def _install_patches(
-    p: Any, probe: Any, par: ParallelConfig, rank: int, world: int, started_wall: float
-) -> None:
-    """Every patch this rank runs α,β-CROWN with (see ``patches``'s docstring), recorded in ``p``."""
-    from ..spec import cache_root
-    from . import bab_split, fsdp, inputs, patches, rows, tp
-
-    inputs.install(p, patches.spec_cache_reader(str(cache_root() / "abcrown_specs" / f"rank{rank}")))
-    patches.install_start(p, started_wall)
-    if world > 1:
-        patches.install_clock(p)
-        rows.install(p)
-        bab_split.install(p)
-    if par.mode in ("fsdp", "tp") and world > 1:
-        fsdp.install(p, tp=par.mode == "tp")
-        if par.mode == "tp":
-            tp.install(p)
-    # last, so that its general_bab is the outermost: the BaB phase's peak includes the weights that
-    # bab_weights: replicated gathers for the search
-    patches.install_probe(p, probe)
-
-
 def _phase_hook(phases: Phases, full_live: list[list[str]] | None) -> Callable[[str, bool], None]:
     """``Probe.on_phase``: starts or ends the phase's peak; with ``full_live`` (the audit of sharded
     weights), first appends the full-size weights alive at each boundary of ``bounds``."""
@@ -250,7 +228,8 @@ def _rank_main(
 
     from ..parallel import comm, launch
     from ..parallel.memory import PeakMemory
-    from . import patches
+    from ..spec import cache_root
+    from . import patches, table
 
     rank, world = comm.rank(), comm.world_size()
     launch.set_threads(par.threads, world)
@@ -265,11 +244,10 @@ def _rank_main(
             quiet_ctx.enter_context(warnings_to_stdout())
             arguments = _import_abcrown(checkout)
             _log_to_stdout()
-            for dotted in patches.SIGNATURES:  # all checked before any is set: never half-patched
-                patches.check_signature(dotted)
             import abcrown
 
-            _install_patches(p, probe, par, rank, world, started_wall)
+            cache = str(cache_root() / "abcrown_specs" / f"rank{rank}")
+            table.install(p, table.Setup(par, world, probe, cache, started_wall))  # every patch: table.py
             phases = Phases(PeakMemory(comm.device()))
             audit = os.environ.get(AUDIT_ENV) == "1"
             full_live: list[list[str]] = []
@@ -430,6 +408,7 @@ def main(
                 (checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall),
                 backend=backend,
                 exact_memory=par.exact_memory,
+                timeout_s=par.collective_timeout,
                 fork=fork,
             )
             if writer:

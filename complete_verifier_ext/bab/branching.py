@@ -16,7 +16,6 @@ Every domain's choice depends on that domain alone, so it is the same at any P.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -27,9 +26,7 @@ from ..bounds.ops import Relu
 from ..bounds.walk import Bounds
 from ..spec import Clauses
 from .common import BabOptions
-
-if TYPE_CHECKING:
-    from .relu_split import BetaCrown
+from .domain import BetaCrown
 
 Branch = tuple[int, int]  # (pre-activation node, flat neuron index)
 

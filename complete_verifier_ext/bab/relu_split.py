@@ -22,121 +22,22 @@ precision: they are only a warm start, every bound is recomputed in float32.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..attack import sign_step
-from ..bounds.beta import optimise_alpha_beta, split_bound
-from ..bounds.crown import CrownState, ancestors_relus, pre_activation_nodes, spec_matrix
+from ..bounds.crown import CrownState
 from ..bounds.graph import Graph
 from ..bounds.ops import Relu
-from ..bounds.walk import Bounds, Box
+from ..bounds.walk import Box
 from ..parallel import comm
 from ..spec import Clauses, EmptyFloat32BoxError, float32_box
 from .branching import babsr, babsr_scores, fsb
 from .common import BabOptions, BabResult, spread_positions
+from .domain import MAX_RETRIES, BetaCrown, Domain
 from .search import run_search
-
-
-@dataclass
-class Domain:
-    worst: float  # min over clauses of the margin lower bound: the priority (lowest first)
-    bounds: dict[int, tuple[Tensor, Tensor]]  # pre-activation node -> (lo, hi), each (1, *shape) float32
-    splits: dict[int, Tensor]  # pre-activation node -> (1, *shape) int8: +1 active, -1 inactive, 0 free
-    alpha: dict[int, Tensor]  # ReLU node -> (S, 1, *shape), BabOptions.store_dtype
-    beta: dict[int, Tensor]  # pre-activation node -> (S, 1, *shape), BabOptions.store_dtype
-    branch: tuple[int, int] | None  # (pre-activation node, flat neuron) to split next
-    depth: int = 0
-    retries: int = 0  # times it came back unverified with nothing left to split
-
-
-MAX_RETRIES = 4  # a fully split domain is re-bounded (β keeps optimising) this often before giving up
-
-
-class BetaCrown:
-    """Batched β-CROWN bounding of domains (rows are not split: the domain axis is)."""
-
-    def __init__(self, graph: Graph, box: Box, problem: Clauses, opts: BabOptions):
-        self.graph, self.problem, self.opts = graph, problem, opts
-        self.box = box  # (1, *in)
-        self.out = len(graph.nodes) - 1
-        self.pre = pre_activation_nodes(graph)
-        self.relus = ancestors_relus(graph, self.out)
-        self.relu_in = {j: graph.nodes[j].inputs[0] for j in self.relus}
-
-    def bound(self, doms: list[Domain], expired: Callable[[], bool] = lambda: False):
-        """Bound a batch (possibly empty).  Returns lb (B, S), α, β (float32, batched), the A-matrices
-        at every ReLU of the best iteration (for branching), and the worst row's minimiser (B, *in).
-        ``expired`` (collective) is asked before every optimisation step, so that a timeout is
-        honoured within one step, not one round; the bounds so far are sound."""
-        g, B = self.graph, len(doms)
-        S = self.problem.C.shape[0]
-        bounds: Bounds = {}
-        for k in self.pre:
-            shape = g.nodes[k].shape
-            lo = torch.cat([d.bounds[k][0] for d in doms], 0) if B else torch.zeros(0, *shape)
-            hi = torch.cat([d.bounds[k][1] for d in doms], 0) if B else torch.zeros(0, *shape)
-            bounds[k] = (lo, hi)
-        split = {
-            k: (
-                torch.cat([d.splits[k] for d in doms], 0)
-                if B
-                else torch.zeros(0, *g.nodes[k].shape, dtype=torch.int8)
-            )
-            for k in self.pre
-        }
-        alpha = {
-            j: (
-                torch.cat([d.alpha[j] for d in doms], 1).float()
-                if B
-                else torch.zeros(S, 0, *g.nodes[j].shape)
-            ).requires_grad_(True)
-            for j in self.relus
-        }
-        beta = {
-            k: (
-                torch.cat([d.beta[k] for d in doms], 1).float() if B else torch.zeros(S, 0, *g.nodes[k].shape)
-            ).requires_grad_(True)
-            for k in self.pre
-        }
-        box = (self.box[0].expand(B, *self.box[0].shape[1:]), self.box[1].expand(B, *self.box[1].shape[1:]))
-        A = spec_matrix(self.problem.C, B, g.nodes[self.out].shape)
-        best = torch.full((B, S), -torch.inf)
-        best_record: dict[int, Tensor] = {}
-
-        def bound() -> Tensor:
-            nonlocal best, best_record
-            record: dict[int, Tensor] = {}
-            lb = split_bound(g, self.out, A, bounds, box, alpha, split, beta, record)  # (S, B)
-            lbT = lb.detach().T
-            if not best_record or bool((lbT > best).any()):
-                best = torch.maximum(best, lbT)
-                best_record = {k: v.detach() for k, v in record.items()}
-            return lb
-
-        o = self.opts
-        optimise_alpha_beta(alpha, beta, o.lr_alpha, o.lr_beta, o.lr_decay, o.iteration, bound, expired)
-        x = self.minimiser(best_record.get(0), best, box)
-        return (
-            best,
-            {j: a.detach() for j, a in alpha.items()},
-            {k: b.detach() for k, b in beta.items()},
-            best_record,
-            x,
-        )
-
-    def minimiser(self, A0: Tensor | None, lb: Tensor, box: Box) -> Tensor:
-        """The box corner minimising the worst row's linear lower bound: (B, *in)."""
-        lo, hi = box
-        if A0 is None or lb.shape[0] == 0:
-            return lo.clone()
-        margins = self.problem.row_margins(lb)
-        row = margins.argmin(1)  # (B,)
-        a = A0[row, torch.arange(lb.shape[0])]  # (B, *in)
-        return torch.where(a >= 0, lo, hi)
 
 
 class ReluSplitBab:
