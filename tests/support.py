@@ -27,3 +27,29 @@ def relative_error(a: list[float], b: list[float]) -> float:
     """The largest ``|a - b| / |a|`` over two equally long, non-empty lists."""
     assert len(a) == len(b) and a
     return max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def exact_ranges(sizes, seed: int, lower, upper) -> list:
+    """``testing.exact_mlp_ranges`` (every hidden neuron's exact range, by enumerating activation
+    patterns: 20-30 s per net here), stored once in ``tests/data`` under a key of all its arguments:
+    the ground truth of several tests, computed by the same function when the file is missing."""
+    import hashlib
+
+    import numpy as np
+
+    from complete_verifier_ext import testing
+
+    lo, hi = (np.asarray(b, dtype=np.float64).reshape(-1) for b in (lower, upper))
+    key = hashlib.sha256(repr((tuple(sizes), seed, lo.tolist(), hi.tolist())).encode()).hexdigest()[:16]
+    path = DATA / f"exact_ranges_{'x'.join(map(str, sizes))}_seed{seed}_{key}.npz"
+    if path.is_file():
+        with np.load(path) as f:
+            return [(f[f"lo{i}"], f[f"hi{i}"]) for i in range(len(f.files) // 2)]
+    ranges = testing.exact_mlp_ranges(sizes, seed, lo, hi)
+    DATA.mkdir(exist_ok=True)
+    arrays = {f"{side}{i}": r[j] for i, r in enumerate(ranges) for j, side in enumerate(("lo", "hi"))}
+    np.savez(path, **arrays)
+    return ranges

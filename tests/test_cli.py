@@ -127,6 +127,12 @@ def test_instance_list_from_csv(tmp_path):
     [
         (["--solver.alpha-crown.lr_alfa", "0.1"], "lr_alpha"),
         (["--model.onnx_path", "/nonexistent/net.onnx"], "/nonexistent/net.onnx"),
+        (
+            ["--general.results_file", "/nonexistent_dir/out.txt"],
+            "the folder /nonexistent_dir does not exist",
+        ),
+        (["--summary", "/nonexistent_dir/s.json"], "--summary: /nonexistent_dir/s.json"),
+        (["--parallel.world_size", "2.5"], "'parallel.world_size' expects an integer, got 2.5"),
     ],
 )
 def test_user_errors_are_one_line(tmp_path, capsys, args, needle):

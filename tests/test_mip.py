@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from support import exact_ranges
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.bounds import mip
@@ -48,7 +49,7 @@ def test_refined_bounds_are_the_exact_neuron_ranges(seed, threads):
     refined, stats = _refine(graph, box, state, threads=threads)
     pre = pre_activation_nodes(graph)
     assert stats["layers"] == len(pre) - 1
-    exact = testing.exact_mlp_ranges(SIZES, seed, lo, hi)
+    exact = exact_ranges(SIZES, seed, lo, hi)
     tighter = 0
     for i, k in enumerate(pre):
         for j in range(len(exact[i][0])):
