@@ -50,3 +50,16 @@ def check_writable(path: str | os.PathLike | None, key: str) -> None:
             pass
     except OSError as e:
         raise UserError(f"{key}: {path}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def bab_record(
+    domains: int, rounds: int | None = None, max_queue: list[int] | None = None, time_s: float | None = None
+) -> dict:
+    """The ``bab`` object of a ``--summary``, the same keys on both engines (null where an engine does
+    not know the number): domains bounded (all ranks), rounds, the largest queue per rank, BaB time."""
+    return {
+        "domains": int(domains),
+        "rounds": rounds,
+        "max_queue": max_queue,
+        "time_s": None if time_s is None else round(time_s, 3),
+    }

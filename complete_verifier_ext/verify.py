@@ -35,6 +35,7 @@ from .model.onnx_loader import load_model
 from .parallel import comm
 from .parallel.memory import PeakMemory, available_mb
 from .parallel.sharded import release_gather_buffers
+from .results import bab_record
 from .spec import Clauses, EmptyFloat32BoxError, Region, Spec, float32_box, load_vnnlib
 
 
@@ -46,7 +47,7 @@ class InstanceResult:
     counterexample: str | None = None  # VNN-COMP "((X_0 v) ... (Y_0 v) ...)" for sat
     peak_mb: list[float] = field(default_factory=list)  # per rank
     message: str = ""
-    bab: dict[str, int | list[int]] = field(default_factory=dict)  # domains, rounds, max_queue per rank
+    bab: dict = field(default_factory=dict)  # results.bab_record: domains, rounds, max_queue per rank
     peak_exact: bool = True  # False: peak_mb is an upper bound (the CPU allocator's kept blocks count too)
     crown_batch_size: int = 0  # neurons per CROWN back-substitution pass (solver.crown.batch_size, resolved)
 
@@ -54,6 +55,7 @@ class InstanceResult:
         """Strict JSON: a bound that is not finite is written as the string ``"-inf"``, ``"inf"`` or
         ``"nan"`` (``float()`` reads each back)."""
         return {
+            "engine": "native",
             "verdict": self.verdict,
             "time_s": round(self.time_s, 4),
             "bounds": {k: [json_number(v) for v in vals] for k, vals in self.bounds.items()},
@@ -660,7 +662,7 @@ def _verify_instance(
         verdict = "timeout"
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
     exact = comm.all_reduce_flag(memory.exact, "and")
-    bab = {} if work is None else dict(domains=work.domains, rounds=work.rounds, max_queue=work.max_queue)
+    bab = {} if work is None else bab_record(work.domains, work.rounds, work.max_queue)
     return InstanceResult(
         verdict, time.monotonic() - t0, bounds, cex, peak.tolist(), message, bab, exact, chunk
     )

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from ..config import ParallelConfig
 from ..errors import UserError, interrupted_exit_code
-from ..results import check_writable, report_error, write_atomic
+from ..results import bab_record, check_writable, report_error, write_atomic
 from . import bridge, locate
 from .locate import PluginError
 
@@ -297,7 +297,7 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
                 "peak_mb": [round(v, 2) for v in result["peak_mb"]],
                 "peak_mb_bounds": [round(v, 2) for v in result["peak_mb_bounds"]],
                 "peak_mb_bab": [round(v, 2) for v in result["peak_mb_bab"]],
-                "bab": {"domains": rec["bab_domains"], "time_s": round(rec["bab_s"], 3)},
+                "bab": bab_record(rec["bab_domains"], time_s=rec["bab_s"]),
                 "peak_mb_exact": result["peak_mb_exact"],
                 "alpha_elements": result["alpha_elements"],
                 "crown_batch_size": result["crown_batch_size"],
