@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from . import clock
 from .config import Config, ConfigError
-from .config_load import key_table, load_config
+from .config_load import flag_value, key_table, load_config
 from .errors import UserError, end_cleanly_on_signals, interrupted_exit_code
 from .results import check_writable, report_error, write_atomic
 
@@ -282,53 +282,31 @@ def keys_help() -> str:
     return "\n".join(out)
 
 
-def results_file_hint(config: str | None, overrides: list[str]) -> str | None:
-    """Where ``error`` goes when the config itself cannot be loaded: ``--general.results_file`` of the
-    command line, else ``general.results_file`` of the YAML if it can be read, else None."""
-    for i, item in enumerate(overrides[:-1]):
-        if item == "--general.results_file":
-            return overrides[i + 1]
-    for item in overrides:
-        if item.startswith("--general.results_file="):
-            return item.split("=", 1)[1]
+def _yaml_general(config: str | None, key: str) -> str | None:
+    """``general.KEY`` of the YAML file ``config`` when it can be read and is a string, else None."""
     try:
         import yaml
 
         with open(config or "", encoding="utf-8") as f:
-            value = (yaml.safe_load(f) or {}).get("general", {}).get("results_file")
+            value = ((yaml.safe_load(f) or {}).get("general") or {}).get(key)
         return value if isinstance(value, str) else None
     except Exception:
-        return None
+        return None  # our loader reports the unreadable file
+
+
+def results_file_hint(config: str | None, overrides: list[str]) -> str | None:
+    """Where ``error`` goes when the config itself cannot be loaded: ``--general.results_file`` of the
+    command line, else ``general.results_file`` of the YAML if it can be read, else None."""
+    return flag_value(overrides, "--general.results_file") or _yaml_general(config, "results_file")
 
 
 def engine_of(config: str | None, overrides: list[str]) -> str:
     """``general.engine`` from the command line (``--general.engine X``; α,β-CROWN's ``--engine X``),
     else from the YAML, else ``native``. Read before the config is loaded: with ``abcrown`` the YAML is
     α,β-CROWN's, which our loader does not check."""
-    for i, item in enumerate(overrides):
-        for flag in ("--general.engine", "--engine"):
-            if item == flag and i + 1 < len(overrides):
-                return overrides[i + 1]
-            if item.startswith(flag + "="):
-                return item.split("=", 1)[1]
-    try:
-        import yaml
-
-        with open(config or "", encoding="utf-8") as f:
-            value = ((yaml.safe_load(f) or {}).get("general") or {}).get("engine")
-        return value if isinstance(value, str) else "native"
-    except Exception:
-        return "native"  # our loader reports the unreadable file
-
-
-def _config_flag(argv: list[str]) -> str | None:
-    """The value of ``--config`` in ``argv`` (before argparse has run)."""
-    for i, item in enumerate(argv):
-        if item == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if item.startswith("--config="):
-            return item.split("=", 1)[1]
-    return None
+    return (
+        flag_value(overrides, "--general.engine", "--engine") or _yaml_general(config, "engine") or "native"
+    )
 
 
 def _abcrown_help() -> int:
@@ -397,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # Ctrl-C, SIGTERM and SIGHUP end the run cleanly (ranks stopped, scratch removed)
         end_cleanly_on_signals()
     raw = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(raw) and engine_of(_config_flag(raw), raw) == "abcrown":
+    if {"-h", "--help"} & set(raw) and engine_of(flag_value(raw, "--config"), raw) == "abcrown":
         return _abcrown_help()
     args, overrides = parse_args(raw)
     if engine_of(args.config, overrides) == "abcrown":

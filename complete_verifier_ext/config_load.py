@@ -47,6 +47,7 @@ __all__ = [
     "COMMAND_LINE",
     "config_from_dict",
     "config_to_dict",
+    "flag_value",
     "key_table",
     "load_config",
     "load_parallel",
@@ -693,3 +694,16 @@ def key_table(cfg: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:
         else:
             rows.append((key, value, docs.get(f.name, docs.get(_yaml_key(f), ""))))
     return rows
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of the last of the flags ``names`` in ``argv`` (``--flag VALUE`` or ``--flag=VALUE``),
+    as argparse would take it: the one scanner of a command line before it is parsed (both engines)."""
+    value = None
+    for i, item in enumerate(argv):
+        for name in names:
+            if item == name and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif item.startswith(name + "="):
+                value = item.split("=", 1)[1]
+    return value

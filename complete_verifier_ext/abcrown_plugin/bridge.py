@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ParallelConfig
+from ..config_load import flag_value
 from .locate import PluginError
 
 ENGINE_KEY = (
@@ -118,17 +119,6 @@ def merged_yaml(config_path: str | None, overrides: list[str], out_dir: str) -> 
     path = os.path.join(out_dir, "config.yaml")
     Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
     return path, flat, data
-
-
-def flag_value(flat: list[str], name: str) -> str | None:
-    """The value of α,β-CROWN flag ``name`` on the command line (the last one wins, as in argparse)."""
-    value = None
-    for i, item in enumerate(flat):
-        if item == name and i + 1 < len(flat):
-            value = flat[i + 1]
-        elif item.startswith(name + "="):
-            value = item.split("=", 1)[1]
-    return value
 
 
 def parallel_of(data: dict, flat: list[str], config_path: str | None) -> ParallelConfig:
