@@ -130,7 +130,7 @@ def test_a_missing_config_file_reaches_the_results_file(tmp_path):
     assert out.returncode == 1 and results.read_text() == "error\n" and "none.yaml" in out.stderr
 
 
-def test_the_timeout_of_one_instance_counts_from_the_process_start():
+def test_the_timeout_of_one_instance_counts_from_the_verifiers_start():
     """Start-up is inside the clock: a process that started 100 s ago has no time left for a 50 s
     timeout, and the time it reports includes those 100 s."""
     cfg, _ = load_config(str(EXAMPLE), ["--attack.pgd_order", "skip"])
