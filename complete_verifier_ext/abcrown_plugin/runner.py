@@ -399,7 +399,8 @@ def main(
                 if writer:
                     print(f"warning: {w}", file=sys.stderr)
             backend = _backend(par, all_args)
-            fork = par.world_size > 1 and backend == "gloo" and not par.exact_memory
+            cpu = all_args["general"]["device"] == "cpu"  # a forked rank must not inherit CUDA state
+            fork = par.world_size > 1 and backend == "gloo" and cpu and not par.exact_memory
             if fork:
                 _fork_ready(checkout)
             result = launch.run(
