@@ -18,21 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import clock
+from . import clock, shell
 from .config import Config, ConfigError
 from .config_load import flag_value, key_table, load_config
-from .errors import UserError, end_cleanly_on_signals, interrupted_exit_code
-from .results import check_writable, report_error, write_atomic
+from .errors import UserError, end_cleanly_on_signals
+from .results import check_writable, write_atomic
 
 if TYPE_CHECKING:
     from .verify import InstanceResult
 
 # torch, onnx and the engine are imported only once the command line is parsed: ``--help`` needs none
-
-
-USER_ERRORS = (UserError, FileNotFoundError)
-"""The user's mistakes (config, model, spec, a path that does not exist): one line, ``error``, exit 1.
-Anything else is a bug and keeps its traceback."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +125,7 @@ def run_instances(
         try:
             t0 = started if single else None
             results.append(verify_instance(cfg, inst.onnx, inst.vnnlib, inst.timeout, progress, started=t0))
-        except USER_ERRORS as e:
+        except shell.USER_ERRORS as e:
             if single:
                 progress.close()
                 raise
@@ -227,13 +222,6 @@ def write_outputs(
             v: sum(r.verdict == v for r in results) for v in ("sat", "unsat", "unknown", "timeout", "error")
         }
         print("total: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-
-
-def _backend(cfg: Config) -> str:
-    """``auto`` means NCCL only when the config asks for CUDA; a CPU run uses gloo even on a GPU host."""
-    if cfg.parallel.backend != "auto":
-        return cfg.parallel.backend
-    return "gloo" if cfg.general.device == "cpu" else "auto"
 
 
 def _rank_main(cfg: Config, *args) -> list[InstanceResult]:
@@ -334,13 +322,6 @@ def _reexec_for_exact_memory(cfg: Config, argv: list[str] | None) -> None:
         os.execve(sys.executable, [sys.executable, "-m", "complete_verifier_ext.cli", *sys.argv[1:]], env)
 
 
-def _warn(warnings: list[str], writer: bool) -> None:
-    """Each warning on its own line of stderr, by the rank that reports."""
-    for w in warnings:
-        if writer:
-            print(f"warning: {w}", file=sys.stderr)
-
-
 def _csv_start(
     instances: list[Instance], results_file: str, summary: str | None, resume: bool, writer: bool
 ) -> tuple[list[Instance], dict[tuple[str, str], str], list[dict], str | None]:
@@ -383,58 +364,43 @@ def main(argv: list[str] | None = None) -> int:
 
         started_wall = clock.started_wall() if argv is None else None
         return abcrown_main(args.config, overrides, args.summary, args.quiet, started_wall)
-    from .parallel import launch
-
     # the timeout of a single instance counts from the verifier's start (imports too; clock.py); a call
     # from Python (``main(argv)``) counts from the call
     started = clock.started_monotonic() if argv is None else time.monotonic()
-    writer = launch.is_rank0()  # decided before any group exists (under torchrun every rank returns)
-    results_file = results_file_hint(args.config, overrides)
-    instances: list[Instance] = []
-    n_done = 0
+    return shell.run(lambda sh: _native(sh, args, overrides, argv, started))
+
+
+def _native(sh: shell.Shell, args: argparse.Namespace, overrides: list[str], argv, started: float) -> int:
+    """The command on the native engine, inside the shell's error ladder."""
     single = not args.resume  # a csv run keeps its results file: an error never overwrites its lines
-    try:
-        cfg, warnings = load_config(args.config, overrides)
-        results_file = cfg.general.results_file
-        check_writable(results_file, "general.results_file")
-        if args.summary:
-            check_writable(args.summary, "--summary")
-        _reexec_for_exact_memory(cfg, argv)
-        _warn(warnings, writer)
-        instances = list_instances(cfg)
-        single = single and len(instances) == 1
-        _warn(launch.check_world_size(cfg.parallel.world_size), writer)
-        instances, earlier, earlier_json, partial = _csv_start(
-            instances, results_file, args.summary, args.resume, writer
-        )
-        n_done = len(earlier)
-        t0 = time.monotonic()
-        if not instances:
-            print(f"nothing to do: the {len(earlier)} instances are all in {results_file}")
-            return 0
-        results = launch.run(
-            _rank_main,
-            cfg.parallel.world_size,
-            (cfg, instances, not args.quiet, partial, started, args.quiet),
-            backend=_backend(cfg),
-            exact_memory=cfg.parallel.exact_memory,
-            timeout_s=cfg.parallel.collective_timeout,
-        )
-        if not writer:  # torchrun: every rank got the result, rank 0 alone reports
-            return 0
-        write_outputs(cfg, instances, results, args.summary, args.quiet, earlier, earlier_json)
-        if len(instances) > 1 and not args.quiet:
-            print(f"wall time {time.monotonic() - t0:.1f}s")
+    sh.results_file = results_file_hint(args.config, overrides) if single else None
+    cfg, warnings = load_config(args.config, overrides)
+    results_file = cfg.general.results_file
+    sh.results_file = results_file if single else None
+    check_writable(results_file, "general.results_file")
+    if args.summary:
+        check_writable(args.summary, "--summary")
+    _reexec_for_exact_memory(cfg, argv)
+    sh.warn(warnings)
+    instances = list_instances(cfg)
+    sh.results_file = results_file if single and len(instances) == 1 else None
+    instances, earlier, earlier_json, partial = _csv_start(
+        instances, results_file, args.summary, args.resume, sh.writer
+    )
+    if earlier or len(instances) > 1:
+        sh.interrupted = f"interrupted; the finished instances are in {results_file}"
+    t0 = time.monotonic()
+    if not instances:
+        print(f"nothing to do: the {len(earlier)} instances are all in {results_file}")
         return 0
-    except USER_ERRORS as e:
-        return report_error(results_file if single else None, writer, str(e))
-    except launch.RankFailure as e:
-        return report_error(results_file if single else None, writer, str(e).splitlines()[0])
-    except KeyboardInterrupt as e:
-        if writer:
-            kept = f"; the finished instances are in {results_file}" if n_done or len(instances) > 1 else ""
-            print(f"interrupted{kept}", file=sys.stderr)
-        return interrupted_exit_code(e)
+    rank_args = (cfg, instances, not args.quiet, partial, started, args.quiet)
+    results = sh.launch(_rank_main, cfg.parallel, rank_args, cfg.general.device)
+    if not sh.writer:  # torchrun: every rank got the result, rank 0 alone reports
+        return 0
+    write_outputs(cfg, instances, results, args.summary, args.quiet, earlier, earlier_json)
+    if len(instances) > 1 and not args.quiet:
+        print(f"wall time {time.monotonic() - t0:.1f}s")
+    return 0
 
 
 if __name__ == "__main__":

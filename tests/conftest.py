@@ -24,3 +24,17 @@ def shared_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data folder {path} not found (benchmark files unavailable)")
     return path
+
+
+@pytest.fixture(scope="session")
+def unpatched(tmp_path_factory):
+    """α,β-CROWN alone (P = 1, through the plugin) on mnist 256x2 prop_0_0.05 (CROWN and α-CROWN do not
+    verify it), with ``CHUNK`` rows per CROWN pass so that the ranks split the rows: the reference of
+    the plugin's bound tests. Returns (folder, config path, summary)."""
+    from plugin_support import BOUNDS_YAML, CHUNK, config, instance, run
+
+    tmp = tmp_path_factory.mktemp("abcrown_p1")
+    cfg = config(tmp, BOUNDS_YAML.format(chunk=CHUNK))
+    proc, summary, _ = run(tmp, cfg, *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return tmp, cfg, summary

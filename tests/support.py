@@ -23,6 +23,15 @@ def rank_processes(parent: int) -> list[int]:
     return [pid for _, pid in sorted(found)]
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def relative_error(a: list[float], b: list[float]) -> float:
     """The largest ``|a - b| / |a|`` over two equally long, non-empty lists."""
     assert len(a) == len(b) and a

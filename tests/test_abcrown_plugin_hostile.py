@@ -6,7 +6,6 @@ ends the run with one line, ``--help`` lists α,β-CROWN's own keys."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -15,23 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from plugin_support import LIMIT_S, MNIST, needs_abcrown, plugin_env
 from support import rank_processes
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-VENDOR = SHARED / "vendor" / "alpha-beta-CROWN"
-MNIST = SHARED / "benchmarks" / "mnist_fc"
 NET = MNIST / "onnx" / "mnist-net_256x2.onnx"
 PROP = MNIST / "vnnlib" / "prop_0_0.05.vnnlib"
-DEPS = ("onnxoptimizer", "skl2onnx", "psutil", "sortedcontainers", "pandas", "termcolor", "appdirs")
 
-pytestmark = [
-    pytest.mark.skipif(not VENDOR.is_dir(), reason=f"{VENDOR} not found (the vendored alpha-beta-CROWN)"),
-    pytest.mark.skipif(
-        any(importlib.util.find_spec(m) is None for m in DEPS),
-        reason="alpha-beta-CROWN's PyPI dependencies are missing: pip install -e '.[abcrown]'",
-    ),
-]
+pytestmark = needs_abcrown
 
 CONFIG = """general:
   device: cpu
@@ -39,12 +28,6 @@ CONFIG = """general:
 attack:
   pgd_order: skip
 """
-LIMIT_S = 150
-
-
-def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "CVE_CLOCK_START"}
-    return {**env, "ABCROWN_PATH": str(VENDOR), "OMP_NUM_THREADS": "1", **extra}
 
 
 def abcrown(tmp: Path, *args: str, config: str = CONFIG, P: int = 1, results: Path | None = None, env=None):
@@ -57,7 +40,9 @@ def abcrown(tmp: Path, *args: str, config: str = CONFIG, P: int = 1, results: Pa
     cmd += ["abcrown", "--results_file", str(results), *args]
     if P > 1:
         cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp, env=env or _env())
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp, env=env or plugin_env()
+    )
     text = results.read_text() if results.is_file() else None
     return out.returncode, out.stderr, text
 
@@ -145,7 +130,7 @@ def test_the_first_instance_counts_from_the_verifiers_start(tmp_path):
     config = CONFIG.replace("complete_verifier: skip", "complete_verifier: bab") + "bab:\n  timeout: 50\n"
     for P in (1, 2):
         summary = tmp_path / f"s{P}.json"
-        env = _env(CVE_CLOCK_START=repr(time.time() - 100))
+        env = plugin_env(CVE_CLOCK_START=repr(time.time() - 100))
         args = ["--onnx_path", str(NET), "--vnnlib_path", str(PROP), "--summary", str(summary)]
         code, err, results = abcrown(tmp_path, *args, config=config, P=P, env=env)
         assert code == 0, err[-3000:]
@@ -159,7 +144,7 @@ def test_the_clock_starts_at_the_verifier_not_at_the_fork():
     are not the verifier's."""
     code = "import time, complete_verifier_ext.clock as c; print(time.monotonic() - c.started_monotonic())"
     cmd = f"sleep 2; exec {sys.executable} -c '{code}'"
-    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=_env())
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=plugin_env())
     assert float(out.stdout) < 1.5, out.stdout
 
 
@@ -175,7 +160,7 @@ def _start(tmp: Path, *args: str) -> subprocess.Popen:
            "--general.engine", "abcrown", "--results_file", str(tmp / "out.txt"),
            "--onnx_path", str(net), "--vnnlib_path", str(prop),
            "--parallel.mode", "fsdp", "--parallel.world_size", "2", *args]  # fmt: skip
-    return subprocess.Popen(cmd, env=_env(TMPDIR=str(tmp / "tmp")), stdout=subprocess.DEVNULL,
+    return subprocess.Popen(cmd, env=plugin_env(TMPDIR=str(tmp / "tmp")), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, cwd=tmp)  # fmt: skip
 
 
@@ -214,7 +199,7 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path):
 def test_a_stopped_rank_ends_the_run_with_one_line(tmp_path):
     """SIGSTOP on rank 1: rank 0's next collective times out (``parallel.collective_timeout``); one
     line naming rank 1."""
-    proc = _start(tmp_path, "--parallel.collective_timeout", "10")
+    proc = _start(tmp_path, "--parallel.collective_timeout", "5")
     try:
         ranks = _ranks_busy(proc, tmp_path)
         os.kill(ranks[1], signal.SIGSTOP)
@@ -233,7 +218,7 @@ def test_help_lists_abcrowns_own_keys_and_our_real_defaults(tmp_path):
     for args in (["--general.engine", "abcrown"], ["--config", str(tmp_path / "c.yaml")]):
         (tmp_path / "c.yaml").write_text("general:\n  engine: abcrown\n")
         cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--help", *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=_env())
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=plugin_env())
         assert out.returncode == 0, out.stderr[-3000:]
         keys = ["general.conv_mode = patches", "solver.beta-crown.enable_opt_interm_bounds = False"]
         keys += ["bab.cut.enabled = False", "parallel.bab_weights = auto", "parallel.world_size = 1"]

@@ -1,17 +1,18 @@
-"""The VNN-COMP route's choice of α,β-CROWN config (``abcrown_plugin/vnncomp.py``): read from the user's
-own ``vnncomp_main.py``, with a fallback table for the 2021/2022 names. Pure: α,β-CROWN is read, not
-imported."""
+"""The VNN-COMP route (``abcrown_plugin/vnncomp.py``): its choice of α,β-CROWN config, read from the
+user's own ``vnncomp_main.py`` with a fallback table for the 2021/2022 names (pure: α,β-CROWN is read,
+not imported), and ``run_instance.sh`` through the plugin."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from plugin_support import LIMIT_S, VENDOR, instance, needs_abcrown, plugin_env
 
 from complete_verifier_ext.abcrown_plugin import vnncomp
 from complete_verifier_ext.abcrown_plugin.locate import PluginError
-
-VENDOR = Path(__file__).resolve().parents[1].parent / "shared" / "vendor" / "alpha-beta-CROWN"
 
 pytestmark = pytest.mark.skipif(
     not VENDOR.is_dir(), reason=f"{VENDOR} not found (the vendored alpha-beta-CROWN)"
@@ -79,3 +80,73 @@ def test_an_unknown_category_is_one_line_naming_the_known_ones():
     with pytest.raises(PluginError, match="no alpha-beta-CROWN config known for category 'no_such'") as e:
         config_of("no_such")
     assert "\n" not in str(e.value) and "cersyve" in str(e.value)
+
+
+@needs_abcrown
+def test_vnncomp_route_runs_abcrowns_config_sharded(tmp_path):
+    """``run_instance.sh`` with ``ABCROWN_PATH`` set runs α,β-CROWN's own mnist_fc config (its
+    ``mnistfc_small.yaml`` for 256x2) through the plugin, here at P = 2 (``ABCROWN_EXTRA_ARGS``); the
+    sat result carries a counterexample that onnxruntime confirms."""
+    import re
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from complete_verifier_ext.attack import clause_margins
+    from complete_verifier_ext.spec import load_vnnlib
+
+    onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
+    results = tmp_path / "results.txt"
+    script = Path(__file__).resolve().parents[1] / "vnncomp_scripts" / "run_instance.sh"
+    # mnistfc_small.yaml asks for MIP, which is refused under P > 1: the attack alone decides here
+    extra = "--parallel.mode fsdp --parallel.world_size 2 --complete_verifier skip"
+    env = plugin_env(ABCROWN_EXTRA_ARGS=extra, PYTHON=sys.executable)
+    out = subprocess.run(
+        ["bash", str(script), "v1", "mnist_fc", onnx, spec, str(results), "60"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = results.read_text()
+    assert text.startswith("sat\n")
+    x = np.array([float(v) for v in re.findall(r"\(X_\d+\s+(\S+)\)", text)], dtype=np.float32)
+    region = load_vnnlib(spec).regions[0]
+    assert x.shape == region.lower.shape and np.all(region.lower <= x) and np.all(x <= region.upper)
+    sess = ort.InferenceSession(onnx)
+    feed = sess.get_inputs()[0]
+    shape = [1 if not isinstance(d, int) or d <= 0 else d for d in feed.shape]
+    y = sess.run(None, {feed.name: x.reshape(shape)})[0].reshape(-1)
+    assert clause_margins(y, region.clauses).min() <= 0
+
+
+@needs_abcrown
+def test_vnncomp_route_unknown_category_is_an_error(tmp_path):
+    onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
+    results = tmp_path / "results.txt"
+    script = Path(__file__).resolve().parents[1] / "vnncomp_scripts" / "run_instance.sh"
+    out = subprocess.run(
+        ["bash", str(script), "v1", "no_such_category", onnx, spec, str(results), "60"],
+        env=plugin_env(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and results.read_text() == "error\n"
+    assert "no alpha-beta-CROWN config known for category 'no_such_category'" in out.stderr
+
+
+def test_vnncomp_route_picks_abcrowns_config_and_our_parallel_section(tmp_path, monkeypatch):
+    from complete_verifier_ext.abcrown_plugin import vnncomp
+
+    monkeypatch.setenv("ABCROWN_PATH", str(VENDOR))
+    ours = tmp_path / "mnist_fc.yaml"
+    ours.write_text("parallel:\n  mode: fsdp\n  world_size: 3\n")
+    small = vnncomp.command("mnist_fc", "a/mnist-net_256x2.onnx", "p.vnnlib", "r.txt", "60", str(ours))
+    large = vnncomp.command("mnistfc", "a/mnist-net_256x6.onnx", "p.vnnlib", "r.txt", "60", None)
+    assert small[1].endswith("exp_configs/vnncomp22/mnistfc_small.yaml")
+    assert large[1].endswith("exp_configs/vnncomp22/mnistfc.yaml")
+    assert small[-4:] == ["--parallel.mode", "fsdp", "--parallel.world_size", "3"]
+    assert "--parallel.mode" not in large

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support import rank_processes
+from support import alive, rank_processes
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.cli import main
@@ -187,8 +187,7 @@ def test_killed_rank_ends_run_with_error(tmp_path):
     assert time.monotonic() - killed_at < 30
     assert proc.returncode == 1
     assert "rank" in err and out.read_text() == "error\n"
-    for p in ranks:
-        assert not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text()
+    assert not [p for p in ranks if alive(p)]
 
 
 def test_sighup_ends_the_run_like_ctrl_c(tmp_path):
@@ -201,8 +200,7 @@ def test_sighup_ends_the_run_like_ctrl_c(tmp_path):
     assert proc.returncode == 128 + signal.SIGHUP and "Traceback" not in err, err[-3000:]
     assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted"]
     time.sleep(0.5)
-    assert not [r for r in ranks if Path(f"/proc/{r}").exists() and "zombie" not in
-                Path(f"/proc/{r}/status").read_text()]  # fmt: skip
+    assert not [r for r in ranks if alive(r)]
 
 
 def test_killed_launcher_takes_its_ranks_along(tmp_path):
@@ -212,15 +210,11 @@ def test_killed_launcher_takes_its_ranks_along(tmp_path):
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
-    alive = ranks
-    while alive and time.monotonic() < deadline:
-        alive = [
-            p
-            for p in ranks
-            if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text()
-        ]
+    left = ranks
+    while left and time.monotonic() < deadline:
+        left = [p for p in ranks if alive(p)]
         time.sleep(0.2)
-    assert not alive, f"ranks {alive} outlived their launcher"
+    assert not left, f"ranks {left} outlived their launcher"
 
 
 def test_an_internal_bug_keeps_its_traceback(tmp_path, monkeypatch):

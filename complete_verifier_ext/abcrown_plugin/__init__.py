@@ -10,6 +10,7 @@
 * :mod:`.patches`: the patcher (signature-checked, undoable), the probe, spec cache and clocks;
 * :mod:`.inputs`: α,β-CROWN's loaders' bad-input failures as one line naming the file;
 * :mod:`.rows`: the neurons of each bounded layer dealt over the ranks, with α-CROWN's gradient protocol;
+* :mod:`.shards`: which auto_LiRPA weights are sharded (the native ``ShardedWeight``), ``replicated()``;
 * :mod:`.fsdp`: 1/P row shards of every Linear/MatMul/Conv weight, gathered per call;
 * :mod:`.tp`: no whole weight on any rank (column-parallel forward and IBP, ``A @ W`` around a ring);
 * :mod:`.bab_split`: the BaB domain list split over the ranks, in lockstep rounds;

@@ -8,7 +8,7 @@ the unverified ones back. Under P > 1 each rank keeps its own share of the list,
 1. one ``all_gather_object`` of (domains held, batch size); the batch is the smallest over the ranks
    (``AutoBatchSize`` may enlarge it on one rank only), and a rank's share of it is ⌈B / P⌉;
 2. a rebalance when the queues differ by more than a share, or when some rank cannot fill its share
-   while another holds more than its own: the native engine's ``rebalance_plan`` evens the counts out,
+   while another holds more than its own: the native engine's ``redistribute`` evens the counts out,
    the domains move (from the top of the sender's stack, as ``pick_out`` would take them) in one
    ``all_gather_object``;
 3. each rank picks up to its share and runs α,β-CROWN's own ``split_domain`` on it, rank-local: the
@@ -41,14 +41,23 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..bab.common import rebalance_plan
+from ..bab.search import redistribute
 from ..parallel import comm, serve
 
 _picked_total: int | None = None  # domains picked this round on all ranks, for get_split_depth
+round_collectives: list[int] = []  # lockstep collectives each BaB round issued on this rank (this run)
+
+
+def _lockstep_calls() -> int:
+    """Collectives issued so far on this rank, point-to-point messages (whose number differs per rank
+    while weights are served) left out: equal on every rank at every point, or the ranks diverged."""
+    return sum(v["calls"] for name, v in comm.stats().items() if name != "exchange")
+
 
 # the per-domain lists of a BatchedDomainList (beside its TensorStorages)
 LISTS = ("all_betas", "all_intermediate_betas", "histories", "split_histories", "depths")
@@ -111,8 +120,23 @@ def _cpu(obj: Any) -> Any:
     return obj
 
 
-def take(dl, k: int) -> dict:
-    """Remove the ``k`` domains ``pick_out`` would take next; returns them as CPU tensors and lists."""
+@dataclass
+class Moved:
+    """Domains removed from a list by :func:`take`: each storage's tensor (its domain axis in ``dims``)
+    and each per-domain list, on the CPU. A slice over the domains is a ``Moved`` too (a rebalancing
+    receiver gets its slice of the sender's part)."""
+
+    tensors: dict[tuple, torch.Tensor]
+    dims: dict[tuple, int]
+    lists: dict[str, list]
+
+    def __getitem__(self, part: slice) -> Moved:
+        tensors = {k: t[(slice(None),) * self.dims[k] + (part,)] for k, t in self.tensors.items()}
+        return Moved(tensors, self.dims, {k: v[part] for k, v in self.lists.items()})
+
+
+def take(dl, k: int) -> Moved:
+    """Remove the ``k`` domains ``pick_out`` would take next."""
     n = dl.num_domains
     if k > n:
         raise RuntimeError(f"asked for {k} of {n} domains")
@@ -130,28 +154,28 @@ def take(dl, k: int) -> dict:
             lists[name] = items[n - k : n]
             setattr(dl, name, items[: n - k])
     dl.num_domains = n - k
-    return {"tensors": tensors, "lists": _cpu(lists)}
+    return Moved(_cpu(tensors), {key: s.concat_dim for key, s in stores.items()}, _cpu(lists))
 
 
-def put(dl, moved: dict) -> None:
+def put(dl, moved: Moved) -> None:
     """Append domains removed from another rank's list by :func:`take`."""
     from tensor_storage import get_tensor_storage
 
     stores = _storages(dl)
-    for key, t in moved["tensors"].items():
+    for key, t in moved.tensors.items():
         if key in stores:
             stores[key].append(t)
         elif key[0] == "unstable":  # this rank never added children yet
             if dl.unstable_interm_bounds is None:
                 dl.unstable_interm_bounds = {}
             pair = dl.unstable_interm_bounds.setdefault(key[1], [None, None])
-            pair[key[2]] = get_tensor_storage(t)
+            pair[key[2]] = get_tensor_storage(t, concat_dim=moved.dims[key])
         elif key[0] == "alpha":
-            dl.all_alphas[key[1]][key[2]] = get_tensor_storage(t, concat_dim=2)
+            dl.all_alphas[key[1]][key[2]] = get_tensor_storage(t, concat_dim=moved.dims[key])
         else:
             raise RuntimeError(f"domain list storage {key} missing on rank {comm.rank()}")
     for name in LISTS:
-        getattr(dl, name).extend(moved["lists"][name])
+        getattr(dl, name).extend(moved.lists[name])
     dl.num_domains = len(dl.histories)
 
 
@@ -163,20 +187,29 @@ def needs_rebalance(counts: list[int], share: int) -> bool:
     return max(counts) - min(counts) > share or max(picks) - min(picks) > slack
 
 
+class _Queue:
+    """α,β-CROWN's domain list as a queue of :func:`~complete_verifier_ext.bab.search.redistribute`."""
+
+    def __init__(self, dl) -> None:
+        self.dl = dl
+
+    def take_spread(self, count: int) -> Moved | None:
+        return take(self.dl, count) if count else None
+
+    def exchange(self, part: Moved | None, sizes: list[int]) -> list[Moved | None]:
+        return comm.all_gather_object(part)
+
+    def put(self, part: Moved) -> None:
+        put(self.dl, part)
+
+
 def rebalance(dl, counts: list[int]) -> list[int]:
-    """Even the ranks' queues out (``rebalance_plan``); returns the new counts."""
-    me, moves = comm.rank(), rebalance_plan(counts)
-    sent = [(dst, take(dl, count)) for src, dst, count in moves if src == me]
-    for got in comm.all_gather_object(sent):
-        for dst, moved in got:
-            if dst == me:
-                put(dl, moved)
-    new = list(counts)
-    for src, dst, count in moves:
-        new[src] -= count
-        new[dst] += count
-    if len(dl) != new[me]:  # a domain lost here would be a domain never verified
-        raise RuntimeError(f"rank {me} holds {len(dl)} domains after rebalancing, not {new[me]}")
+    """Even the ranks' queues out (the native engine's ``redistribute``); returns the new counts."""
+    new = redistribute(_Queue(dl), counts)
+    if len(dl) != new[comm.rank()]:  # a domain lost here would be a domain never verified
+        raise RuntimeError(
+            f"rank {comm.rank()} holds {len(dl)} domains after rebalancing, not {new[comm.rank()]}"
+        )
     return new
 
 
@@ -209,7 +242,7 @@ def wrap_act_split_round(split_domain, check_worst_domain, weights_sharded: bool
 
         from . import patches
 
-        bab_args, me = arguments.Config["bab"], comm.rank()
+        bab_args, me, calls = arguments.Config["bab"], comm.rank(), _lockstep_calls()
         domains._global_len = None  # len() is this rank's own inside the round
         if not getattr(domains, "_split", False):
             domains._split = True
@@ -241,26 +274,35 @@ def wrap_act_split_round(split_domain, check_worst_domain, weights_sharded: bool
             if interval > 0 and iter_idx % interval == 0:
                 domains.sort()
             worst = _cpu(check_worst_domain(domains)) if len(domains) > 0 else None
-        all_split = bool(stats.all_node_split)
-        result = getattr(stats, "all_split_result", "unknown")
-        mine = (len(domains), worst, stats.visited - visited, all_split, result)
-        every = comm.all_gather_object(mine)
-        domains._global_len = sum(e[0] for e in every)
-        stats.visited = visited + sum(e[2] for e in every)
-        if any(e[3] for e in every):
-            stats.all_node_split = True
-            stats.all_split_result = "unsafe" if any(e[3] and e[4] == "unsafe" for e in every) else "unknown"
-        global_lb = _worst([e[1] for e in every]).to(net.device)
-        offset = arguments.Config["specification"]["rhs_offset"]
-        if offset is not None:
-            global_lb = global_lb + offset
-        print(f"Length of domains: {len(domains)} (this rank: {every[me][0]})")
-        print(f"Current (lb-rhs): {global_lb.max().item()}")
-        print(f"{stats.visited} domains visited")
-        stats.timer.print()
+        global_lb = _agree(domains, stats, worst, visited).to(net.device)
+        round_collectives.append(_lockstep_calls() - calls)
         return global_lb
 
     return act_split_round
+
+
+def _agree(domains, stats, worst: torch.Tensor | None, visited: int) -> torch.Tensor:
+    """After a round: one all-gather of (domains held, worst lb − rhs, domains visited, "all neurons
+    split" and its result); sets the global count, ``stats``; returns the global lower bound."""
+    import arguments
+
+    all_split = bool(stats.all_node_split)
+    result = getattr(stats, "all_split_result", "unknown")
+    every = comm.all_gather_object((len(domains), worst, stats.visited - visited, all_split, result))
+    domains._global_len = sum(e[0] for e in every)
+    stats.visited = visited + sum(e[2] for e in every)
+    if any(e[3] for e in every):
+        stats.all_node_split = True
+        stats.all_split_result = "unsafe" if any(e[3] and e[4] == "unsafe" for e in every) else "unknown"
+    global_lb = _worst([e[1] for e in every])
+    offset = arguments.Config["specification"]["rhs_offset"]
+    if offset is not None:
+        global_lb = global_lb + offset
+    print(f"Length of domains: {len(domains)} (this rank: {every[comm.rank()][0]})")
+    print(f"Current (lb-rhs): {global_lb.max().item()}")
+    print(f"{stats.visited} domains visited")
+    stats.timer.print()
+    return global_lb
 
 
 def wrap_len(orig):
@@ -285,9 +327,9 @@ def wrap_general_bab(orig, weights_sharded: bool):
     rows of each bound not dealt (the domains are)."""
 
     def general_bab(net, x, c, rhs, reference_dict=None, timeout=None, max_iterations=None):
-        from . import fsdp, rows
+        from . import rows, shards
 
-        whole = contextlib.nullcontext() if weights_sharded else fsdp.replicated()
+        whole = contextlib.nullcontext() if weights_sharded else shards.replicated()
         with whole, rows.inactive():
             return orig(net, x, c, rhs, reference_dict, timeout, max_iterations)
 

@@ -23,55 +23,20 @@ Every rank must call each wrapped method in the same order: α,β-CROWN's contro
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import weakref
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..parallel import comm, serve
-
-
-class Shard:
-    """The local rows of one weight and how to gather the whole; under ``tp`` also the native
-    ``ShardedWeight`` (mode ``tp``) that computes with them (``tp``, sharing ``local``)."""
-
-    def __init__(self, full: Tensor, tp: bool = False) -> None:
-        from ..parallel.sharded import ShardedWeight
-
-        self.shape = full.shape
-        self.sizes = comm.shard_sizes(full.shape[0])
-        lo, hi = comm.shard_range(full.shape[0])
-        self.tp = ShardedWeight(full.detach(), "tp") if tp else None
-        self.local = self.tp.local if self.tp is not None else full.detach()[lo:hi].clone()
-        serve.register(self)
-
-    def gather(self) -> Tensor:
-        if serve.active():  # a BaB round with the ranks out of lockstep
-            return serve.full(self)
-        return comm.all_gather_cat(self.local, 0, sizes=self.sizes)
-
-
-_SHARDS: weakref.WeakKeyDictionary[nn.Module, Shard] = weakref.WeakKeyDictionary()  # BoundParams -> Shard
-# model_ori -> {tensor name: (Shard, transposed)}: its tensors that are a sharded weight or a copy of one
-_MODEL_SHARDS: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[Shard, bool]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-_NODE_ATTRS = ("_lower", "_upper", "forward_value", "interval")  # values a weight node caches
+from ..parallel import comm
+from ..parallel.sharded import ShardedWeight
+from . import shards
+from .tp import check_layer, column_parallel_forward
 
 
 def _shardable(t: Tensor) -> bool:
     return t.dim() >= 2 and t.shape[0] >= comm.world_size()
-
-
-def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
-    named = dict(model.named_parameters(remove_duplicate=False))
-    named.update(dict(model.named_buffers(remove_duplicate=False)))
-    return named
 
 
 def _copy_of(t: Tensor, full: Tensor) -> bool | None:
@@ -96,8 +61,8 @@ def shard_net(net, tp: bool = False) -> None:
     from auto_LiRPA.operators import BoundConv, BoundLinear, BoundMatMul, BoundParams
 
     model = net.model_ori
-    named = _model_tensors(model)
-    sharded = _MODEL_SHARDS.setdefault(model, {})
+    named = shards.model_tensors(model)
+    sharded = shards.by_model.setdefault(model, {})
     by_id = {id(named[name]): shard for name, (shard, transposed) in sharded.items() if not transposed}
     for node in net.net.nodes():
         if type(node) not in (BoundLinear, BoundMatMul, BoundConv) or len(node.inputs) < 2:
@@ -110,18 +75,16 @@ def shard_net(net, tp: bool = False) -> None:
                 f"{type(w).__name__} {w.name}, not a parameter: kept whole on every rank",
                 file=sys.stderr,
             )
-        if type(w) is not BoundParams or w in _SHARDS:
+        if type(w) is not BoundParams or w in shards.by_param:
             continue
         if id(w.param) in by_id:  # a second LiRPANet on an already sharded model_ori: the same shard
-            _SHARDS[w] = by_id[id(w.param)]
+            shards.by_param[w] = by_id[id(w.param)]
         elif _shardable(w.param):
             if tp:
-                from .tp import check_layer
-
                 check_layer(node)
             full = w.param.detach()
-            shard = Shard(full, tp)
-            _SHARDS[w] = shard
+            shard = ShardedWeight(full, "tp" if tp else "fsdp")
+            shards.by_param[w] = shard
             for name, t in named.items():
                 if name in sharded or t.is_meta:
                     continue
@@ -132,13 +95,11 @@ def shard_net(net, tp: bool = False) -> None:
             w.param.data = shard.local
         else:
             continue
-        for attr in _NODE_ATTRS:  # stale full values, if any
+        for attr in shards.NODE_ATTRS:  # stale full values, if any
             if getattr(w, attr, None) is not None:
                 setattr(w, attr, None)
     if sharded and not getattr(model, "_cve_fsdp_forward", False):
         if tp:
-            from .tp import column_parallel_forward
-
             column_parallel_forward(model, sharded)
             model._cve_fsdp_forward = True
         else:
@@ -166,9 +127,9 @@ def _gathered(model: nn.Module) -> dict[str, Tensor]:
     """Every sharded tensor of ``model`` in full (each weight gathered once)."""
     full: dict[int, Tensor] = {}
     out = {}
-    for name, (shard, transposed) in _MODEL_SHARDS[model].items():
+    for name, (shard, transposed) in shards.by_model[model].items():
         if id(shard) not in full:
-            full[id(shard)] = shard.gather()
+            full[id(shard)] = shard.fresh()
         out[name] = full[id(shard)].t() if transposed else full[id(shard)]
     return out
 
@@ -180,7 +141,7 @@ def _gather_on_forward(model: nn.Module) -> None:
     orig_forward = model.forward
 
     def forward(*args, **kwargs):
-        if model._cve_in_call or _replicated:
+        if model._cve_in_call or shards.is_replicated():
             return orig_forward(*args, **kwargs)
         model._cve_in_call = True
         try:
@@ -197,9 +158,9 @@ def _gather_on_forward(model: nn.Module) -> None:
 
 def unshard_model(model: nn.Module) -> list[tuple[Tensor, Tensor]]:
     """Put full weights back into ``model`` (for tracing a new BoundedModule); returns what to re-shard."""
-    if model not in _MODEL_SHARDS:
+    if model not in shards.by_model:
         return []
-    named = _model_tensors(model)
+    named = shards.model_tensors(model)
     done = []
     for name, full in _gathered(model).items():
         done.append((named[name], named[name].data))
@@ -220,7 +181,7 @@ def reshard_model(done: list[tuple[Tensor, Tensor]]) -> None:
 class _Token:
     __slots__ = ("shard", "size", "stride", "offset")
 
-    def __init__(self, shard: Shard, t: Tensor, full: Tensor) -> None:
+    def __init__(self, shard: ShardedWeight, t: Tensor, full: Tensor) -> None:
         self.shard, self.size, self.stride = shard, t.size(), t.stride()
         self.offset = t.storage_offset() - full.storage_offset()
 
@@ -229,7 +190,7 @@ class _NoFullWeightSaved:
     """Autograd saves a token for the gathered weight (or any view of it) and gathers it again when the
     backward pass needs it."""
 
-    def __init__(self, shard: Shard, full: Tensor) -> None:
+    def __init__(self, shard: ShardedWeight, full: Tensor) -> None:
         self.shard, self.full = shard, full
         self.ptr = full.untyped_storage().data_ptr()
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -242,7 +203,7 @@ class _NoFullWeightSaved:
     @staticmethod
     def unpack(saved: Any) -> Tensor:
         if isinstance(saved, _Token):
-            full = saved.shard.gather()
+            full = saved.shard.fresh()
             return full.as_strided(saved.size, saved.stride, full.storage_offset() + saved.offset)
         return saved
 
@@ -254,57 +215,13 @@ class _NoFullWeightSaved:
         self.full = None  # type: ignore[assignment]
 
 
-_replicated = False  # inside replicated(): every weight is whole, the wrappers pass through
-
-
-@contextlib.contextmanager
-def replicated():
-    """Every sharded weight whole on every rank while inside (``parallel.bab_weights: replicated``:
-    a rank's share of a BaB round is rank-local work and must issue no gathers). Collective on entry."""
-    global _replicated
-    if _replicated or not _SHARDS:
-        yield
-        return
-    shards: dict[int, Shard] = {}
-    for s in _SHARDS.values():  # the same order on every rank
-        shards.setdefault(id(s), s)
-    full = {k: s.gather() for k, s in shards.items()}
-    saved = []
-    for w, s in list(_SHARDS.items()):
-        saved.append((w.param, w.param.data))
-        w.param.data = full[id(s)]
-    for model, table in list(_MODEL_SHARDS.items()):
-        named = _model_tensors(model)
-        for name, (s, transposed) in table.items():
-            saved.append((named[name], named[name].data))
-            named[name].data = full[id(s)].t() if transposed else full[id(s)]
-    _replicated = True
-    try:
-        yield
-    finally:
-        _replicated = False
-        for t, local in saved:
-            t.data = local
-        for w in list(_SHARDS):
-            for attr in _NODE_ATTRS:  # values computed from the whole weight
-                if isinstance(getattr(w, attr, None), Tensor) and getattr(w, attr).shape != w.param.shape:
-                    setattr(w, attr, None)
-
-
-def _weight_node(op) -> tuple[Any, Shard | None]:
-    if len(op.inputs) < 2 or _replicated:
-        return None, None
-    w = op.inputs[1]
-    return w, _SHARDS.get(w)
-
-
 def _set_full(w, full: Tensor) -> dict:
     """The weight node's ``lower``/``upper``/``forward_value``/``interval`` become the gathered weight
     while the original method runs; returns what :func:`_restore` puts back. (No per-call class or
     closure: those live in reference cycles, which kept every gathered weight until the cyclic GC ran.)"""
     from auto_LiRPA.operators.base import Interval
 
-    saved = {a: getattr(w, a, None) for a in _NODE_ATTRS}
+    saved = {a: getattr(w, a, None) for a in shards.NODE_ATTRS}
     w._lower = w._upper = w.forward_value = full
     w.interval = Interval(full, full)
     return saved
@@ -319,10 +236,10 @@ def _wrap_arg(orig, as_arg):
     """Wrap ``orig(self, *args, **kwargs)`` whose ``args[1]`` is the weight: it gets ``as_arg(full)``."""
 
     def wrapper(self, *args, **kwargs):
-        _, shard = _weight_node(self)
+        _, shard = shards.weight_of(self)
         if shard is None or len(args) < 2:
             return orig(self, *args, **kwargs)
-        full = shard.gather()
+        full = shard.fresh()
         args = (args[0], as_arg(full), *args[2:])
         with _NoFullWeightSaved(shard, full):
             return orig(self, *args, **kwargs)
@@ -351,10 +268,10 @@ def wrap_node_args(orig):
     """``bound_backward(self, last_lA, last_uA, *x, ...)``: the weight is read from the node ``x[1]``."""
 
     def wrapper(self, last_lA, last_uA, *x, **kwargs):
-        w, shard = _weight_node(self)
+        w, shard = shards.weight_of(self)
         if shard is None:
             return orig(self, last_lA, last_uA, *x, **kwargs)
-        full = shard.gather()
+        full = shard.fresh()
         saved = _set_full(w, full)
         try:
             with _NoFullWeightSaved(shard, full):
@@ -388,7 +305,7 @@ def wrap_lirpanet_init(tp: bool):
 
     def wrap(orig):
         def __init__(self, model_ori, in_size, c=None, device=None):
-            if model_ori not in _MODEL_SHARDS:
+            if model_ori not in shards.by_model:
                 share_copies(model_ori)
             regather = unshard_model(model_ori)
             try:
@@ -408,7 +325,7 @@ def live_full_weights() -> list[tuple[int, ...]]:
     once to compare), so every rank calls it at the same point."""
     import gc
 
-    wanted = [s.gather() for s in _SHARDS.values()]
+    wanted = [s.fresh() for s in shards.by_param.values()]
     mine = {t.untyped_storage().data_ptr() for t in wanted}  # the gathered views and their bases
     by_shape: dict[tuple[int, ...], list[Tensor]] = {}
     for t in wanted:

@@ -22,9 +22,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from .. import shell
 from ..config import ParallelConfig
-from ..errors import UserError, interrupted_exit_code
-from ..results import bab_record, check_writable, report_error, write_atomic
+from ..results import bab_record, check_writable, write_atomic
 from . import bridge, locate
 from .locate import PluginError
 
@@ -193,6 +193,7 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
     import torch
 
     from ..parallel import comm, serve
+    from .bab_split import round_collectives
 
     peaks = phases.peaks
     fetched = serve.stats()
@@ -209,6 +210,7 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
         "alpha_elements": [int(v) for v in every[:, 3].tolist()],
         # weights fetched on request in BaB rounds with the weights sharded (whole ones, single shards)
         "bab_weight_fetches": [[int(a), int(b)] for a, b in every[:, 4:6].tolist()],
+        "bab_collectives": comm.all_gather_object(list(round_collectives)),
         "peak_mb_exact": phases.meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
     }
@@ -307,6 +309,7 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
                     "bab_weights": par.bab_weights_resolved,
                 },
                 "bab_weight_fetches": result["bab_weight_fetches"],
+                "bab_collectives": result["bab_collectives"],
                 **(
                     {"full_weights_live": result["full_weights_live"]}
                     if "full_weights_live" in result
@@ -340,13 +343,6 @@ def _extra_args(all_args: dict, world_size: int) -> list[str]:
     return extra
 
 
-def _backend(par: ParallelConfig, all_args: dict) -> str:
-    """``parallel.backend``, with ``auto`` on the CPU settled as gloo."""
-    if par.backend == "auto" and all_args["general"]["device"] == "cpu":
-        return "gloo"
-    return par.backend
-
-
 def _report(
     result: dict,
     all_args: dict,
@@ -375,55 +371,38 @@ def main(
     """The ``abcrown`` command with ``general.engine: abcrown``. Returns the exit code. The first
     instance's timeout counts from ``started_wall`` (``time.time()`` of the verifier's start), else
     from now."""
-    from ..parallel import launch
-
     started_wall = time.time() if started_wall is None else started_wall
-    writer = launch.is_rank0()
     scratch = tempfile.mkdtemp(prefix="cve_abcrown_")
-    results_file = None
     try:
         with warnings_to_stdout():
-            yaml_path, flat, data = bridge.merged_yaml(config, overrides, scratch)
-            general = data.get("general") if isinstance(data.get("general"), dict) else {}
-            results_file = bridge.flag_value(flat, "--results_file") or general.get("results_file")
-            checkout = locate.find()
-            par = bridge.parallel_of(data, flat, config)
-            all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
-            results_file = all_args["general"]["results_file"]
-            check_writable(results_file, "general.results_file")
-            if summary:
-                check_writable(summary, "--summary")
-            _refuse_unsupported(all_args, par, config)
-            extra = _extra_args(all_args, par.world_size)
-            for w in launch.check_world_size(par.world_size):
-                if writer:
-                    print(f"warning: {w}", file=sys.stderr)
-            backend = _backend(par, all_args)
-            cpu = all_args["general"]["device"] == "cpu"  # a forked rank must not inherit CUDA state
-            fork = par.world_size > 1 and backend == "gloo" and cpu and not par.exact_memory
-            if fork:
-                _fork_ready(checkout)
-            result = launch.run(
-                _rank_main,
-                par.world_size,
-                (checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall),
-                backend=backend,
-                exact_memory=par.exact_memory,
-                timeout_s=par.collective_timeout,
-                fork=fork,
-            )
-            if writer:
-                _report(result, all_args, results_file, summary, par, quiet)
-        return 0
-    except (UserError, FileNotFoundError) as e:
-        return report_error(results_file, writer, str(e))
-    except launch.RankFailure as e:
-        if e.details and writer:  # a bug: keep its traceback
-            print(e.details.rstrip(), file=sys.stderr)
-        return report_error(results_file, writer, str(e).splitlines()[0])
-    except KeyboardInterrupt as e:
-        if writer:
-            print("interrupted", file=sys.stderr)
-        return interrupted_exit_code(e)
+            return shell.run(lambda sh: _run(sh, config, overrides, summary, quiet, started_wall, scratch))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(sh: shell.Shell, config, overrides, summary, quiet, started_wall: float, scratch: str) -> int:
+    """The command on the plugin, inside the shell's error ladder."""
+    yaml_path, flat, data = bridge.merged_yaml(config, overrides, scratch)
+    general = data.get("general") if isinstance(data.get("general"), dict) else {}
+    sh.results_file = bridge.flag_value(flat, "--results_file") or general.get("results_file")
+    checkout = locate.find()
+    par = bridge.parallel_of(data, flat, config)
+    all_args = check_config(checkout, ["--config", yaml_path, *flat], config)
+    sh.results_file = results_file = all_args["general"]["results_file"]
+    check_writable(results_file, "general.results_file")
+    if summary:
+        check_writable(summary, "--summary")
+    _refuse_unsupported(all_args, par, config)
+    extra = _extra_args(all_args, par.world_size)
+    device = all_args["general"]["device"]
+    # forked ranks (no α,β-CROWN import per rank) on the CPU with gloo only: a forked rank must not
+    # inherit CUDA state, and exact memory needs fresh interpreters
+    cpu_gloo = device == "cpu" and shell.backend(par, device) == "gloo"
+    fork = par.world_size > 1 and cpu_gloo and not par.exact_memory
+    if fork:
+        _fork_ready(checkout)
+    rank_args = (checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall)
+    result = sh.launch(_rank_main, par, rank_args, device, fork=fork)
+    if sh.writer:
+        _report(result, all_args, results_file, summary, par, quiet)
+    return 0

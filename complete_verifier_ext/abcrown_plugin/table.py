@@ -182,7 +182,7 @@ RUNTIME: tuple[tuple[str, str, str], ...] = (
      "fsdp._gather_on_forward (fsdp)", "an instance attribute of the per-instance model; dropped with it"),
     ("the model's nn.Linear / nn.Conv2d forward is column-parallel", "tp.column_parallel_forward (tp)",
      "instance attributes of the per-instance model; dropped with it"),
-    ("replicated(): every shard's tensor holds the whole weight during BaB", "fsdp.replicated (fsdp)",
+    ("replicated(): every shard's tensor holds the whole weight during BaB", "shards.replicated (fsdp)",
      "put back when the search ends"),
 )
 # fmt: on

@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..parallel import comm, serve
+from ..parallel.sharded import conv_output_padding
+from . import shards
 from .locate import PluginError
 
 
@@ -68,10 +70,8 @@ def check_layer(node) -> None:
 
 def _sharded(op):
     """The ``ShardedWeight`` of ``op``'s weight, or None (not sharded)."""
-    from . import fsdp
-
-    _, shard = fsdp._weight_node(op)
-    return shard.tp if shard is not None else None
+    _, sw = shards.weight_of(op)
+    return sw
 
 
 def _part(b: Any, rows: tuple[int, int], dim: int) -> Any:
@@ -235,15 +235,8 @@ def wrap_conv_bound_backward(orig):
         sw = _sharded(self)
         if sw is None:
             return orig(self, last_lA, last_uA, *x, **kwargs)
-        kh, kw = sw.shape[2:]
-        pad = tuple(
-            int(self.input_shape[2 + i])
-            - (int(self.output_shape[2 + i]) - 1) * self.stride[i]
-            + 2 * self.padding[i]
-            - 1
-            - (k - 1) * self.dilation[i]
-            for i, k in enumerate((kh, kw))
-        )
+        hw = self.input_shape[2:], self.output_shape[2:], sw.shape[2:]
+        pad = conv_output_padding(*hw, self.stride, self.padding, self.dilation)
         bias = x[2].lower if self.has_bias else None
 
         def one_side(A):
@@ -281,17 +274,17 @@ WRAPPED = {
 # ---------------------------------------------------------------------------------------------------------
 
 
-def column_parallel_forward(model: nn.Module, shards: dict[str, tuple[Any, bool]]) -> None:
+def column_parallel_forward(model: nn.Module, table: dict[str, tuple[Any, bool]]) -> None:
     """Every ``nn.Linear`` of ``model`` whose weight is sharded computes its own output columns;
-    ``shards``: the model's sharded tensors by name (``fsdp._MODEL_SHARDS[model]``)."""
+    ``table``: the model's sharded tensors by name (``shards.by_model[model]``)."""
     modules = dict(model.named_modules())
-    for name, (shard, transposed) in shards.items():
+    for name, (shard, transposed) in table.items():
         owner, _, attr = name.rpartition(".")
         m = modules.get(owner)
         if attr == "weight" and not transposed and isinstance(m, nn.Linear):
-            m.forward = _linear_forward(m, shard.tp)
+            m.forward = _linear_forward(m, shard)
         elif attr == "weight" and not transposed and isinstance(m, nn.Conv2d) and m.padding_mode == "zeros":
-            m.forward = _conv_forward(m, shard.tp)
+            m.forward = _conv_forward(m, shard)
 
 
 def _linear_forward(m: nn.Linear, sw):

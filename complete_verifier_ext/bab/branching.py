@@ -120,16 +120,9 @@ def fsb(
         m = n * B if has else 0
         columns = top_flat[:, c].contiguous() if has else None
         trial = _children_bounds(bc, bounds, offsets, columns, 2, m // n)
-        lb = split_bound(
-            bc.graph,
-            bc.out,
-            A[:, :m],
-            trial,
-            (box[0][:m], box[1][:m]),
-            {j: a[:, :m] for j, a in trial_alpha.items()},
-            {q: t[:m] for q, t in trial_split.items()},
-            {q: t[:, :m] for q, t in trial_beta.items()},
-        ).T  # (n B, S)
+        alpha_m, beta_m = ({j: a[:, :m] for j, a in d.items()} for d in (trial_alpha, trial_beta))
+        split_m, box_m = {q: t[:m] for q, t in trial_split.items()}, (box[0][:m], box[1][:m])
+        lb = split_bound(bc.graph, bc.out, A[:, :m], trial, box_m, alpha_m, split_m, beta_m).T  # (n B, S)
         if has:
             child_worst = problem.margins(lb).min(1).values.view(B, 2, 2)
             reduce = child_worst.amin if opts.reduceop == "min" else child_worst.amax

@@ -108,6 +108,24 @@ def share_counterexample(x: np.ndarray | None) -> np.ndarray | None:
     return comm.broadcast_object(x, src=owners[0])
 
 
+def redistribute(q: Search, sizes: list[int]) -> list[int]:
+    """Move domains between the ranks' queues by ``rebalance_plan(sizes)`` (``sizes``: every rank's
+    queue, gathered): each sender takes all it gives away at once (``take_spread``), one ``exchange``,
+    each receiver queues its slices of the senders' parts in the plan's order. Returns the new sizes.
+    Used by both engines (the plugin's queue is α,β-CROWN's domain list). Collective."""
+    moves, me, P = rebalance_plan(sizes), comm.rank(), len(sizes)
+    out = [sum(c for src, _, c in moves if src == r) for r in range(P)]
+    every = q.exchange(q.take_spread(out[me]), out)
+    taken, new = [0] * P, list(sizes)
+    for src, dst, count in moves:  # each sender's part is handed out in the plan's order
+        if dst == me:
+            q.put(every[src][taken[src] : taken[src] + count])
+        taken[src] += count
+        new[src] -= count
+        new[dst] += count
+    return new
+
+
 def rebalance(s: Search, opts: BabOptions) -> int:
     """Even the queues out (to within one) when the queues differ by more than a batch, or when a rank
     cannot fill its next batch while moving domains to it would help (``Search.bounds_own_batch``);
@@ -120,14 +138,7 @@ def rebalance(s: Search, opts: BabOptions) -> int:
     starving = min(sizes) < s.per_round and uneven
     if not starving and max(sizes) - min(sizes) <= opts.batch_size:
         return len(s)
-    moves, me = rebalance_plan(sizes), comm.rank()
-    out = [sum(c for src, _, c in moves if src == r) for r in range(P)]
-    every = s.exchange(s.take_spread(out[me]), out)
-    taken = [0] * P  # each sender's part is handed out in the plan's order
-    for src, dst, count in moves:
-        if dst == me:
-            s.put(every[src][taken[src] : taken[src] + count])
-        taken[src] += count
+    redistribute(s, sizes)
     return len(s)
 
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..parallel import comm
-from ..parallel.sharded import ShardedWeight
+from ..parallel.sharded import ShardedWeight, conv_output_padding
 from .window import Window
 
 Box = tuple[Tensor, Tensor]
@@ -184,23 +184,14 @@ class Conv(Op):
         out_mid, out_rad = both.chunk(2, 0)
         return out_mid - out_rad, out_mid + out_rad
 
-    def output_padding(self, in_shape, out_shape) -> tuple[int, int]:
-        """Rows/cols of the input that the strided convolution never reached."""
-        kh, kw = self.weight.shape[2:]
-        pads = []
-        for i, k in enumerate((kh, kw)):
-            full = (
-                (out_shape[i + 1] - 1) * self.stride[i] - 2 * self.padding[i] + self.dilation[i] * (k - 1) + 1
-            )
-            pads.append(in_shape[i + 1] - full)
-        return tuple(pads)
-
     def backward(self, A: Tensor | Window, in_shape) -> tuple[list[Tensor | Window | None], Tensor | float]:
         # A: (S, B, C_out, H', W') -> (S, B, C_in, H, W) by a transposed convolution (never unrolled)
         if isinstance(A, Window):
             return self._window_backward(A, tuple(in_shape))
         flat, (S, B) = _fold(A)
-        out_pad = self.output_padding(in_shape, A.shape[2:])
+        out_pad = conv_output_padding(
+            in_shape[1:], A.shape[3:], self.weight.shape[2:], self.stride, self.padding, self.dilation
+        )
         A_in = self.weight.conv_transpose2d(flat, self.stride, self.padding, self.dilation, out_pad)
         bias = 0.0 if self.bias is None else (A.sum((3, 4)) @ self.bias)  # (S, B)
         return [A_in.reshape(S, B, *A_in.shape[1:])], bias

@@ -19,7 +19,7 @@ Ranks may therefore run any number of bound passes on any batch, including none.
 inside keeps serving the others before its error propagates, so it never strands them in a tick. Any
 other collective called inside (which could pair up with another rank's tick) raises at once.
 
-A weight holder (``ShardedWeight``, the plugin's ``Shard``) registers itself at construction
+A weight holder (``ShardedWeight``, in both engines) registers itself at construction
 (:func:`register`); keys come from one counter, so they agree over the ranks as long as every rank
 constructs its holders in the same order (replicated model building does). Holders have ``local``
 (this rank's rows), ``sizes`` (the rows of every rank) and ``shape`` (the whole weight's shape).

@@ -51,7 +51,7 @@ from torch.autograd.function import once_differentiable
 
 from . import comm, serve
 
-__all__ = ["MODES", "ShardedWeight", "release_gather_buffers"]
+__all__ = ["MODES", "ShardedWeight", "conv_output_padding", "release_gather_buffers"]
 
 MODES = ("none", "fsdp", "tp")
 
@@ -118,6 +118,16 @@ def _matmul_t(g: Tensor, w: Tensor) -> Tensor:
 
 
 _LINEAR_T = _Transposed(dim=-1, apply=torch.matmul, adjoint=_matmul_t)
+
+
+def conv_output_padding(
+    in_hw: tuple[int, int], out_hw: tuple[int, int], kernel: tuple[int, int], stride, padding, dilation
+) -> tuple[int, int]:
+    """The ``output_padding`` of the transposed convolution that maps a ``(H', W')`` map back onto the
+    ``(H, W)`` input of a strided convolution: the rows/cols that the convolution never reached."""
+    s, p, d, k = stride, padding, dilation, kernel
+    reached = [(int(out_hw[i]) - 1) * s[i] - 2 * p[i] + d[i] * (k[i] - 1) + 1 for i in (0, 1)]
+    return int(in_hw[0]) - reached[0], int(in_hw[1]) - reached[1]
 
 
 def _conv_t(
@@ -225,6 +235,15 @@ class ShardedWeight:
         comm.all_gather_into(flat, self._padded.reshape(-1))
         _compact_rows(flat, self._sizes, most, row)
         return flat[: self.shape[0] * row].view(self.shape)
+
+    def fresh(self) -> Tensor:
+        """The full weight in a new tensor that the caller may keep (``gathered()`` hands out a shared
+        buffer): one all-gather, or fetched from the owners while :mod:`.serve` is active."""
+        if not self.sharded:
+            return self.local
+        if serve.active():
+            return serve.full(self)
+        return comm.all_gather_cat(self.local, 0, sizes=self._sizes)
 
     # ---- forward: column-parallel ----------------------------------------------------------------------
 

@@ -1,0 +1,105 @@
+"""Helpers of the plugin's tests (``tests/test_abcrown_plugin_*.py``): the real α,β-CROWN in
+``../shared/vendor``, run as a user runs it (an ``abcrown --general.engine abcrown`` subprocess under a
+hard time limit, so a hang fails the test), on real gloo ranks.
+
+Tests that need the checkout carry :data:`needs_abcrown`; pure unit tests of the plugin's modules run
+without it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+VENDOR = SHARED / "vendor" / "alpha-beta-CROWN"
+BENCH = SHARED / "benchmarks"
+MNIST = BENCH / "mnist_fc"
+DEPS = ("onnxoptimizer", "skl2onnx", "psutil", "sortedcontainers", "pandas", "termcolor", "appdirs")
+
+
+def _missing() -> str | None:
+    if not VENDOR.is_dir():
+        return f"{VENDOR} not found (the vendored alpha-beta-CROWN)"
+    absent = [m for m in DEPS if importlib.util.find_spec(m) is None]
+    if absent:
+        return f"alpha-beta-CROWN's PyPI dependencies {absent} are missing: pip install -e '.[abcrown]'"
+    return None
+
+
+needs_abcrown = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+"""The mark (``pytestmark``, or per test) of every test that runs α,β-CROWN."""
+
+LIMIT_S = 150
+
+BOUNDS_YAML = """general:
+  device: cpu
+  complete_verifier: skip
+solver:
+  crown:
+    batch_size: {chunk}
+  alpha-crown:
+    iteration: 10
+attack:
+  pgd_order: skip
+"""
+
+BAB_YAML = """general:
+  device: cpu
+  complete_verifier: bab
+solver:
+  batch_size: 8
+  alpha-crown:
+    iteration: 20
+  beta-crown:
+    iteration: 10
+bab:
+  timeout: 120
+attack:
+  pgd_order: skip
+"""
+
+CHUNK = 32  # rows a CROWN pass on 256x2: its largest start node has 140 unstable rows, 5 passes
+
+
+def plugin_env(**extra: str) -> dict:
+    """The environment of a plugin run: the checkout, one thread, no inherited verifier clock."""
+    base = {k: v for k, v in os.environ.items() if k != "CVE_CLOCK_START"}
+    return {**base, "ABCROWN_PATH": str(VENDOR), "OMP_NUM_THREADS": "1", **extra}
+
+
+def config(tmp: Path, text: str, name: str = "exp.yaml") -> str:
+    path = tmp / name
+    path.write_text(text)
+    return str(path)
+
+
+def instance(net: str, prop: str) -> list[str]:
+    return ["--onnx_path", str(MNIST / "onnx" / f"{net}.onnx"), "--vnnlib_path", str(MNIST / "vnnlib" / prop)]
+
+
+def run(tmp: Path, cfg: str, *args: str, P: int = 1, env: dict | None = None, name="run", mode="fsdp"):
+    """One ``abcrown --general.engine abcrown`` process; returns (process, summary dict or None, results)."""
+    out = tmp / name
+    out.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", cfg, "--general.engine", "abcrown"]
+    cmd += ["--summary", str(out / "s.json"), "--results_file", str(out / "out.txt"), *args]
+    if P > 1:
+        cmd += ["--parallel.mode", mode, "--parallel.world_size", str(P)]
+    env = env or plugin_env()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp)
+    summary = json.loads((out / "s.json").read_text()) if (out / "s.json").exists() else None
+    results = (out / "out.txt").read_text() if (out / "out.txt").exists() else None
+    return proc, summary, results
+
+
+def python(code: str, timeout: float = 60, **extra_env: str) -> subprocess.CompletedProcess:
+    """``python -c code`` with the plugin's environment (a fresh process imports α,β-CROWN)."""
+    cmd, env = [sys.executable, "-c", code], plugin_env(**extra_env)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

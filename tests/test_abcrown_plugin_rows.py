@@ -1,0 +1,62 @@
+"""``abcrown_plugin/rows.py``: the rows of each bounded layer (and their α) dealt over the ranks, under
+``fsdp`` and ``tp``: the bounds are unpatched α,β-CROWN's."""
+
+from __future__ import annotations
+
+import pytest
+from plugin_support import (
+    BOUNDS_YAML,
+    CHUNK,
+    config,
+    instance,
+    needs_abcrown,
+    plugin_env,
+    run,
+)
+from support import relative_error as rel
+
+pytestmark = needs_abcrown
+
+
+@pytest.mark.parametrize(("P", "mode"), [(3, "fsdp"), (3, "tp")])  # P = 2: test_tp_conv…, test_bab…
+def test_bounds_equal_unpatched_with_split_rows(unpatched, P, mode):
+    """FSDP (weights gathered per call) and TP (never a whole weight: column-parallel forward and IBP,
+    ``A @ W`` around a ring of shards), rows and α split: the bounds are unpatched α,β-CROWN's."""
+    tmp, cfg, ref = unpatched
+    proc, got, results = run(
+        tmp,
+        cfg,
+        *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"),
+        P=P,
+        name=f"p{P}{mode}",
+        env=plugin_env(CVE_ABCROWN_AUDIT="1"),
+        mode=mode,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert got["engine"] == "abcrown" and got["verdict"] == ref["verdict"]
+    assert rel(ref["bounds"]["crown"], got["bounds"]["crown"]) < 1e-6
+    # the passes are dealt whole and the gradients summed only where split: α-CROWN is one process's
+    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-6
+    assert len(got["peak_mb"]) == P and got["crown_batch_size"] == CHUNK
+    assert results.strip() == "timeout"
+    # rank 0 alone prints: α,β-CROWN's "Result:" line appears once
+    assert proc.stdout.count("Result: ") == 1
+    # α is kept by row: 256x2 has 6972 α elements, 4200 of them one start node's 140 rows; each rank
+    # holds its block of passes of those (+1 default slot) and the replicated rest
+    assert ref["alpha_elements"] == [6972]
+    assert max(got["alpha_elements"]) <= 2772 + 30 * (140 // P + CHUNK + 1)  # + one pass, slot 0
+    # no rank holds a whole weight (nor a copy, nor a transposed copy) at the start and end of the build
+    assert got["full_weights_live"] == [[[], []]] * P
+
+
+def test_a_rank_that_owns_no_row_of_a_layer(tmp_path):
+    """171 rows a pass at P = 3 on 256x6: a layer bounded for all its 256 neurons has two passes, so
+    rank 2 owns none of its rows. Its α keeps only the default slot (it once kept zero rows and
+    crashed in α-CROWN) and it runs dummy passes; the bounds are one process's."""
+    cfg = config(tmp_path, BOUNDS_YAML.format(chunk=171).replace("iteration: 10", "iteration: 3"))
+    args = instance("mnist-net_256x6", "prop_0_0.05.vnnlib")
+    p1, ref, _ = run(tmp_path, cfg, *args, name="p1")
+    p3, got, _ = run(tmp_path, cfg, *args, P=3, name="p3")
+    assert p1.returncode == 0 and p3.returncode == 0, p3.stderr[-2000:]
+    assert rel(ref["bounds"]["crown"], got["bounds"]["crown"]) < 1e-6
+    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-5
