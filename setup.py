@@ -36,7 +36,7 @@ setup(
         # what α,β-CROWN (general.engine: abcrown, $ABCROWN_PATH) imports on the ONNX + VNN-LIB path; it
         # cannot be installed from the package index itself (see docs/abcrown_plugin.md)
         "abcrown": ABCROWN_DEPS,
-        "test": ["pytest", "pytest-xdist", "matplotlib", "ruff>=0.17,<0.18", *ABCROWN_DEPS],
+        "test": ["pytest", "pytest-xdist", "filelock", "matplotlib", "ruff>=0.17,<0.18", *ABCROWN_DEPS],
     },
     entry_points={"console_scripts": ["abcrown=complete_verifier_ext.cli:main"]},
 )

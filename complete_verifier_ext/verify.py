@@ -574,7 +574,9 @@ def verify_instance(
         t0, timeout = started, max(0.0, timeout - END_RESERVE_S)
     graph, spec = load_instance(cfg, onnx_path, vnnlib_path)  # on the host; only shards move
     try:
-        with torch.device(compute_device(cfg)):  # factory functions create tensors on the compute device
+        device = compute_device(cfg)
+        # factory functions create tensors on the compute device (a hook on every torch call: not on CPU)
+        with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
             return _verify_instance(cfg, graph, spec, onnx_path, timeout, t0, progress)
     finally:
         release_gather_buffers()  # the next instance's layers have other shapes

@@ -30,11 +30,23 @@ def shared_dir() -> Path:
 def unpatched(tmp_path_factory):
     """α,β-CROWN alone (P = 1, through the plugin) on mnist 256x2 prop_0_0.05 (CROWN and α-CROWN do not
     verify it), with ``CHUNK`` rows per CROWN pass so that the ranks split the rows: the reference of
-    the plugin's bound tests. Returns (folder, config path, summary)."""
+    the plugin's bound tests, run once for all pytest workers. Returns (folder, config path, summary)."""
+    import json
+
+    from filelock import FileLock
     from plugin_support import BOUNDS_YAML, CHUNK, config, instance, run
 
-    tmp = tmp_path_factory.mktemp("abcrown_p1")
-    cfg = config(tmp, BOUNDS_YAML.format(chunk=CHUNK))
-    proc, summary, _ = run(tmp, cfg, *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return tmp, cfg, summary
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this session
+    tmp = root / "abcrown_p1"
+    with FileLock(str(root / "abcrown_p1.lock")):
+        done = tmp / "reference.json"
+        if not done.is_file():
+            tmp.mkdir(exist_ok=True)
+            cfg = config(tmp, BOUNDS_YAML.format(chunk=CHUNK))
+            proc, summary, _ = run(tmp, cfg, *instance("mnist-net_256x2", "prop_0_0.05.vnnlib"))
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            done.write_text(json.dumps({"cfg": cfg, "summary": summary}))
+        saved = json.loads(done.read_text())
+    return tmp, saved["cfg"], saved["summary"]

@@ -81,13 +81,18 @@ def _bad_files(tmp: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
     }
 
 
-@pytest.mark.parametrize("case", ["truncated onnx", "vnnlib syntax", "empty vnnlib", "input size"])
-def test_a_bad_model_or_spec_is_one_line_at_p1_and_p2(tmp_path, case):
+# (case, also at P = 2): every rank reads the files the same way, so P = 2 is run for one bad model
+# and one bad spec, each against its P = 1 line
+@pytest.mark.parametrize(
+    ("case", "p2"),
+    [("truncated onnx", True), ("vnnlib syntax", True), ("empty vnnlib", False), ("input size", False)],
+)
+def test_a_bad_model_or_spec_is_one_line_at_p1_and_p2(tmp_path, case, p2):
     args, needles = _bad_files(tmp_path)[case]
     lines = []
-    for P in (1, 2):
+    for P in (1, 2) if p2 else (1,):
         lines.append(one_error_line(*abcrown(tmp_path, *args, P=P), *needles))
-    assert lines[0] == lines[1]  # the same text at every P
+    assert lines[0] == lines[-1]  # the same text at every P
     assert len(lines[0]) < 400  # never the whole spec
 
 

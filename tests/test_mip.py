@@ -8,6 +8,7 @@ contain it and, when no solve hits its time limit, equal it up to the safety mar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -191,6 +192,15 @@ def _instance(tmp_path, onnx_path, n_in, n_out, width):
     return onnx_path, testing.write_vnnlib(tmp_path / "p.vnnlib", lo, hi, label=0, n_outputs=n_out)
 
 
+@functools.cache
+def _exact_margin(sizes: tuple[int, ...], seed: int, width: float) -> float:
+    """The exact minimum of ``Y_0 - Y_j`` over the box (shared by the parametrizations)."""
+    net, n_out = testing.mlp(sizes, seed).double(), sizes[-1]
+    lo, hi = np.full(sizes[0], -width), np.full(sizes[0], width)
+    c = [np.eye(n_out)[0] - np.eye(n_out)[j] for j in range(1, n_out)]
+    return min(testing.exact_min_linear(net, lo, hi, row)[0] for row in c)
+
+
 @pytest.mark.parametrize("method", ["split", "milp", "split+milp"])
 def test_bab_refine_pipeline(tmp_path, capsys, method):
     """A chain network is refined (the summary has the refined bounds) and the verdict is exact; a
@@ -208,11 +218,7 @@ def test_bab_refine_pipeline(tmp_path, capsys, method):
     sizes = (4, 6, 6, 3)
     onnx_path, vnnlib = _instance(tmp_path, testing.mlp_onnx(tmp_path / "m.onnx", sizes, 3), 4, 3, 0.3)
     res = verify_instance(cfg, onnx_path, vnnlib, timeout=60)
-    net = testing.mlp(sizes, 3).double()
-    exact = min(
-        testing.exact_min_linear(net, np.full(4, -0.3), np.full(4, 0.3), np.eye(3)[0] - np.eye(3)[j])[0]
-        for j in (1, 2)
-    )
+    exact = _exact_margin(sizes, 3, 0.3)
     assert res.verdict == ("unsat" if exact > 0 else "sat"), (res, exact)
     assert min(res.bounds["alpha_crown"]) < 0  # the case needs the refinement (or BaB)
     assert min(res.bounds["alpha_crown"]) <= min(res.bounds["refined"]) <= exact + 1e-4
