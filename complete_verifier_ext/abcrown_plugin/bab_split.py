@@ -31,9 +31,10 @@ first round, ranks other than 0 empty theirs. The children of a domain do not de
 domains share its batch, up to β-CROWN's early stop; the tree can differ from P = 1's in the order the
 domains are picked, so verdicts agree on instances that finish, not necessarily the domain count.
 
-Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree search, BaB attack,
-input splits, clip-and-verify, MIP (``complete_verifier: mip`` / ``bab-refine``), and
-and ``enable_opt_interm_bounds`` (its intermediate α would be the row-sharded ones).
+Input-split BaB (``bab.branching.input_split``) has its own round, split the same way
+(:mod:`.input_bab`). Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree
+search, BaB attack, input splits and clip-and-verify inside activation BaB, MIP
+(``complete_verifier: mip`` / ``bab-refine``), and ``enable_opt_interm_bounds``.
 """
 
 from __future__ import annotations
@@ -75,11 +76,12 @@ def unsupported(all_args: dict) -> list[str]:
         found.append("bab.cut.enabled (cuts, BICCOS)")
     if bab["attack"]["enabled"]:
         found.append("bab.attack.enabled")
-    if bab["branching"]["input_split"]["enable"] or bab["branching"]["branching_input_and_activation"]:
-        found.append("input splits (bab.branching.input_split / branching_input_and_activation)")
+    input_split = bab["branching"]["input_split"]["enable"]
+    if bab["branching"]["branching_input_and_activation"] and not input_split:
+        found.append("bab.branching.branching_input_and_activation (input splits in activation BaB)")
     clip = bab["clip_n_verify"]
-    if clip["clip_input_domain"]["enabled"] or clip["clip_interm_domain"]["enabled"]:
-        found.append("bab.clip_n_verify")
+    if clip["clip_interm_domain"]["enabled"] or (clip["clip_input_domain"]["enabled"] and not input_split):
+        found.append("bab.clip_n_verify in activation BaB")
     if solver["beta-crown"]["enable_opt_interm_bounds"]:
         found.append("solver.beta-crown.enable_opt_interm_bounds")
     return found
@@ -187,28 +189,29 @@ def needs_rebalance(counts: list[int], share: int) -> bool:
     return max(counts) - min(counts) > share or max(picks) - min(picks) > slack
 
 
-class _Queue:
-    """α,β-CROWN's domain list as a queue of :func:`~complete_verifier_ext.bab.search.redistribute`."""
+class ListQueue:
+    """One of α,β-CROWN's domain lists as a queue of :func:`~complete_verifier_ext.bab.search.redistribute`:
+    ``take(dl, k)`` removes the ``k`` domains its next pick would take, ``put(dl, moved)`` adds them."""
 
-    def __init__(self, dl) -> None:
-        self.dl = dl
+    def __init__(self, dl, take=take, put=put) -> None:
+        self.dl, self._take, self._put = dl, take, put
 
     def take_spread(self, count: int) -> Moved | None:
-        return take(self.dl, count) if count else None
+        return self._take(self.dl, count) if count else None
 
     def exchange(self, part: Moved | None, sizes: list[int]) -> list[Moved | None]:
         return comm.all_gather_object(part)
 
     def put(self, part: Moved) -> None:
-        put(self.dl, part)
+        self._put(self.dl, part)
 
 
-def rebalance(dl, counts: list[int]) -> list[int]:
-    """Even the ranks' queues out (the native engine's ``redistribute``); returns the new counts."""
-    new = redistribute(_Queue(dl), counts)
-    if len(dl) != new[comm.rank()]:  # a domain lost here would be a domain never verified
+def even_out(q: ListQueue, counts: list[int]) -> list[int]:
+    """Even the ranks' lists out (the native engine's ``redistribute``); returns the new counts."""
+    new = redistribute(q, counts)
+    if len(q.dl) != new[comm.rank()]:  # a domain lost here would be a domain never verified
         raise RuntimeError(
-            f"rank {comm.rank()} holds {len(dl)} domains after rebalancing, not {new[comm.rank()]}"
+            f"rank {comm.rank()} holds {len(q.dl)} domains after rebalancing, not {new[comm.rank()]}"
         )
     return new
 
@@ -252,7 +255,7 @@ def wrap_act_split_round(split_domain, check_worst_domain, weights_sharded: bool
         counts, batch = list(counts), min(batches)
         share = -(-batch // comm.world_size())
         if needs_rebalance(counts, share):
-            counts = rebalance(domains, counts)
+            counts = even_out(ListQueue(domains), counts)
         picks = [min(share, n) for n in counts]
         visited = stats.visited
         fetch = serve.serving() if weights_sharded else contextlib.nullcontext()

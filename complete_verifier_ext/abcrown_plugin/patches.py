@@ -123,6 +123,53 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "iter_idx",
     ),
     "bab.get_split_depth": ("batch_size", "min_batch_size", "min_depth"),
+    "input_split.split.get_split_depth": ("current_domain_num", "split_partitions"),
+    "input_split.batch_branch_and_bound.batch_verification_input_split": (
+        "d",
+        "net",
+        "batch",
+        "num_iter",
+        "decision_thresh",
+        "shape",
+        "bounding_method",
+        "branching_method",
+        "stop_criterion",
+        "split_partitions",
+        "use_reordered_bab",
+        "stats",
+    ),
+    "input_split.batch_branch_and_bound.pgd_attack_on_domains": ("model_ori", "domains", "stage", "vnnlib"),
+    "complete_verifier_func.input_bab_parallel": (
+        "net",
+        "x",
+        "c",
+        "rhs",
+        "or_spec_size",
+        "reference_dict",
+        "timeout",
+        "max_iterations",
+        "vnnlib",
+        "return_domains",
+        "index",
+    ),
+    "input_split.branching_domains.UnsortedInputDomainList.__len__": ("self",),
+    "input_split.branching_domains.UnsortedMultiSpecInputDomainList.__len__": ("self",),
+    "input_split.branching_domains.UnsortedInputDomainList.pick_out_batch": ("self", "batch_size", "device"),
+    "input_split.branching_domains.UnsortedInputDomainList.add": (
+        "self",
+        "lb",
+        "dm_l",
+        "dm_u",
+        "alpha",
+        "cs",
+        "threshold",
+        "constraints",
+        "split_idx",
+        "remaining_index",
+        "check_dm_lbs",
+        "check_input_boxes",
+        "kwargs",
+    ),
     "bab.act_split_round": ("domains", "net", "batch", "iter_idx", "stats", "branching_heuristic"),
     # called (not patched) by the plugin's BaB round: see CALLED
     "bab.check_worst_domain": ("d",),
@@ -188,6 +235,8 @@ CALLED = (
     "bab.check_worst_domain",
     "branching_domains.BatchedDomainList.pick_out",
     "tensor_storage.get_tensor_storage",
+    "input_split.branching_domains.UnsortedInputDomainList.pick_out_batch",
+    "input_split.branching_domains.UnsortedInputDomainList.add",
 )
 
 
@@ -383,15 +432,23 @@ def probe_build(probe: Probe) -> Wrapper:
     return build
 
 
-def probe_general_bab(probe: Probe) -> Wrapper:
-    """``general_bab``: the ``bab`` phase, its time and domains; a "safe" it did not prove is unknown."""
+def probe_general_bab(probe: Probe, input_split: bool = False) -> Wrapper:
+    """``general_bab`` (``input_bab_parallel`` with ``input_split``): the ``bab`` phase, its time and
+    domains; a "safe" that activation BaB did not prove is unknown (input BaB says "safe" only with no
+    box left, and returns other values than a margin)."""
 
     def general_bab(orig):
         def wrapper(*args, **kwargs):
             _phase(probe, "bab", True)
             t0 = _time.monotonic()
             ret = orig(*args, **kwargs)
-            if isinstance(ret, tuple) and len(ret) > 2 and ret[2] == "safe" and not bab_proved(ret[0]):
+            if (
+                not input_split
+                and isinstance(ret, tuple)
+                and len(ret) > 2
+                and ret[2] == "safe"
+                and not bab_proved(ret[0])
+            ):
                 # α,β-CROWN's BaB says "safe" when bab.max_iterations stops it with domains left (their
                 # worst lower bound still below the threshold): that is no proof
                 print("warning: BaB stopped by bab.max_iterations, domains open: unknown", file=sys.stderr)
@@ -502,7 +559,14 @@ def local_clock():
 
 # every module whose clock feeds a time-limit decision (the BaB and α/β optimisation limits, the time
 # left for BaB after the incomplete phase, the per-instance start)
-CLOCK_MODULES = ("abcrown", "utils", "complete_verifier_func", "bab", "auto_LiRPA.optimized_bounds")
+CLOCK_MODULES = (
+    "abcrown",
+    "utils",
+    "complete_verifier_func",
+    "bab",
+    "input_split.batch_branch_and_bound",
+    "auto_LiRPA.optimized_bounds",
+)
 
 
 def synced_time(orig: Any) -> SyncedTime:

@@ -285,6 +285,24 @@ def wrap_select_alpha_by_idx(orig):
     return select_alpha_by_idx
 
 
+def whole_alphas(reference: dict | None) -> None:
+    """The α that α,β-CROWN saved after α-CROWN (``reference["alphas"]``: ``{relu: {start: α}}``, or
+    ``{relu: {"alpha": {start: α}, ...}}`` as ``dump_alpha`` lays it out) made whole where it was kept by
+    row, in place, before BaB stores it per domain (input BaB, ``enable_opt_interm_bounds``). Collective:
+    call it on every rank, before :func:`inactive`."""
+    saved = (reference or {}).get("alphas") or {}
+    for relu, table in list(_ALPHA.items()):  # the same order on every rank
+        entry = saved.get(relu.name)
+        if entry is None:
+            continue
+        per_start = entry["alpha"] if isinstance(entry.get("alpha"), dict) else entry
+        for name, layout in table.items():
+            a = per_start.get(name)
+            if isinstance(a, Tensor) and layout.owns(a):
+                whole = layout.whole(a.detach().to(comm.device(), torch.float32))
+                per_start[name] = whole.to(a.device, a.dtype)
+
+
 @contextlib.contextmanager
 def inactive():
     """Rows not dealt while inside (a rank's share of a BaB round is rank-local work). On entry the α

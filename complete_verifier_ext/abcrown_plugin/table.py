@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ParallelConfig
-from . import bab_split, fsdp, inputs, patches, rows, tp
+from . import bab_split, fsdp, input_bab, inputs, patches, rows, tp
 
 
 @dataclass
@@ -101,8 +101,24 @@ def _bab_weights(setup: Setup, orig: Any) -> Any:
     return bab_split.wrap_general_bab(orig, setup.weights_sharded)
 
 
+def _input_round(setup: Setup, orig: Any) -> Any:
+    return input_bab.wrap_input_split_round(orig, setup.weights_sharded)
+
+
+def _input_attack(setup: Setup, orig: Any) -> Any:
+    return input_bab.wrap_pgd_attack_on_domains(orig, setup.weights_sharded)
+
+
+def _input_bab(setup: Setup, orig: Any) -> Any:
+    return input_bab.wrap_input_bab_parallel(orig, setup.weights_sharded)
+
+
 def _shard_on_build(setup: Setup, orig: Any) -> Any:
     return fsdp.wrap_lirpanet_init(setup.par.mode == "tp")(orig)
+
+
+def _input_probe(probe: patches.Probe) -> Callable[[Any], Any]:
+    return patches.probe_general_bab(probe, input_split=True)
 
 
 def _probe(factory: Callable[[patches.Probe], Callable[[Any], Any]]) -> Make:
@@ -115,6 +131,7 @@ _CLOCK = "the maximum of the ranks' clocks, so that every time-limit decision is
 _GATHER = "the weight gathered for the call, freed after"
 _RING = "column-parallel forward and IBP, A @ W around a ring of shards"
 _AV, _BM, _RELU = "auto_LiRPA.BoundedModule", "auto_LiRPA.optimized_bounds", "auto_LiRPA.operators.BoundRelu"
+_IBB = "input_split.batch_branch_and_bound"
 _FIRST = "the first instance's clock starts at the verifier's start"
 _OUT_OF_TIME = "a single instance out of time before it starts ends timeout at once"
 
@@ -151,6 +168,18 @@ TABLE: tuple[Patch, ...] = (
           "len(domains) between rounds counts every rank's"),
     Patch("complete_verifier_func.general_bab", "P>1", "bab_split", _bab_weights,
           "BaB with the weights replicated (bab_weights: replicated) and the rows not dealt"),
+    # the input-split BaB box list split over the ranks (input_bab.py)
+    Patch(f"{_IBB}.batch_verification_input_split", "P>1", "input_bab", _input_round,
+          "each rank splits and bounds its share of the boxes; one agreement a round"),
+    Patch("input_split.split.get_split_depth", "P>1", "input_bab", _wrap(input_bab.wrap_get_split_depth),
+          "the split depth from the round's boxes on all ranks"),
+    Patch(f"{_IBB}.pgd_attack_on_domains", "P>1", "input_bab", _input_attack,
+          "the attack on each rank's own boxes; any rank's counterexample is every rank's"),
+    *(Patch(f"input_split.branching_domains.{cls}.__len__", "P>1", "input_bab", _wrap(bab_split.wrap_len),
+            "len(domains) between rounds counts every rank's")
+      for cls in ("UnsortedInputDomainList", "UnsortedMultiSpecInputDomainList")),
+    Patch("complete_verifier_func.input_bab_parallel", "P>1", "input_bab", _input_bab,
+          "input BaB with the weights replicated (bab_weights: replicated), the rows not dealt, α whole"),
     # sharded weights inside auto_LiRPA (fsdp.py: gathered per call; tp.py: never whole)
     *(Patch(d, "fsdp", "fsdp", _wrap(f), _GATHER) for d, f in fsdp.WRAPPED.items()),
     *(Patch(d, "tp", "tp", _wrap(f), _RING) for d, f in tp.WRAPPED.items()),
@@ -161,6 +190,8 @@ TABLE: tuple[Patch, ...] = (
           "records the verdict and time"),
     Patch("complete_verifier_func.general_bab", "always", "patches", _probe(patches.probe_general_bab),
           "the BaB phase's time, domains and peak; a 'safe' it did not prove is unknown"),
+    Patch("complete_verifier_func.input_bab_parallel", "always", "patches", _probe(_input_probe),
+          "the input BaB phase's time, domains and peak"),
     Patch(f"{_AV}.init_alpha", "always", "patches", _probe(patches.probe_init_alpha),
           "records the initial CROWN bounds"),
     Patch(f"{_AV}._get_optimized_bounds", "always", "patches", _probe(patches.probe_optimized),

@@ -1,0 +1,158 @@
+"""``abcrown_plugin/input_bab.py``: α,β-CROWN's input-split BaB with the box list split over the ranks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from plugin_support import BENCH, VENDOR, config, needs_abcrown, run
+
+from complete_verifier_ext.parallel import launch
+
+ACAS = BENCH / "acasxu"
+
+
+def _acasxu_yaml() -> str:
+    """α,β-CROWN's own ``vnncomp21/acasxu.yaml`` (the config its ``vnncomp_main.py`` picks for
+    ``acasxu_2023``) as a user runs it here: without ``root_path``/``csv_name``, on the CPU."""
+    import yaml
+
+    data = yaml.safe_load((VENDOR / "complete_verifier/exp_configs/vnncomp21/acasxu.yaml").read_text())
+    data["general"] = {"device": "cpu"}
+    return yaml.safe_dump(data)
+
+
+def _acas(net: str, prop: str) -> list[str]:
+    onnx = ACAS / "onnx" / f"ACASXU_run2a_{net}_batch_2000.onnx"
+    return ["--onnx_path", str(onnx), "--vnnlib_path", str(ACAS / "vnnlib" / f"{prop}.vnnlib")]
+
+
+# unpatched α,β-CROWN (P = 1) on ACAS Xu 1_1 prop_1 with vnncomp21/acasxu.yaml: unsat after 3411 boxes,
+# in 4 rounds (1024, 1486, 868, 0 boxes left)
+P1 = ("unsat", 3411)
+
+
+@needs_abcrown
+@pytest.mark.skipif(not ACAS.is_dir(), reason=f"{ACAS} not found (../shared/benchmarks)")
+@pytest.mark.parametrize(("mode", "P"), [("fsdp", 2), ("tp", 3)])
+def test_input_bab_with_boxes_split_over_ranks(tmp_path, mode, P):
+    """Input-split BaB (``naive`` branching, ``reorder_bab``, clip-and-verify on the input boxes, the
+    attack every round) with each rank holding its own share of the box list: the verdict of P = 1, and
+    at P = 2 the same tree (every round picks all boxes, and the split depth comes from the whole
+    round's count). At P = 3 under ``tp`` (the weights stay sharded, fetched on request) the rounds
+    split the same boxes in shares of different sizes. Every rank issues the same collectives each
+    round."""
+    cfg = config(tmp_path, _acasxu_yaml())
+    proc, s, results = run(tmp_path, cfg, *_acas("1_1", "prop_1"), P=P, mode=mode)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert results.strip() == P1[0]
+    if P == 2:
+        assert s["bab"]["domains"] == P1[1]
+    rounds = s["bab_collectives"]
+    assert len(rounds) == P and all(r == rounds[0] for r in rounds) and len(rounds[0]) == 4, rounds
+    if mode == "fsdp":
+        assert set(rounds[0]) <= {2, 3}, rounds  # counts, agreement (+ one rebalance)
+    else:
+        whole, shards = zip(*s["bab_weight_fetches"], strict=True)
+        assert sum(whole) == 0 and min(shards) > 0
+
+
+def _boxes(n: int, first: int, spec: int = 2):
+    """``n`` boxes whose every tensor carries the box's id (``first + i``)."""
+    import torch
+
+    ids = torch.arange(first, first + n, dtype=torch.float32)
+    col = ids.view(n, 1)
+    return dict(
+        lb=col.expand(n, spec) - 1000.0,  # all unverified
+        dm_l=col.expand(n, 3).clone(),
+        dm_u=col.expand(n, 3) + 1.0,
+        alpha={"relu": {"out": ids.view(1, 1, n, 1).expand(2, spec, n, 5).clone()}},
+        cs=col.view(n, 1, 1).expand(n, spec, 4).clone(),
+        threshold=col.expand(n, spec).clone(),
+        split_idx=ids.view(n, 1).long(),
+    )
+
+
+def _ids_consistent(picked) -> list[int]:
+    """The ids of picked boxes, after checking that every tensor of a box carries the same id."""
+    alpha, lb, dm_l, dm_u, cs, threshold, constraints, spec_sizes, split_idx = picked
+    ids = dm_l[:, 0]
+    assert (dm_u[:, 0] == ids + 1).all() and (lb[:, 0] == ids - 1000).all() and (split_idx[:, 0] == ids).all()
+    assert (cs[:, 0, 0] == ids).all() and (threshold[:, 0] == ids).all()
+    assert (alpha["relu"]["out"][0, 0, :, 0] == ids).all()
+    if constraints is not None:
+        assert (constraints[1][:, 0] == ids).all()
+    return [int(v) for v in ids.tolist()]
+
+
+def _worker(vendor: str, tmp: str) -> dict:
+    import torch
+
+    from complete_verifier_ext.abcrown_plugin import bab_split, input_bab, locate, runner
+    from complete_verifier_ext.parallel import comm
+
+    runner._import_abcrown(locate.find(vendor))
+    import arguments
+
+    sys.argv = ["abcrown"]
+    arguments.Config.parse_config()
+    from input_split.branching_domains import UnsortedInputDomainList, UnsortedMultiSpecInputDomainList
+
+    me, out = comm.rank(), {}
+    # one list: 7 boxes on rank 0, 2 on rank 1, with the clip-and-verify constraints
+    dl = UnsortedInputDomainList(1, "cpu", use_alpha=True)
+    n = 7 if me == 0 else 2
+    b = _boxes(n, 100 * me)
+    constraints = (torch.zeros(n, 2, 3), b["threshold"].clone())
+    dl.add(**b, constraints=constraints, check_dm_lbs=False, check_input_boxes=False)
+    volume = dl.volume
+    counts = bab_split.even_out(bab_split.ListQueue(dl, input_bab.take, input_bab.put), [7, 2])
+    out["counts"], out["volume"] = counts, (volume, dl.volume)
+    out["ids"] = _ids_consistent(dl.pick_out_batch(len(dl), device="cpu"))
+    # one list per number of ANDs: boxes with 2 and with 1 clause(s), padded when picked together
+    ml = UnsortedMultiSpecInputDomainList(torch.tensor([2, 1]), (3,), 4, 1, "cpu", use_alpha=True,
+                                          alpha_final_name="out")  # fmt: skip
+    n = 6 if me == 0 else 0
+    if n:
+        b = _boxes(n, 100 * me)
+        spec_sizes = torch.tensor([2, 1] * (n // 2))
+        ml.add(**b, spec_sizes=spec_sizes, check_dm_lbs=False, check_input_boxes=False)
+    bab_split.even_out(bab_split.ListQueue(ml, input_bab.take, input_bab.put), [6, 0])
+    picked = ml.pick_out_batch(len(ml), device="cpu")
+    out["multi"] = (_ids_consistent(picked), picked[7].tolist())
+    # the attack: rank 1 alone finds a counterexample; rank 0 (the user's file) gets it
+    arguments.Config["attack"]["cex_path"] = f"{tmp}/cex{me}.txt"
+
+    def attack(model, domains, stage, vnnlib):
+        if me == 1:
+            with open(arguments.Config["attack"]["cex_path"], "w") as f:
+                f.write("((X_0 1.5))")
+        return me == 1
+
+    wrapped = input_bab.wrap_pgd_attack_on_domains(attack, weights_sharded=False)
+    dl.add(**_boxes(1, 5), check_dm_lbs=False, check_input_boxes=False)
+    dl._split = True
+    out["found"] = wrapped(None, dl, "bab", None)
+    out["cex"] = (Path(tmp) / f"cex{me}.txt").read_text()
+    out["none"] = input_bab.wrap_pgd_attack_on_domains(lambda *a: False, False)(None, dl, "bab", None)
+    return comm.all_gather_object(out)
+
+
+@needs_abcrown
+def test_boxes_move_between_ranks_whole_and_attack_agreed(tmp_path, monkeypatch):
+    """Rebalancing α,β-CROWN's input box lists between two gloo ranks: every box arrives once with all
+    it carries (bounds, spec, threshold, split dimension, α with the boxes on dim 2, clip-and-verify
+    constraints), the volume moves with it, and the multi-spec list keeps each box's number of ANDs.
+    A counterexample found on rank 1 alone is every rank's, and rank 0's file holds it."""
+    monkeypatch.setenv("ABCROWN_PATH", str(VENDOR))
+    r0, r1 = launch.run(_worker, 2, (str(VENDOR), str(tmp_path)), backend="gloo")
+    assert r0["counts"] == r1["counts"] and sorted(r0["counts"]) == [4, 5]
+    assert sorted(r0["ids"] + r1["ids"]) == [0, 1, 2, 3, 4, 5, 6, 100, 101]
+    assert sum(r["volume"][1] for r in (r0, r1)) == pytest.approx(sum(r["volume"][0] for r in (r0, r1)))
+    both = sorted(p for part in (zip(*r["multi"], strict=True) for r in (r0, r1)) for p in part)
+    assert both == [(0, 2), (1, 1), (2, 2), (3, 1), (4, 2), (5, 1)], json.dumps([r0["multi"], r1["multi"]])
+    assert r0["found"] and r1["found"] and r0["cex"] == r1["cex"] == "((X_0 1.5))"
+    assert not r0["none"] and not r1["none"]
