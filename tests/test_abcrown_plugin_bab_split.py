@@ -146,3 +146,13 @@ def test_worst_domain_over_the_ranks_treats_nan_as_worst():
     a = torch.tensor([-0.2, -3.0])  # its best spec (-0.2) is worse than the other domain's (-0.1)
     assert _worst([a, torch.tensor([-0.1])]) is a
     assert torch.equal(_worst([None, None]), torch.tensor(1e-7))  # α,β-CROWN's value for an empty list
+
+
+@needs_abcrown
+def test_auto_choosing_mip_stops_every_rank_with_one_line(tmp_path):
+    """``complete_verifier: auto`` picks ``bab-refine`` for an MLP with 784 inputs, after the ranks
+    started (α,β-CROWN decides per instance): every rank stops there with the same one line."""
+    cfg = config(tmp_path, BAB_YAML.replace("complete_verifier: bab", "complete_verifier: auto"))
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2)
+    assert proc.returncode == 1 and results == "error\n"
+    assert "complete_verifier: auto chose bab-refine (MIP) for this model" in proc.stderr.splitlines()[-1]

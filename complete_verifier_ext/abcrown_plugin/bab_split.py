@@ -87,6 +87,22 @@ def unsupported(all_args: dict) -> list[str]:
     return found
 
 
+def refuse_mip(orig):
+    """``abcrown.mip`` at P > 1: reached only when ``complete_verifier: auto`` chose ``bab-refine`` for
+    the model (an explicit ``mip``/``bab-refine`` is refused before the ranks start). The choice is the
+    same on every rank, so every rank stops with the same one line."""
+
+    def mip(*args, verifier="mip", **kwargs):
+        from .locate import PluginError
+
+        raise PluginError(
+            f"general.complete_verifier: auto chose {verifier} (MIP) for this model, which is not split "
+            "over ranks yet: run it at world_size 1, or set general.complete_verifier: bab"
+        )
+
+    return mip
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Moving domains between the ranks' lists
 # ----------------------------------------------------------------------------------------------------------

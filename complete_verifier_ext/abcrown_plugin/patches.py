@@ -123,6 +123,15 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "iter_idx",
     ),
     "bab.get_split_depth": ("batch_size", "min_batch_size", "min_depth"),
+    "abcrown.mip": (
+        "model",
+        "ret_incomplete",
+        "vnnlib_handler",
+        "labels_to_verify",
+        "mip_skip_unsafe",
+        "pgd_attack_example",
+        "verifier",
+    ),
     "input_split.split.get_split_depth": ("current_domain_num", "split_partitions"),
     "input_split.batch_branch_and_bound.batch_verification_input_split": (
         "d",

@@ -166,6 +166,8 @@ TABLE: tuple[Patch, ...] = (
           "the split depth from the round's total batch"),
     Patch("branching_domains.BatchedDomainList.__len__", "P>1", "bab_split", _wrap(bab_split.wrap_len),
           "len(domains) between rounds counts every rank's"),
+    Patch("abcrown.mip", "P>1", "bab_split", _wrap(bab_split.refuse_mip),
+          "complete_verifier: auto choosing MIP (bab-refine) stops every rank with one line"),
     Patch("complete_verifier_func.general_bab", "P>1", "bab_split", _bab_weights,
           "BaB with the weights replicated (bab_weights: replicated) and the rows not dealt"),
     # the input-split BaB box list split over the ranks (input_bab.py)
