@@ -126,7 +126,11 @@ def test_domains_move_between_lists_whole_and_in_order(tmp_path):
     ("change", "mode", "named"),
     [
         (("complete_verifier: bab", "complete_verifier: mip"), "fsdp", "general.complete_verifier: mip"),
-        (("  timeout: 120", "  timeout: 120\n  attack:\n    enabled: true"), "tp", "bab.attack.enabled"),
+        (
+            ("  timeout: 120", "  timeout: 120\n  cut:\n    enabled: true"),
+            "tp",
+            "bab.cut.enabled (cuts, BICCOS)",
+        ),
     ],
 )
 def test_bab_features_not_split_yet_are_refused(tmp_path, change, mode, named):
@@ -156,3 +160,16 @@ def test_auto_choosing_mip_stops_every_rank_with_one_line(tmp_path):
     proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2)
     assert proc.returncode == 1 and results == "error\n"
     assert "complete_verifier: auto chose bab-refine (MIP) for this model" in proc.stderr.splitlines()[-1]
+
+
+@needs_abcrown
+@pytest.mark.parametrize("P", [1, 2])
+def test_what_abcrown_refuses_is_refused_alike_at_every_p(tmp_path, P):
+    """``bab.attack.enabled``: α,β-CROWN asserts it off; the plugin says so in one line at every P."""
+    cfg = config(tmp_path, BAB_YAML.replace("  timeout: 120", "  timeout: 120\n  attack:\n    enabled: true"))
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=P)
+    assert proc.returncode == 1 and results == "error\n"
+    assert proc.stderr.splitlines()[-1].endswith(
+        "bab.attack.enabled: alpha-beta-CROWN refuses it "
+        "('Bab attack is not out of date and to be fixed.', abcrown.py)"
+    )

@@ -33,7 +33,7 @@ domains are picked, so verdicts agree on instances that finish, not necessarily 
 
 Input-split BaB (``bab.branching.input_split``) has its own round, split the same way
 (:mod:`.input_bab`). Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree
-search, BaB attack, input splits and clip-and-verify inside activation BaB, MIP
+search, input splits and clip-and-verify inside activation BaB, MIP
 (``complete_verifier: mip`` / ``bab-refine``), and ``enable_opt_interm_bounds``.
 """
 
@@ -64,6 +64,14 @@ def _lockstep_calls() -> int:
 LISTS = ("all_betas", "all_intermediate_betas", "histories", "split_histories", "depths")
 
 
+def refused_upstream(all_args: dict) -> str | None:
+    """What α,β-CROWN itself refuses at P = 1 (an assertion in ``abcrown.py``): refused alike at every P."""
+    if all_args["bab"]["attack"]["enabled"]:
+        why = "'Bab attack is not out of date and to be fixed.', abcrown.py"
+        return f"bab.attack.enabled: alpha-beta-CROWN refuses it ({why})"
+    return None
+
+
 def unsupported(all_args: dict) -> list[str]:
     """The configured features that BaB with domains split over ranks cannot run yet."""
     bab, solver, general = all_args["bab"], all_args["solver"], all_args["general"]
@@ -74,8 +82,6 @@ def unsupported(all_args: dict) -> list[str]:
         found.append(f"general.complete_verifier: {general['complete_verifier']} (MIP)")
     if bab["cut"]["enabled"]:
         found.append("bab.cut.enabled (cuts, BICCOS)")
-    if bab["attack"]["enabled"]:
-        found.append("bab.attack.enabled")
     input_split = bab["branching"]["input_split"]["enable"]
     if bab["branching"]["branching_input_and_activation"] and not input_split:
         found.append("bab.branching.branching_input_and_activation (input splits in activation BaB)")

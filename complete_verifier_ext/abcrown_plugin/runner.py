@@ -322,10 +322,15 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
 
 
 def _refuse_unsupported(all_args: dict, par: ParallelConfig, config: str | None) -> None:
-    """PluginError when the config asks for a BaB feature that is not split over ranks yet (P > 1)."""
+    """PluginError when the config asks for what α,β-CROWN itself refuses (at every P, before any rank
+    starts, with the same line), or for a BaB feature that is not split over ranks yet (P > 1)."""
+    from .bab_split import refused_upstream, unsupported
+
+    upstream = refused_upstream(all_args)
+    if upstream:  # one line, not α,β-CROWN's assertion traceback
+        raise PluginError(f"{config or 'config'}: {upstream}")
     if par.world_size <= 1:
         return
-    from .bab_split import unsupported
 
     bad = unsupported(all_args)
     if bad:
