@@ -116,7 +116,7 @@ def summary(rows: list[dict]) -> str:
         counts = Counter(_kind(r[mode]) for r in rows)
         lines.append(f"{mode}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     reasons = Counter(
-        part.strip() for r in rows if r["fsdp"].startswith("refused") for part in r["fsdp"][9:].split(";")
+        part.strip() for r in rows if r["fsdp"].startswith("refused: ") for part in r["fsdp"][9:].split(";")
     )
     lines.append("refusal reasons (fsdp): " + "; ".join(f"{k}: {v}" for k, v in reasons.most_common()))
     return "\n".join(lines)
