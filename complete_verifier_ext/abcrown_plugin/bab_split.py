@@ -33,8 +33,10 @@ domains are picked, so verdicts agree on instances that finish, not necessarily 
 
 Input-split BaB (``bab.branching.input_split``) has its own round, split the same way
 (:mod:`.input_bab`). Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree
-search, input splits and clip-and-verify inside activation BaB, MIP
-(``complete_verifier: mip`` / ``bab-refine``), and ``enable_opt_interm_bounds``.
+search, input splits inside activation BaB (``branching_input_and_activation``), MIP
+(``complete_verifier: mip`` / ``bab-refine``). Every α saved after α-CROWN (the intermediate ones too,
+which input BaB keeps per box) is made whole on every rank when BaB starts (it was kept by row while
+α-CROWN ran).
 """
 
 from __future__ import annotations
@@ -69,12 +71,16 @@ def refused_upstream(all_args: dict) -> str | None:
     if all_args["bab"]["attack"]["enabled"]:
         why = "'Bab attack is not out of date and to be fixed.', abcrown.py"
         return f"bab.attack.enabled: alpha-beta-CROWN refuses it ({why})"
+    opt_interm = all_args["solver"]["beta-crown"]["enable_opt_interm_bounds"]
+    if opt_interm and all_args["general"]["complete_verifier"] != "skip":
+        why = "asserted off in complete_verifier_func.complete_verifier"
+        return f"solver.beta-crown.enable_opt_interm_bounds: alpha-beta-CROWN refuses it ({why})"
     return None
 
 
 def unsupported(all_args: dict) -> list[str]:
     """The configured features that BaB with domains split over ranks cannot run yet."""
-    bab, solver, general = all_args["bab"], all_args["solver"], all_args["general"]
+    bab, general = all_args["bab"], all_args["general"]
     if general["complete_verifier"] == "skip":
         return []
     found = []
@@ -85,11 +91,6 @@ def unsupported(all_args: dict) -> list[str]:
     input_split = bab["branching"]["input_split"]["enable"]
     if bab["branching"]["branching_input_and_activation"] and not input_split:
         found.append("bab.branching.branching_input_and_activation (input splits in activation BaB)")
-    clip = bab["clip_n_verify"]
-    if clip["clip_interm_domain"]["enabled"] or (clip["clip_input_domain"]["enabled"] and not input_split):
-        found.append("bab.clip_n_verify in activation BaB")
-    if solver["beta-crown"]["enable_opt_interm_bounds"]:
-        found.append("solver.beta-crown.enable_opt_interm_bounds")
     return found
 
 
@@ -348,12 +349,13 @@ def wrap_get_split_depth(orig):
 
 
 def wrap_general_bab(orig, weights_sharded: bool):
-    """``general_bab`` with the weights replicated for the search (unless ``weights_sharded``) and the
-    rows of each bound not dealt (the domains are)."""
+    """``general_bab`` with the weights replicated for the search (unless ``weights_sharded``), the
+    rows of each bound not dealt (the domains are) and the α saved after α-CROWN whole on every rank."""
 
     def general_bab(net, x, c, rhs, reference_dict=None, timeout=None, max_iterations=None):
         from . import rows, shards
 
+        rows.whole_alphas(reference_dict)
         whole = contextlib.nullcontext() if weights_sharded else shards.replicated()
         with whole, rows.inactive():
             return orig(net, x, c, rhs, reference_dict, timeout, max_iterations)
