@@ -153,16 +153,6 @@ def test_worst_domain_over_the_ranks_treats_nan_as_worst():
 
 
 @needs_abcrown
-def test_auto_choosing_mip_stops_every_rank_with_one_line(tmp_path):
-    """``complete_verifier: auto`` picks ``bab-refine`` for an MLP with 784 inputs, after the ranks
-    started (α,β-CROWN decides per instance): every rank stops there with the same one line."""
-    cfg = config(tmp_path, BAB_YAML.replace("complete_verifier: bab", "complete_verifier: auto"))
-    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2)
-    assert proc.returncode == 1 and results == "error\n"
-    assert "complete_verifier: auto chose bab-refine (MIP) for this model" in proc.stderr.splitlines()[-1]
-
-
-@needs_abcrown
 @pytest.mark.parametrize("P", [1, 2])
 def test_what_abcrown_refuses_is_refused_alike_at_every_p(tmp_path, P):
     """``bab.attack.enabled``: α,β-CROWN asserts it off; the plugin says so in one line at every P."""

@@ -33,10 +33,10 @@ domains are picked, so verdicts agree on instances that finish, not necessarily 
 
 Input-split BaB (``bab.branching.input_split``) has its own round, split the same way
 (:mod:`.input_bab`). Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree
-search, input splits inside activation BaB (``branching_input_and_activation``), MIP
-(``complete_verifier: mip`` / ``bab-refine``). Every α saved after α-CROWN (the intermediate ones too,
-which input BaB keeps per box) is made whole on every rank when BaB starts (it was kept by row while
-α-CROWN ran).
+search, input splits inside activation BaB (``branching_input_and_activation``), MIP under ``tp``.
+MIP (``complete_verifier: mip`` / ``bab-refine``) deals its solves over
+the ranks (:mod:`.mip_split`). Every α saved after α-CROWN (the intermediate ones too, which input BaB
+keeps per box) is made whole on every rank when BaB starts (it was kept by row while α-CROWN ran).
 """
 
 from __future__ import annotations
@@ -78,36 +78,21 @@ def refused_upstream(all_args: dict) -> str | None:
     return None
 
 
-def unsupported(all_args: dict) -> list[str]:
-    """The configured features that BaB with domains split over ranks cannot run yet."""
+def unsupported(all_args: dict, mode: str = "fsdp") -> list[str]:
+    """The configured features that cannot run split over ranks yet under ``mode``."""
     bab, general = all_args["bab"], all_args["general"]
     if general["complete_verifier"] == "skip":
         return []
     found = []
-    if general["complete_verifier"] in ("mip", "bab-refine"):
-        found.append(f"general.complete_verifier: {general['complete_verifier']} (MIP)")
+    if general["complete_verifier"] in ("mip", "bab-refine") and mode == "tp":
+        found.append(f"general.complete_verifier: {general['complete_verifier']} under parallel.mode: tp "
+                     "(a MIP model holds whole layers: use parallel.mode: fsdp)")  # fmt: skip
     if bab["cut"]["enabled"]:
         found.append("bab.cut.enabled (cuts, BICCOS)")
     input_split = bab["branching"]["input_split"]["enable"]
     if bab["branching"]["branching_input_and_activation"] and not input_split:
         found.append("bab.branching.branching_input_and_activation (input splits in activation BaB)")
     return found
-
-
-def refuse_mip(orig):
-    """``abcrown.mip`` at P > 1: reached only when ``complete_verifier: auto`` chose ``bab-refine`` for
-    the model (an explicit ``mip``/``bab-refine`` is refused before the ranks start). The choice is the
-    same on every rank, so every rank stops with the same one line."""
-
-    def mip(*args, verifier="mip", **kwargs):
-        from .locate import PluginError
-
-        raise PluginError(
-            f"general.complete_verifier: auto chose {verifier} (MIP) for this model, which is not split "
-            "over ranks yet: run it at world_size 1, or set general.complete_verifier: bab"
-        )
-
-    return mip
 
 
 # ----------------------------------------------------------------------------------------------------------

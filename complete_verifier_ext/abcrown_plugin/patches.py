@@ -123,15 +123,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "iter_idx",
     ),
     "bab.get_split_depth": ("batch_size", "min_batch_size", "min_depth"),
-    "abcrown.mip": (
-        "model",
-        "ret_incomplete",
-        "vnnlib_handler",
-        "labels_to_verify",
-        "mip_skip_unsafe",
-        "pgd_attack_example",
-        "verifier",
-    ),
+    "lp_mip_solver.mip_solver_lb_ub_and": ("candidate", "save_adv", "rhs"),
     "input_split.split.get_split_depth": ("current_domain_num", "split_partitions"),
     "input_split.batch_branch_and_bound.batch_verification_input_split": (
         "d",
@@ -540,6 +532,7 @@ class SyncedTime(types.ModuleType):
 
     def __init__(self) -> None:
         super().__init__("time")
+        self._rank_pid = os.getpid()  # a process forked from the rank (a MIP solver) reads its own clock
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_time, name)
@@ -549,7 +542,7 @@ class SyncedTime(types.ModuleType):
 
         from ..parallel import comm
 
-        if SyncedTime.local:
+        if SyncedTime.local or os.getpid() != self._rank_pid:
             return _time.time()
 
         t = torch.tensor([_time.time()], dtype=torch.float64, device=comm.device())
@@ -574,6 +567,8 @@ CLOCK_MODULES = (
     "complete_verifier_func",
     "bab",
     "input_split.batch_branch_and_bound",
+    "lp_mip_solver",
+    "lp_mip_solver.refine_core",
     "auto_LiRPA.optimized_bounds",
 )
 

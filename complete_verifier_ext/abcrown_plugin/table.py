@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ParallelConfig
-from . import bab_split, fsdp, input_bab, inputs, patches, rows, tp
+from . import bab_split, fsdp, input_bab, inputs, mip_split, patches, rows, tp
 
 
 @dataclass
@@ -166,8 +166,6 @@ TABLE: tuple[Patch, ...] = (
           "the split depth from the round's total batch"),
     Patch("branching_domains.BatchedDomainList.__len__", "P>1", "bab_split", _wrap(bab_split.wrap_len),
           "len(domains) between rounds counts every rank's"),
-    Patch("abcrown.mip", "P>1", "bab_split", _wrap(bab_split.refuse_mip),
-          "complete_verifier: auto choosing MIP (bab-refine) stops every rank with one line"),
     Patch("complete_verifier_func.general_bab", "P>1", "bab_split", _bab_weights,
           "BaB with the weights replicated (bab_weights: replicated) and the rows not dealt"),
     # the input-split BaB box list split over the ranks (input_bab.py)
@@ -182,6 +180,12 @@ TABLE: tuple[Patch, ...] = (
       for cls in ("UnsortedInputDomainList", "UnsortedMultiSpecInputDomainList")),
     Patch("complete_verifier_func.input_bab_parallel", "P>1", "input_bab", _input_bab,
           "input BaB with the weights replicated (bab_weights: replicated), the rows not dealt, α whole"),
+    # MIP solves dealt over the ranks (mip_split.py)
+    *(Patch(f"{m}.multiprocessing", "P>1", "mip_split", _wrap(mip_split.dealt_multiprocessing),
+            "the pool solves this rank's share of the problems; the results gathered in order")
+      for m in ("lp_mip_solver", "lp_mip_solver.refine_core")),
+    Patch("lp_mip_solver.mip_solver_lb_ub_and", "P>1", "mip_split", _wrap(mip_split.on_rank0),
+          "an AND spec's one MIP solved on rank 0, the result broadcast"),
     # sharded weights inside auto_LiRPA (fsdp.py: gathered per call; tp.py: never whole)
     *(Patch(d, "fsdp", "fsdp", _wrap(f), _GATHER) for d, f in fsdp.WRAPPED.items()),
     *(Patch(d, "tp", "tp", _wrap(f), _RING) for d, f in tp.WRAPPED.items()),

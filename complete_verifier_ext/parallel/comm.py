@@ -432,6 +432,27 @@ def all_gather_object(obj: Any, *, group: ProcessGroup | None = None) -> list[An
     return out
 
 
+_PATIENT = iter(range(1 << 62))  # one store key per patient wait, the same sequence on every rank
+
+
+def wait_patiently(poll_s: float = 0.02) -> None:
+    """Wait, however long it takes, until every rank of the default group has called this (the same
+    number of times): for the end of rank-local work of very unequal length (a rank's share of MIP
+    solves, work done on rank 0 alone), which a collective would time out on. Polls the group's
+    store (no collective, so no collective timeout); a rank that dies ends the run through the
+    launcher. Follow it with the collective that exchanges the results."""
+    if not _parallel(None):
+        return
+    import time
+
+    _STATS.add("wait_patiently", 0)
+    store = dist.distributed_c10d._get_default_store()
+    key = f"cve/patient/{next(_PATIENT)}"
+    store.add(key, 1)
+    while store.add(key, 0) < world_size():
+        time.sleep(poll_s)
+
+
 def barrier(*, group: ProcessGroup | None = None) -> None:
     """Wait for every rank."""
     if not _parallel(group):
