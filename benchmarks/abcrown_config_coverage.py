@@ -41,7 +41,7 @@ def classify(all_args: dict, mode: str) -> str:
     general, bab = all_args["general"], all_args["bab"]
     if refused_upstream(all_args):
         return "refused by α,β-CROWN at every P: " + refused_upstream(all_args).split(":")[0]
-    bad = unsupported(all_args)
+    bad = unsupported(all_args, mode)
     if bad:
         return "refused: " + "; ".join(bad)
     verifier = str(general["complete_verifier"])
