@@ -14,6 +14,8 @@
 * :mod:`.fsdp`: 1/P row shards of every Linear/MatMul/Conv weight, gathered per call;
 * :mod:`.tp`: no whole weight on any rank (column-parallel forward and IBP, ``A @ W`` around a ring);
 * :mod:`.bab_split`: the BaB domain list split over the ranks, in lockstep rounds;
+* :mod:`.input_bab`: the input-split BaB box list split over the ranks, in the same rounds;
+* :mod:`.mip_split`: MIP solves (OR labels, refined neurons) dealt over the ranks;
 * :mod:`.witness`: a ``sat`` re-checked on onnxruntime before it stands;
 * :mod:`.vnncomp`: the VNN-COMP route (``run_instance.sh`` with ``ABCROWN_PATH``).
 """
