@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from ..parallel import comm
 from ..parallel.sharded import ShardedWeight
 from . import shards
-from .tp import check_layer, column_parallel_forward
+from .tp import column_parallel_forward, whole_reason
 
 
 def _shardable(t: Tensor) -> bool:
@@ -80,8 +80,14 @@ def shard_net(net, tp: bool = False) -> None:
         if id(w.param) in by_id:  # a second LiRPANet on an already sharded model_ori: the same shard
             shards.by_param[w] = by_id[id(w.param)]
         elif _shardable(w.param):
-            if tp:
-                check_layer(node)
+            reason = whole_reason(node) if tp else None
+            if reason is not None:  # kept whole on every rank, said once
+                if node.name not in shards.whole_layers:
+                    shards.whole_layers[node.name] = reason
+                    if comm.rank() == 0:
+                        warning = f"parallel.mode: tp: {node.name} is {reason}: kept whole on every rank"
+                        print(f"warning: {warning}", file=sys.stderr)
+                continue
             full = w.param.detach()
             shard = ShardedWeight(full, "tp" if tp else "fsdp")
             shards.by_param[w] = shard

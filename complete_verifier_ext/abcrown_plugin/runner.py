@@ -193,6 +193,7 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
     import torch
 
     from ..parallel import comm, serve
+    from . import shards
     from .bab_split import round_collectives
 
     peaks = phases.peaks
@@ -213,6 +214,7 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
         "bab_collectives": comm.all_gather_object(list(round_collectives)),
         "peak_mb_exact": phases.meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
+        "whole_layers": dict(shards.whole_layers),
     }
 
 
@@ -310,6 +312,7 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
                 },
                 "bab_weight_fetches": result["bab_weight_fetches"],
                 "bab_collectives": result["bab_collectives"],
+                **({"whole_layers": result["whole_layers"]} if result.get("whole_layers") else {}),
                 **(
                     {"full_weights_live": result["full_weights_live"]}
                     if "full_weights_live" in result

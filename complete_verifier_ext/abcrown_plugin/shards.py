@@ -30,6 +30,7 @@ by_model: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[ShardedWeight, bo
 
 NODE_ATTRS = ("_lower", "_upper", "forward_value", "interval")  # values a weight node caches
 
+whole_layers: dict[str, str] = {}  # tp: layers it cannot shard, kept whole on every rank (why)
 _replicated = False  # inside replicated(): every weight is whole, the wrappers pass through
 
 

@@ -20,10 +20,14 @@ wrappers compute with the shards only:
   the rank's own block: every rank runs the same attack on the same loss).
 
 Intermediate bounds are computed exactly as unpatched α,β-CROWN computes them (never IBP because of
-sharding). Supported: ``BoundLinear`` from ONNX Gemm (``transB = 1``, ``alpha = beta = 1``) and
-``BoundConv`` (2-D, one group) with ``general.conv_mode: matrix``, with constant weights and biases. A
-sharded MatMul, another Gemm form, or a conv in patches mode is refused with one line naming the node
-(``parallel.mode: fsdp`` runs them); so is MIP/LP building.
+sharding). Sharded: ``BoundLinear`` from ONNX Gemm (``transB = 1``, ``alpha = beta = 1``) and
+``BoundConv`` (2-D, one group), in ``conv_mode: matrix`` and ``patches``. In patches mode a conv's
+``bound_backward`` is linear in (the A-patches' block of this layer's output channels, the weight rows
+of those channels): each shard, as it comes round the ring, is applied by auto_LiRPA's own
+``bound_backward`` to its channel block, and the results are summed (an identity start, which is the
+weight itself, gets each shard's rows). Any other layer (a MatMul, another Gemm form, a grouped or 1-D
+conv) stays whole on every rank, with one warning line and the summary's ``whole_layers``. MIP/LP
+building needs whole layers and is refused with one line.
 
 In a BaB round each rank bounds its own domains (:mod:`.bab_split`), so the column-parallel form, which
 needs every rank's input, does not apply: inside :func:`~complete_verifier_ext.parallel.serve.serving`
@@ -45,27 +49,20 @@ from . import shards
 from .locate import PluginError
 
 
-def check_layer(node) -> None:
-    """Refuse a layer whose weight ``tp`` would shard but cannot compute with (one line)."""
+def whole_reason(node) -> str | None:
+    """Why ``tp`` keeps ``node``'s weight whole on every rank (it cannot compute with its shards), or
+    None: the layer is sharded."""
     from auto_LiRPA.operators import BoundConv, BoundLinear
 
     if type(node) is BoundConv:
-        if node.conv_dim != 2 or node.groups != 1 or node.mode != "matrix":
-            raise PluginError(
-                f"parallel.mode: tp: Conv node {node.name} needs a 2-D convolution with group 1 and "
-                "general.conv_mode: matrix (patches-mode A matrices are not sharded): use parallel.mode: fsdp"
-            )
-        return
+        if node.conv_dim != 2 or node.groups != 1:
+            return f"a {node.conv_dim}-D convolution with {node.groups} group(s)"
+        return None
     if type(node) is not BoundLinear:
-        raise PluginError(
-            f"parallel.mode: tp shards Linear (Gemm) and Conv layers only; node {node.name} is a "
-            f"{type(node).__name__}: use parallel.mode: fsdp"
-        )
+        return f"a {type(node).__name__} (tp shards Gemm and Conv layers)"
     if node.transA or not node.transB or node.alpha_linear != 1.0 or node.beta_linear != 1.0:
-        raise PluginError(
-            f"parallel.mode: tp: Gemm node {node.name} has transA/transB/alpha/beta other than 0/1/1/1: "
-            "use parallel.mode: fsdp"
-        )
+        return "a Gemm with transA/transB/alpha/beta other than 0/1/1/1"
+    return None
 
 
 def _sharded(op):
@@ -227,31 +224,124 @@ def wrap_conv_interval(orig):
     return interval_propagate
 
 
+def _shard_patches(A, rows: tuple[int, int]):
+    """The part of ``A`` (auto_LiRPA ``Patches``) that meets output channels ``lo:hi`` of this layer:
+    the patches' channel block, or, for an identity start, its rows in those channels (with their
+    positions among ``A``'s rows; None: all, in order)."""
+    from auto_LiRPA.patches import Patches
+
+    lo, hi = rows
+    if A.identity == 0:
+        return A.create_similar(A.patches.narrow(-3, lo, hi - lo)), None
+    idx, kept = A.unstable_idx, None
+    if idx is not None:
+        kept = ((idx[0] >= lo) & (idx[0] < hi)).nonzero().squeeze(1)
+        idx = (idx[0][kept] - lo, *(i[kept] for i in idx[1:]))
+    shape = (hi - lo if idx is None else kept.numel(), *A.shape[1:])
+    part = Patches(
+        None, A.stride, A.padding, shape, identity=1, unstable_idx=idx, output_shape=A.output_shape,
+        inserted_zeros=A.inserted_zeros, output_padding=A.output_padding, input_shape=A.input_shape,
+    )  # fmt: skip
+    return part, kept
+
+
+def _patches_side(self, orig, A, x, sw):
+    """One side (``A``: auto_LiRPA ``Patches``) of a conv's ``bound_backward`` in patches mode. It is
+    linear in (A's block of this layer's output channels, the weight rows of those channels), so each
+    shard as it comes round the ring goes through auto_LiRPA's own ``bound_backward`` with its block,
+    and the results are summed; an identity start (the next A is the weight itself) gets each shard's
+    rows instead. Returns (next A: ``Patches`` or, where auto_LiRPA switches to matrix mode, a tensor;
+    the bias term)."""
+    import types
+
+    from auto_LiRPA.patches import Patches
+
+    if A.identity == 0 and not self.relu_followed:  # auto_LiRPA pads here; done once, for all blocks
+        A = A.create_similar(A.create_padding(self.output_shape))
+    template, total, bias, parts = None, None, 0.0, []
+    saved, self.relu_followed = self.relu_followed, True
+    try:
+        for rows, w in sw.each_shard():
+            A_q, kept = _shard_patches(A, rows)
+            if kept is not None and kept.numel() == 0:
+                continue
+            xs = [x[0], types.SimpleNamespace(lower=w)]
+            if len(x) > 2:
+                xs.append(types.SimpleNamespace(lower=_part(x[2].lower, rows, 0)))
+            out, b, _ = orig(self, A_q, None, *xs)
+            nxt = out[0][0]
+            template = nxt if template is None else template
+            t = nxt.patches if isinstance(nxt, Patches) else nxt
+            if A.identity == 0:
+                total, bias = (t, b) if total is None else (total + t, bias + b)
+            else:
+                parts.append((rows[0], kept, t, b))
+    finally:
+        self.relu_followed = saved
+    if A.identity != 0:
+        total, bias = _rows_in_order(parts, A)
+    if isinstance(template, Patches):
+        return template.create_similar(total, unstable_idx=A.unstable_idx), bias
+    return total, bias
+
+
+def _rows_in_order(parts: list, A) -> tuple[Tensor, Any]:
+    """The identity start's per-shard results (rows first) put back in ``A``'s row order."""
+    if A.unstable_idx is None:  # a row block per channel block, in channel order
+        parts.sort(key=lambda p: p[0])
+        cat = lambda items: torch.cat(items, 0) if isinstance(items[0], Tensor) else 0.0
+        return cat([p[2] for p in parts]), cat([p[3] for p in parts])
+    n = A.unstable_idx[0].numel()
+    t = parts[0][2].new_zeros((n, *parts[0][2].shape[1:]))
+    has_bias = isinstance(parts[0][3], Tensor)
+    b = parts[0][3].new_zeros((n, *parts[0][3].shape[1:])) if has_bias else 0.0
+    for _, kept, tq, bq in parts:
+        t[kept] = tq
+        if has_bias:
+            b[kept] = bq
+    return t, b
+
+
+def _patches_bound_backward(self, orig, last_lA, last_uA, x, sw):
+    from auto_LiRPA.patches import Patches
+
+    def side(A):
+        if A is None:
+            return None, 0
+        if isinstance(A, Patches):
+            return _patches_side(self, orig, A, x, sw)
+        return _matrix_side(self, A, x, sw)
+
+    lA, lbias = side(last_lA)
+    uA, ubias = (lA, lbias) if last_uA is last_lA else side(last_uA)
+    return [(lA, uA), (None, None), (None, None)], lbias, ubias
+
+
+def _matrix_side(self, A, x, sw):
+    """Matrix mode: ``conv_transpose2d(A, W)`` around the ring of shards, with the output padding
+    auto_LiRPA computes; ``A · b`` with the replicated bias."""
+    A = _dense(A, sw.local.dtype)
+    if A is None:
+        return None, 0
+    hw = self.input_shape[2:], self.output_shape[2:], sw.shape[2:]
+    pad = conv_output_padding(*hw, self.stride, self.padding, self.dilation)
+    bias = x[2].lower if self.has_bias else None
+    spec, batch = A.shape[:2]
+    flat = A.reshape(spec * batch, *A.shape[2:]).to(sw.local)
+    nxt = sw.conv_transpose2d(flat, self.stride, self.padding, self.dilation, pad)
+    nxt = nxt.view(spec, batch, *nxt.shape[1:])
+    return nxt, (torch.einsum("sbc...,c->sb", A, bias) if bias is not None else 0)
+
+
 def wrap_conv_bound_backward(orig):
-    """Matrix mode: ``conv_transpose2d(A, W)`` around the ring of shards (``ShardedWeight``), with the
-    output padding auto_LiRPA computes; ``A · b`` with the replicated bias."""
+    """``A @ W`` of a conv with its output channels sharded: matrix mode by :func:`_matrix_side`,
+    patches mode by :func:`_patches_side`."""
 
     def bound_backward(self, last_lA, last_uA, *x, **kwargs):
         sw = _sharded(self)
         if sw is None:
             return orig(self, last_lA, last_uA, *x, **kwargs)
-        hw = self.input_shape[2:], self.output_shape[2:], sw.shape[2:]
-        pad = conv_output_padding(*hw, self.stride, self.padding, self.dilation)
-        bias = x[2].lower if self.has_bias else None
-
-        def one_side(A):
-            A = _dense(A, sw.local.dtype)
-            if A is None:
-                return None, 0
-            spec, batch = A.shape[:2]
-            flat = A.reshape(spec * batch, *A.shape[2:]).to(sw.local)
-            nxt = sw.conv_transpose2d(flat, self.stride, self.padding, self.dilation, pad)
-            nxt = nxt.view(spec, batch, *nxt.shape[1:])
-            return nxt, (torch.einsum("sbc...,c->sb", A, bias) if bias is not None else 0)
-
-        lA, lbias = one_side(last_lA)
-        uA, ubias = (lA, lbias) if last_uA is last_lA else one_side(last_uA)
-        return [(lA, uA), (None, None), (None, None)], lbias, ubias
+        return _patches_bound_backward(self, orig, last_lA, last_uA, x, sw)
 
     bound_backward.__wrapped__ = orig
     return bound_backward

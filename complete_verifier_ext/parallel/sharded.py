@@ -308,6 +308,18 @@ class ShardedWeight:
         assert out is not None
         return out
 
+    def each_shard(self) -> Iterator[tuple[tuple[int, int], Tensor]]:
+        """``((lo, hi), W[lo:hi])`` for every rank's rows, each shard here as it comes round the ring (or
+        is fetched, while :mod:`.serve` is active), never the whole weight; empty shards skipped. For
+        products whose other operand is this rank's own (an A-matrix, differentiable through the
+        caller's computation). Collective (in lockstep) unless serving."""
+        if not self.sharded:
+            yield (0, self.shape[0]), self.local
+            return
+        for q, w in self._ring():
+            if w.shape[0] > 0:
+                yield self._range(q), w
+
     def _range(self, q: int) -> tuple[int, int]:
         return self._start(q), self._start(q) + self._sizes[q]
 
