@@ -13,7 +13,8 @@ it at ``parallel.world_size: 2``, under ``fsdp`` and under ``tp``:
 * ``refused: <reasons>``: the exact line a user gets (before any rank starts);
 * ``refused by α,β-CROWN at every P``: what α,β-CROWN itself asserts off (the same line at P = 1);
 * ``whole on every rank``: a ``Customized`` verifier, run as it is on each rank;
-* ``tp`` adds ``refused on conv models`` where the config keeps ``conv_mode: patches``.
+* under ``tp``, convs are sharded in ``conv_mode: patches`` and ``matrix``; a layer ``tp`` cannot shard
+  (MatMul, grouped conv) stays whole on every rank, named in the run's warning and summary.
 
 No model is loaded: the column says what the config asks for. Writes ``<out>.json`` (every config, with
 the α,β-CROWN commit and provenance) and ``<out>.md``.
@@ -55,10 +56,7 @@ def classify(all_args: dict, mode: str) -> str:
         path = "input BaB"
     else:
         path = "activation BaB"
-    out = f"split: {path}"
-    if mode == "tp" and general["conv_mode"] == "patches":
-        out += "; refused on conv models (conv_mode: patches)"
-    return out
+    return f"split: {path}"
 
 
 def parse(arguments, path: Path) -> dict | str:
@@ -105,8 +103,6 @@ def main() -> None:
 
 
 def _kind(cell: str) -> str:
-    if cell.startswith("split") and "refused on conv" in cell:
-        return "split (refused on conv models)"
     return cell.split(":")[0].split(" (")[0]
 
 

@@ -7,10 +7,12 @@ import pytest
 from plugin_support import (
     BENCH,
     BOUNDS_YAML,
+    VENDOR,
     config,
     instance,
     needs_abcrown,
     plugin_env,
+    python,
     run,
 )
 
@@ -57,3 +59,34 @@ def test_tp_conv_layers(tmp_path, conv_mode, P):
     assert p1.returncode == 0 and p2.returncode == 0, p2.stderr[-2000:]
     _close(ref, got)
     assert got["full_weights_live"] == [[[], []]] * P and "whole_layers" not in got
+
+
+WHOLE = """
+from complete_verifier_ext.abcrown_plugin import locate, runner, tp
+runner._import_abcrown(locate.find({vendor!r}))
+from auto_LiRPA.operators import BoundConv, BoundLinear, BoundMatMul
+
+conv = object.__new__(BoundConv)
+conv.conv_dim, conv.groups = 2, 1
+assert tp.whole_reason(conv) is None
+conv.groups = 4
+print(tp.whole_reason(conv))
+gemm = object.__new__(BoundLinear)
+gemm.transA, gemm.transB, gemm.alpha_linear, gemm.beta_linear = 0, 1, 1.0, 1.0
+assert tp.whole_reason(gemm) is None
+gemm.transB = 0
+print(tp.whole_reason(gemm))
+print(tp.whole_reason(object.__new__(BoundMatMul)))
+"""
+
+
+def test_layers_tp_cannot_shard_are_named_and_kept_whole():
+    """A grouped conv, another Gemm form, a MatMul: tp keeps them whole on every rank and says why (the
+    run goes on: their wrappers see no shard and run auto_LiRPA's own code)."""
+    out = python(WHOLE.format(vendor=str(VENDOR)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-3:] == [
+        "a 2-D convolution with 4 group(s)",
+        "a Gemm with transA/transB/alpha/beta other than 0/1/1/1",
+        "a BoundMatMul (tp shards Gemm and Conv layers)",
+    ]
