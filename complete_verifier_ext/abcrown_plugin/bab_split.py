@@ -51,6 +51,7 @@ import torch
 
 from ..bab.search import redistribute
 from ..parallel import comm, serve
+from . import cuts_split
 
 _picked_total: int | None = None  # domains picked this round on all ranks, for get_split_depth
 round_collectives: list[int] = []  # lockstep collectives each BaB round issued on this rank (this run)
@@ -87,8 +88,8 @@ def unsupported(all_args: dict, mode: str = "fsdp") -> list[str]:
     if general["complete_verifier"] in ("mip", "bab-refine") and mode == "tp":
         found.append(f"general.complete_verifier: {general['complete_verifier']} under parallel.mode: tp "
                      "(a MIP model holds whole layers: use parallel.mode: fsdp)")  # fmt: skip
-    if bab["cut"]["enabled"]:
-        found.append("bab.cut.enabled (cuts, BICCOS)")
+    if bab["cut"]["enabled"] and bab["cut"]["cplex_cuts"]:
+        found.append("bab.cut.cplex_cuts (GCP-CROWN cuts from a CPLEX process)")
     input_split = bab["branching"]["input_split"]["enable"]
     if bab["branching"]["branching_input_and_activation"] and not input_split:
         found.append(  # upstream fails on it at P = 1 too (prune.py recover: input_split_idx is a tensor)
@@ -258,6 +259,7 @@ def wrap_act_split_round(split_domain, check_worst_domain, weights_sharded: bool
 
         bab_args, me, calls = arguments.Config["bab"], comm.rank(), _lockstep_calls()
         domains._global_len = None  # len() is this rank's own inside the round
+        cuts_split.begin_round(net)
         if not getattr(domains, "_split", False):
             domains._split = True
             if me != 0:
@@ -288,22 +290,26 @@ def wrap_act_split_round(split_domain, check_worst_domain, weights_sharded: bool
             if interval > 0 and iter_idx % interval == 0:
                 domains.sort()
             worst = _cpu(check_worst_domain(domains)) if len(domains) > 0 else None
-        global_lb = _agree(domains, stats, worst, visited).to(net.device)
-        round_collectives.append(_lockstep_calls() - calls)
+        global_lb = _agree(domains, stats, worst, visited, net).to(net.device)
+        if not comm.is_solo():
+            round_collectives.append(_lockstep_calls() - calls)
         return global_lb
 
     return act_split_round
 
 
-def _agree(domains, stats, worst: torch.Tensor | None, visited: int) -> torch.Tensor:
+def _agree(domains, stats, worst: torch.Tensor | None, visited: int, net) -> torch.Tensor:
     """After a round: one all-gather of (domains held, worst lb − rhs, domains visited, "all neurons
-    split" and its result); sets the global count, ``stats``; returns the global lower bound."""
+    split" and its result, BICCOS's new cuts); sets the global count, ``stats``, the agreed cuts;
+    returns the global lower bound."""
     import arguments
 
     all_split = bool(stats.all_node_split)
     result = getattr(stats, "all_split_result", "unknown")
-    every = comm.all_gather_object((len(domains), worst, stats.visited - visited, all_split, result))
-    domains._global_len = sum(e[0] for e in every)
+    cuts = cuts_split.mine(net)
+    every = comm.all_gather_object((len(domains), worst, stats.visited - visited, all_split, result, cuts))
+    cuts_split.agree(net, [e[5] for e in every])
+    domains._global_len = None if comm.is_solo() else sum(e[0] for e in every)  # solo: its own count
     stats.visited = visited + sum(e[2] for e in every)
     if any(e[3] for e in every):
         stats.all_node_split = True

@@ -124,6 +124,16 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     ),
     "bab.get_split_depth": ("batch_size", "min_batch_size", "min_depth"),
     "lp_mip_solver.mip_solver_lb_ub_and": ("candidate", "save_adv", "rhs"),
+    "bab.multi_tree_bab": (
+        "net",
+        "domains",
+        "batch",
+        "stop_criterion_func",
+        "biccos_args",
+        "stats",
+        "start_time",
+        "initial_bs_ratio",
+    ),
     "input_split.split.get_split_depth": ("current_domain_num", "split_partitions"),
     "input_split.batch_branch_and_bound.batch_verification_input_split": (
         "d",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ParallelConfig
-from . import bab_split, fsdp, input_bab, inputs, mip_split, patches, rows, tp
+from . import bab_split, cuts_split, fsdp, input_bab, inputs, mip_split, patches, rows, tp
 
 
 @dataclass
@@ -101,6 +101,10 @@ def _bab_weights(setup: Setup, orig: Any) -> Any:
     return bab_split.wrap_general_bab(orig, setup.weights_sharded)
 
 
+def _multi_tree(setup: Setup, orig: Any) -> Any:
+    return cuts_split.wrap_multi_tree_bab(orig, setup.weights_sharded)
+
+
 def _input_round(setup: Setup, orig: Any) -> Any:
     return input_bab.wrap_input_split_round(orig, setup.weights_sharded)
 
@@ -168,6 +172,8 @@ TABLE: tuple[Patch, ...] = (
           "len(domains) between rounds counts every rank's"),
     Patch("complete_verifier_func.general_bab", "P>1", "bab_split", _bab_weights,
           "BaB with the weights replicated (bab_weights: replicated) and the rows not dealt"),
+    Patch("bab.multi_tree_bab", "P>1", "cuts_split", _multi_tree,
+          "BICCOS multi-tree branching on rank 0 alone; its cuts, domains and settings every rank's"),
     # the input-split BaB box list split over the ranks (input_bab.py)
     Patch(f"{_IBB}.batch_verification_input_split", "P>1", "input_bab", _input_round,
           "each rank splits and bounds its share of the boxes; one agreement a round"),

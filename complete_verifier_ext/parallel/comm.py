@@ -152,8 +152,28 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+_solo = False  # inside solo(): this rank computes alone, as a single process
+
+
 def _active() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    return dist.is_available() and dist.is_initialized() and not _solo
+
+
+@contextmanager
+def solo() -> Iterator[None]:
+    """This rank computes alone while inside, as if it were the only process (rank 0 of 1: every
+    collective a no-op), e.g. rank 0 running a search phase that cannot be split while the others wait
+    (:func:`wait_patiently`). What it computes must need nothing from the other ranks."""
+    global _solo
+    before, _solo = _solo, True
+    try:
+        yield
+    finally:
+        _solo = before
+
+
+def is_solo() -> bool:
+    return _solo
 
 
 def _rank(group: ProcessGroup | None = None) -> int:
