@@ -35,13 +35,14 @@ from abcrown_common import checkout
 from measure import REPO, provenance
 
 
-def classify(all_args: dict, mode: str) -> str:
+def classify(all_args: dict, mode: str, complete_verifier: Path | None = None) -> str:
     """What the plugin does with a parsed config at P = 2 under ``mode``."""
     from complete_verifier_ext.abcrown_plugin.bab_split import refused_upstream, unsupported
 
     general, bab = all_args["general"], all_args["bab"]
-    if refused_upstream(all_args):
-        return "refused by α,β-CROWN at every P: " + refused_upstream(all_args).split(":")[0]
+    upstream = refused_upstream(all_args, complete_verifier)
+    if upstream:
+        return "refused by α,β-CROWN at every P: " + upstream.split(":")[0]
     bad = unsupported(all_args, mode)
     if bad:
         return "refused: " + "; ".join(bad)
@@ -89,7 +90,10 @@ def main() -> None:
         if isinstance(parsed, str):
             rows.append({"config": name, "fsdp": parsed, "tp": parsed})
         else:
-            rows.append({"config": name, "fsdp": classify(parsed, "fsdp"), "tp": classify(parsed, "tp")})
+            cv = root / "complete_verifier"
+            rows.append(
+                {"config": name, "fsdp": classify(parsed, "fsdp", cv), "tp": classify(parsed, "tp", cv)}
+            )
         print(f"{name}: fsdp {rows[-1]['fsdp']} | tp {rows[-1]['tp']}", flush=True)
     commit = subprocess.run(
         ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True

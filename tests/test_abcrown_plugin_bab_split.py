@@ -125,11 +125,11 @@ def test_domains_move_between_lists_whole_and_in_order(tmp_path):
 @pytest.mark.parametrize(
     ("change", "mode", "named"),
     [
-        (("complete_verifier: bab", "complete_verifier: mip"), "fsdp", "general.complete_verifier: mip"),
+        (("complete_verifier: bab", "complete_verifier: mip"), "tp", "general.complete_verifier: mip under"),
         (
-            ("  timeout: 120", "  timeout: 120\n  cut:\n    enabled: true"),
-            "tp",
-            "bab.cut.enabled (cuts, BICCOS)",
+            ("  timeout: 120", "  timeout: 120\n  branching:\n    branching_input_and_activation: true"),
+            "fsdp",
+            "bab.branching.branching_input_and_activation",
         ),
     ],
 )
@@ -154,12 +154,20 @@ def test_worst_domain_over_the_ranks_treats_nan_as_worst():
 
 @needs_abcrown
 @pytest.mark.parametrize("P", [1, 2])
-def test_what_abcrown_refuses_is_refused_alike_at_every_p(tmp_path, P):
-    """``bab.attack.enabled``: α,β-CROWN asserts it off; the plugin says so in one line at every P."""
-    cfg = config(tmp_path, BAB_YAML.replace("  timeout: 120", "  timeout: 120\n  attack:\n    enabled: true"))
+@pytest.mark.parametrize(
+    ("key", "line"),
+    [
+        ("  attack:\n    enabled: true", "bab.attack.enabled: alpha-beta-CROWN refuses it "
+         "('Bab attack is not out of date and to be fixed.', abcrown.py)"),
+        ("  cut:\n    enabled: true\n    cplex_cuts: true", "bab.cut.cplex_cuts: alpha-beta-CROWN needs its "
+         "CPLEX cut generator"),
+    ],
+)  # fmt: skip
+def test_what_abcrown_refuses_is_refused_alike_at_every_p(tmp_path, P, key, line):
+    """``bab.attack.enabled``: α,β-CROWN asserts it off; ``bab.cut.cplex_cuts`` without the CPLEX cut
+    generator built in the checkout: α,β-CROWN stops with an exception when BaB starts. The plugin
+    says so in one line at every P, before anything runs."""
+    cfg = config(tmp_path, BAB_YAML.replace("  timeout: 120", "  timeout: 120\n" + key))
     proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=P)
     assert proc.returncode == 1 and results == "error\n"
-    assert proc.stderr.splitlines()[-1].endswith(
-        "bab.attack.enabled: alpha-beta-CROWN refuses it "
-        "('Bab attack is not out of date and to be fixed.', abcrown.py)"
-    )
+    assert line in proc.stderr.splitlines()[-1]

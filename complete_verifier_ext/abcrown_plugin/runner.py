@@ -324,12 +324,12 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
     return out[0] if len(out) == 1 else {"instances": out}
 
 
-def _refuse_unsupported(all_args: dict, par: ParallelConfig, config: str | None) -> None:
+def _refuse_unsupported(all_args: dict, par: ParallelConfig, config: str | None, checkout) -> None:
     """PluginError when the config asks for what α,β-CROWN itself refuses (at every P, before any rank
     starts, with the same line), or for a BaB feature that is not split over ranks yet (P > 1)."""
     from .bab_split import refused_upstream, unsupported
 
-    upstream = refused_upstream(all_args)
+    upstream = refused_upstream(all_args, checkout.complete_verifier)
     if upstream:  # one line, not α,β-CROWN's assertion traceback
         raise PluginError(f"{config or 'config'}: {upstream}")
     if par.world_size <= 1:
@@ -400,7 +400,7 @@ def _run(sh: shell.Shell, config, overrides, summary, quiet, started_wall: float
     check_writable(results_file, "general.results_file")
     if summary:
         check_writable(summary, "--summary")
-    _refuse_unsupported(all_args, par, config)
+    _refuse_unsupported(all_args, par, config, checkout)
     extra = _extra_args(all_args, par.world_size)
     device = all_args["general"]["device"]
     # forked ranks (no α,β-CROWN import per rank) on the CPU with gloo only: a forked rank must not
