@@ -32,11 +32,12 @@ domains share its batch, up to β-CROWN's early stop; the tree can differ from P
 domains are picked, so verdicts agree on instances that finish, not necessarily the domain count.
 
 Input-split BaB (``bab.branching.input_split``) has its own round, split the same way
-(:mod:`.input_bab`). Refused under P > 1 (one line, before any rank starts): cuts / BICCOS / multi-tree
-search, input splits inside activation BaB (``branching_input_and_activation``), MIP under ``tp``.
-MIP (``complete_verifier: mip`` / ``bab-refine``) deals its solves over
-the ranks (:mod:`.mip_split`). Every α saved after α-CROWN (the intermediate ones too, which input BaB
-keeps per box) is made whole on every rank when BaB starts (it was kept by row while α-CROWN ran).
+(:mod:`.input_bab`); BICCOS's new cuts travel with each round's agreement (:mod:`.cuts_split`); MIP
+(``complete_verifier: mip`` / ``bab-refine``) deals its solves over the ranks (:mod:`.mip_split`).
+Every α saved after α-CROWN (the intermediate ones too, which input BaB keeps per box) is made whole on
+every rank when BaB starts (it was kept by row while α-CROWN ran). Refused under P > 1 (one line,
+before any rank starts): CPLEX cuts, input splits inside activation BaB
+(``branching_input_and_activation``), MIP under ``tp``.
 """
 
 from __future__ import annotations
