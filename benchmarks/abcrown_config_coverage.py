@@ -12,7 +12,7 @@ it at ``parallel.world_size: 2``, under ``fsdp`` and under ``tp``:
   per instance (input BaB, activation BaB, or MIP, which stops with one line at P > 1);
 * ``refused: <reasons>``: the exact line a user gets (before any rank starts);
 * ``refused by α,β-CROWN at every P``: what α,β-CROWN itself asserts off (the same line at P = 1);
-* ``whole on every rank``: a ``Customized`` verifier, run as it is on each rank;
+* ``once, on rank 0 alone``: a ``Customized`` verifier (the user's function is not split);
 * under ``tp``, convs are sharded in ``conv_mode: patches`` and ``matrix``; a layer ``tp`` cannot shard
   (MatMul, grouped conv) stays whole on every rank, named in the run's warning and summary.
 
@@ -48,7 +48,7 @@ def classify(all_args: dict, mode: str, complete_verifier: Path | None = None) -
         return "refused: " + "; ".join(bad)
     verifier = str(general["complete_verifier"])
     if verifier.startswith("Customized"):
-        return "whole on every rank (Customized verifier)"
+        return "once, on rank 0 alone (Customized verifier)"
     if verifier == "skip":
         path = "bounds"
     elif verifier == "auto":

@@ -16,6 +16,7 @@
 * :mod:`.bab_split`: the BaB domain list split over the ranks, in lockstep rounds;
 * :mod:`.input_bab`: the input-split BaB box list split over the ranks, in the same rounds;
 * :mod:`.mip_split`: MIP solves (OR labels, refined neurons) dealt over the ranks;
+* :mod:`.customized`: a ``Customized`` verifier run once, on rank 0 alone;
 * :mod:`.cuts_split`: BICCOS cuts merged over the ranks each round, multi-tree search on rank 0;
 * :mod:`.witness`: a ``sat`` re-checked on onnxruntime before it stands;
 * :mod:`.vnncomp`: the VNN-COMP route (``run_instance.sh`` with ``ABCROWN_PATH``).

@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -101,7 +103,8 @@ def split_overrides(overrides: list[str]) -> tuple[list[tuple[list[str], object]
 def merged_yaml(config_path: str | None, overrides: list[str], out_dir: str) -> tuple[str, list[str], dict]:
     """Write the user's YAML with our ``--section.key`` overrides applied to ``out_dir`` and return its
     path, the flat flags, and the merged dict. α,β-CROWN resolves relative paths against the working
-    directory (not the YAML's folder), so moving the YAML changes nothing."""
+    directory (not the YAML's folder), so moving the YAML changes nothing, except for the one it
+    resolves against the YAML's folder: a ``Customized("file.py", ...)`` file, made absolute here."""
     data: dict = {}
     if config_path:
         try:
@@ -116,9 +119,27 @@ def merged_yaml(config_path: str | None, overrides: list[str], out_dir: str) -> 
     ours, flat = split_overrides(overrides)
     for keys, value in ours:
         _set(data, keys, value)
+    general = data.get("general") if isinstance(data.get("general"), dict) else {}
+    if config_path and not general.get("root_path"):
+        data = _customized_files_absolute(data, os.path.dirname(os.path.abspath(config_path)))
     path = os.path.join(out_dir, "config.yaml")
     Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
     return path, flat, data
+
+
+_CUSTOMIZED_FILE = re.compile(r"""(Customized\(\s*)(["'])([^"']+\.py)\2""")
+
+
+def _customized_files_absolute(node: Any, folder: str) -> Any:
+    """Every ``Customized("rel/file.py", ...)`` string under ``node`` with the file made absolute
+    against ``folder`` (α,β-CROWN's ``Customized`` joins it to the YAML's folder)."""
+    if isinstance(node, dict):
+        return {k: _customized_files_absolute(v, folder) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_customized_files_absolute(v, folder) for v in node]
+    if isinstance(node, str):
+        return _CUSTOMIZED_FILE.sub(lambda m: m[1] + m[2] + os.path.join(folder, m[3]) + m[2], node)
+    return node
 
 
 def parallel_of(data: dict, flat: list[str], config_path: str | None) -> ParallelConfig:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ParallelConfig
-from . import bab_split, cuts_split, fsdp, input_bab, inputs, mip_split, patches, rows, tp
+from . import bab_split, customized, cuts_split, fsdp, input_bab, inputs, mip_split, patches, rows, tp
 
 
 @dataclass
@@ -174,6 +174,8 @@ TABLE: tuple[Patch, ...] = (
           "BaB with the weights replicated (bab_weights: replicated) and the rows not dealt"),
     Patch("bab.multi_tree_bab", "P>1", "cuts_split", _multi_tree,
           "BICCOS multi-tree branching on rank 0 alone; its cuts, domains and settings every rank's"),
+    Patch("abcrown.Customized", "P>1", "customized", _wrap(customized.wrap_customized),
+          "a Customized verifier runs once, on rank 0 alone; its result every rank's"),
     # the input-split BaB box list split over the ranks (input_bab.py)
     Patch(f"{_IBB}.batch_verification_input_split", "P>1", "input_bab", _input_round,
           "each rank splits and bounds its share of the boxes; one agreement a round"),

@@ -1,0 +1,40 @@
+"""A ``Customized`` verifier (``general.complete_verifier: Customized("file", "function")``) at P > 1.
+
+α,β-CROWN hands the whole instance to the user's function (VNN-COMP's nn4sys and cctsdb_yolo configs do
+this). The plugin cannot know what that function does, so it is not split: it runs once, on rank 0
+alone (``comm.solo()``: as a single process, with every weight whole), while the other ranks wait on
+the group's store; its result is then every rank's, and one line says so.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..parallel import comm
+
+
+def wrap_customized(orig):
+    """``abcrown.Customized`` (what ``general.complete_verifier`` is evaluated with)."""
+
+    def Customized(def_file, callable_name, *args: Any, **kwargs: Any):
+        verify = orig(def_file, callable_name, *args, **kwargs)
+
+        def on_rank0(*a: Any, **kw: Any) -> Any:
+            from . import shards
+            from .patches import local_clock
+
+            result = None
+            with shards.replicated():  # collective on entry: the weights whole on every rank
+                if comm.rank() == 0:
+                    name = f"{def_file}:{callable_name}"
+                    print(f"warning: the Customized verifier {name} is not split: it runs on rank 0 alone "
+                          "while the other ranks wait", file=sys.stderr)  # fmt: skip
+                    with comm.solo(), local_clock():
+                        result = verify(*a, **kw)
+                comm.wait_patiently()
+            return comm.broadcast_object(result, 0)
+
+        return on_rank0
+
+    return Customized

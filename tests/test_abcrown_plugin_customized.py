@@ -1,0 +1,37 @@
+"""``abcrown_plugin/customized.py``: a ``Customized`` verifier runs once, on rank 0 alone."""
+
+from __future__ import annotations
+
+from plugin_support import config, instance, needs_abcrown, plugin_env, run
+
+VERIFIER = """import os
+import torch
+
+def verify(model_ori, vnnlib, onnx_path):
+    y = model_ori(torch.zeros(1, 1, 28, 28))  # the whole model, as one process
+    with open(os.environ["MARK"], "a") as f:
+        f.write(f"{tuple(y.shape)}\\n")
+    return "safe"
+"""
+
+YAML = """general:
+  device: cpu
+  complete_verifier: Customized("verifier.py", "verify")
+model:
+  input_shape: [-1, 1, 28, 28]
+"""
+
+
+@needs_abcrown
+def test_customized_verifier_runs_once_on_rank0(tmp_path):
+    """α,β-CROWN hands the instance to the user's function (found beside the user's YAML, as
+    α,β-CROWN looks for it, although the plugin runs a merged copy elsewhere). At P = 2 it runs once,
+    on rank 0 with the whole model, one line says so, and its verdict is the run's."""
+    (tmp_path / "verifier.py").write_text(VERIFIER)
+    cfg = config(tmp_path, YAML)
+    mark = tmp_path / "mark.txt"
+    env = plugin_env(MARK=str(mark))
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=2, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert results.strip() == "unsat" and mark.read_text() == "(1, 10)\n"
+    assert "is not split: it runs on rank 0 alone" in proc.stderr
