@@ -43,7 +43,7 @@ def classify(all_args: dict, mode: str, complete_verifier: Path | None = None) -
     upstream = refused_upstream(all_args, complete_verifier)
     if upstream:
         return "refused by α,β-CROWN at every P: " + upstream.split(":")[0]
-    bad = unsupported(all_args, mode)
+    bad = unsupported(all_args)
     if bad:
         return "refused: " + "; ".join(bad)
     verifier = str(general["complete_verifier"])

@@ -125,7 +125,6 @@ def test_domains_move_between_lists_whole_and_in_order(tmp_path):
 @pytest.mark.parametrize(
     ("change", "mode", "named"),
     [
-        (("complete_verifier: bab", "complete_verifier: mip"), "tp", "general.complete_verifier: mip under"),
         (
             ("  timeout: 120", "  timeout: 120\n  branching:\n    branching_input_and_activation: true"),
             "fsdp",

@@ -22,12 +22,13 @@ def _abcrown_yaml(rel: str) -> str:
 
 @needs_abcrown
 def test_mip_or_labels_dealt_over_ranks(tmp_path):
-    """``vnncomp22/mnistfc_small.yaml`` (``complete_verifier: mip``) on 256x2 prop_9_0.05: the two
-    labels α-CROWN leaves open are solved one per rank, and every rank gets both bounds: the MIP lower
-    bounds of P = 1 (0.14279, 0.09765), unsat."""
+    """``vnncomp22/mnistfc_small.yaml`` (``complete_verifier: mip``) on 256x2 prop_9_0.05 under ``tp``
+    (each weight gathered only while the Gurobi model is built): the two labels α-CROWN leaves open are
+    solved one per rank, and every rank gets both bounds: the MIP lower bounds of P = 1 (0.14279,
+    0.09765), unsat."""
     cfg = config(tmp_path, _abcrown_yaml("vnncomp22/mnistfc_small.yaml"))
     args = instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
-    proc, s, results = run(tmp_path, cfg, *args, "--timeout", "120", P=2)
+    proc, s, results = run(tmp_path, cfg, *args, "--timeout", "120", P=2, mode="tp")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert results.strip() == "unsat"
     assert len(re.findall(r"^solving MIP for ", proc.stdout, re.M)) == 1  # rank 0's share of the two

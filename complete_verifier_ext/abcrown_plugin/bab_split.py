@@ -36,8 +36,8 @@ Input-split BaB (``bab.branching.input_split``) has its own round, split the sam
 (``complete_verifier: mip`` / ``bab-refine``) deals its solves over the ranks (:mod:`.mip_split`).
 Every α saved after α-CROWN (the intermediate ones too, which input BaB keeps per box) is made whole on
 every rank when BaB starts (it was kept by row while α-CROWN ran). Refused under P > 1 (one line,
-before any rank starts): CPLEX cuts, input splits inside activation BaB
-(``branching_input_and_activation``), MIP under ``tp``.
+before any rank starts): CPLEX cuts and input splits inside activation BaB
+(``branching_input_and_activation``).
 """
 
 from __future__ import annotations
@@ -88,15 +88,12 @@ def refused_upstream(all_args: dict, complete_verifier: Path | None = None) -> s
     return None
 
 
-def unsupported(all_args: dict, mode: str = "fsdp") -> list[str]:
-    """The configured features that cannot run split over ranks yet under ``mode``."""
+def unsupported(all_args: dict) -> list[str]:
+    """The configured features that cannot run split over ranks yet (under fsdp and tp alike)."""
     bab, general = all_args["bab"], all_args["general"]
     if general["complete_verifier"] == "skip":
         return []
     found = []
-    if general["complete_verifier"] in ("mip", "bab-refine") and mode == "tp":
-        found.append(f"general.complete_verifier: {general['complete_verifier']} under parallel.mode: tp "
-                     "(a MIP model holds whole layers: use parallel.mode: fsdp)")  # fmt: skip
     if bab["cut"]["enabled"] and bab["cut"]["cplex_cuts"]:
         found.append("bab.cut.cplex_cuts (GCP-CROWN cuts from a CPLEX process)")
     input_split = bab["branching"]["input_split"]["enable"]

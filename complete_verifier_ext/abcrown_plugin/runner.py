@@ -335,7 +335,7 @@ def _refuse_unsupported(all_args: dict, par: ParallelConfig, config: str | None,
     if par.world_size <= 1:
         return
 
-    bad = unsupported(all_args, par.mode)
+    bad = unsupported(all_args)
     if bad:
         raise PluginError(
             f"{config or 'config'}: not supported with parallel.world_size > 1 yet: {'; '.join(bad)} "

@@ -27,7 +27,7 @@ of those channels): each shard, as it comes round the ring, is applied by auto_L
 ``bound_backward`` to its channel block, and the results are summed (an identity start, which is the
 weight itself, gets each shard's rows). Any other layer (a MatMul, another Gemm form, a grouped or 1-D
 conv) stays whole on every rank, with one warning line and the summary's ``whole_layers``. MIP/LP
-building needs whole layers and is refused with one line.
+building gathers each weight for the call (a Gurobi model holds every layer whole).
 
 In a BaB round each rank bounds its own domains (:mod:`.bab_split`), so the column-parallel form, which
 needs every rank's input, does not apply: inside :func:`~complete_verifier_ext.parallel.serve.serving`
@@ -177,10 +177,15 @@ def wrap_bound_backward(orig):
 
 
 def wrap_build_solver(orig):
+    """MIP/LP model building (``build_solver(self, *v, ...)``, ``v[1]`` the weight): a Gurobi model
+    holds every layer whole as its coefficients, so the weight is gathered for the call and dropped
+    after (in lockstep: every rank builds the same model)."""
+
     def build_solver(self, *v, **kwargs):
-        if _sharded(self) is not None:
-            raise PluginError("parallel.mode: tp: MIP/LP models need whole layers: use parallel.mode: fsdp")
-        return orig(self, *v, **kwargs)
+        sw = _sharded(self)
+        if sw is None or len(v) < 2:
+            return orig(self, *v, **kwargs)
+        return orig(self, v[0], sw.fresh(), *v[2:], **kwargs)
 
     build_solver.__wrapped__ = orig
     return build_solver
