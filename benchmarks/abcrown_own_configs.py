@@ -11,7 +11,11 @@ runs it here: ``root_path``/``csv_name`` dropped, ``--device cpu``, ``fsdp`` ove
   input-split BaB, clip-and-verify on the boxes, the attack every round) on 8 ACAS Xu instances;
 * ``mip``: ``vnncomp22/mnistfc_small.yaml`` (``complete_verifier: mip``) on mnist-net_256x2;
 * ``refine``: ``vnncomp22/mnistfc.yaml`` (``bab-refine``: MIP-refined layers, then BaB) on 256x4;
-* ``clip``: ``vnncomp25/cifar100.yaml`` (clip-and-verify in activation BaB) on oval21.
+* ``clip``: ``vnncomp25/cifar100.yaml`` (clip-and-verify in activation BaB) on oval21;
+* ``biccos``: ``BICCOS/oval22/biccos_only_cs.yaml`` (BICCOS cuts, multi-tree branching as
+  ``auto_param`` decides) on oval21;
+* ``tp``: ``vnncomp22/resnet_A.yaml`` (its convs in ``conv_mode: patches``) on sri_resnet_a, P > 1 under
+  ``tp`` (the other sets: ``fsdp``).
 
 Compared: the verdict (``wrong`` if it differs from the benchmark's known one, where that is sat or
 unsat, or from P = 1's), the wall time of the whole command, and each rank's peak. Writes
@@ -32,6 +36,7 @@ from measure import REPO, provenance
 
 ACAS = [("1_1", "prop_1"), ("2_7", "prop_1"), ("4_2", "prop_2"), ("3_3", "prop_9"), ("4_5", "prop_10"),
         ("1_1", "prop_5"), ("1_1", "prop_6"), ("3_6", "prop_2")]  # fmt: skip
+RESNET_A = "onnx/resnet_3b2_bn_mixup_adv_4.0_bs128_lr-1.onnx"
 SETS = {
     "acasxu": ("vnncomp21/acasxu.yaml", "acasxu",
                [(f"onnx/ACASXU_run2a_{n}_batch_2000.onnx", f"vnnlib/{p}.vnnlib") for n, p in ACAS]),
@@ -39,6 +44,12 @@ SETS = {
             [("onnx/mnist-net_256x2.onnx", f"vnnlib/prop_{i}.vnnlib") for i in ("9_0.05", "3_0.03")]),
     "refine": ("vnncomp22/mnistfc.yaml", "mnist_fc",
                [("onnx/mnist-net_256x4.onnx", "vnnlib/prop_3_0.05.vnnlib")]),
+    "biccos": ("BICCOS/oval22/biccos_only_cs.yaml", "oval21",
+               [("onnx/cifar_base_kw.onnx", "vnnlib/cifar_base_kw-img4763-eps0.024705882352941175.vnnlib"),
+                ("onnx/cifar_base_kw.onnx", "vnnlib/cifar_base_kw-img8194-eps0.018300653594771243.vnnlib")]),
+    "tp": ("vnncomp22/resnet_A.yaml", "sri_resnet_a",
+           [(RESNET_A, "vnnlib/cifar10_spec_idx_8356_eps_0.00350.vnnlib"),
+            (RESNET_A, "vnnlib/cifar10_spec_idx_1551_eps_0.00198.vnnlib")]),
     "clip": ("vnncomp25/cifar100.yaml", "oval21",
              [("onnx/cifar_base_kw.onnx", "vnnlib/cifar_base_kw-img4763-eps0.024705882352941175.vnnlib"),
               ("onnx/cifar_base_kw.onnx", "vnnlib/cifar_base_kw-img8194-eps0.018300653594771243.vnnlib")]),
@@ -97,10 +108,11 @@ def main() -> None:
                         str(BENCH / folder / vnnlib),
                     ]
                     cmd = ["--config", str(cfg), *files, "--timeout", str(args.timeout)]
-                    s = run_abcrown(cmd, tmp, args.timeout * 2 + 120, world=P)
+                    mode = "tp" if name == "tp" else "fsdp"
+                    s = run_abcrown(cmd, tmp, args.timeout * 2 + 120, world=P, mode=mode)
                     bab = s.get("bab") or {}
                     runs.append({
-                        "set": name, "config": rel, "onnx": onnx, "vnnlib": vnnlib, "P": P,
+                        "set": name, "config": rel, "onnx": onnx, "vnnlib": vnnlib, "P": P, "mode": mode,
                         "expected": expected(folder, onnx, vnnlib), "verdict": s.get("verdict", "error"),
                         "error": s.get("error"), "wall_s": s.get("wall_s"), "peak_mb": s.get("peak_mb"),
                         "bab_domains": bab.get("domains"),
@@ -130,23 +142,24 @@ def table(runs: list[dict], meta: dict, timeout: float) -> str:
         if r["P"] > 1 and r["verdict"] == p1.get((r["set"], r["onnx"], r["vnnlib"]), {}).get("verdict")
     )
     lines = [
-        f"# α,β-CROWN's own configs through the plugin, P = 1, 2 (3), fsdp, {timeout:.0f} s per instance",
+        f"# α,β-CROWN's own configs through the plugin, P = 1, 2 (3), {timeout:.0f} s per instance",
         "",
         f"commit {meta['commit']}, `{meta['command']}`, {meta['machine']}",
         "",
         f"* {len(runs)} runs, **{bad} wrong**; {same} of {sum(r['P'] > 1 for r in runs)} runs at P > 1 "
         "give P = 1's verdict",
         "",
-        "| config | instance | expected | P | verdict | BaB domains | wall (s) | peak MB per rank |",
-        "|---|---|---|---|---|---|---|---|",
+        "| config | instance | expected | P | mode | verdict | BaB domains | wall (s) | peak MB per rank |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         inst = f"{Path(r['onnx']).stem} {Path(r['vnnlib']).stem[:32]}"
         peak = " / ".join(f"{v:.0f}" for v in r["peak_mb"] or [])
         verdict = r["verdict"] + (f" ({r['error']})" if r.get("error") else "")
         domains = r["bab_domains"] if r["bab_domains"] is not None else ""
-        lines.append(f"| {r['config']} | {inst} | {r['expected']} | {r['P']} | {verdict} | {domains} | "
-                     f"{r['wall_s']} | {peak} |")  # fmt: skip
+        mode = r.get("mode", "fsdp") if r["P"] > 1 else ""
+        head = f"| {r['config']} | {inst} | {r['expected']} | {r['P']} | {mode} | {verdict} | {domains} | "
+        lines.append(f"{head}{r['wall_s']} | {peak} |")
     return "\n".join(lines) + "\n"
 
 
