@@ -7,51 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from plugin_support import BENCH, VENDOR, config, needs_abcrown, run
+from plugin_support import VENDOR, config, needs_abcrown, run
 
 from complete_verifier_ext.parallel import launch
-
-ACAS = BENCH / "acasxu"
-
-
-def _acasxu_yaml() -> str:
-    """α,β-CROWN's own ``vnncomp21/acasxu.yaml`` (the config its ``vnncomp_main.py`` picks for
-    ``acasxu_2023``) as a user runs it here: without ``root_path``/``csv_name``, on the CPU."""
-    import yaml
-
-    data = yaml.safe_load((VENDOR / "complete_verifier/exp_configs/vnncomp21/acasxu.yaml").read_text())
-    data["general"] = {"device": "cpu"}
-    return yaml.safe_dump(data)
-
-
-def _acas(net: str, prop: str) -> list[str]:
-    onnx = ACAS / "onnx" / f"ACASXU_run2a_{net}_batch_2000.onnx"
-    return ["--onnx_path", str(onnx), "--vnnlib_path", str(ACAS / "vnnlib" / f"{prop}.vnnlib")]
-
-
-# unpatched α,β-CROWN (P = 1) on ACAS Xu 1_1 prop_1 with vnncomp21/acasxu.yaml: unsat after 3411 boxes,
-# in 4 rounds (1024, 1486, 868, 0 boxes left)
-P1 = ("unsat", 3411)
-
-
-@needs_abcrown
-@pytest.mark.skipif(not ACAS.is_dir(), reason=f"{ACAS} not found (../shared/benchmarks)")
-def test_input_bab_with_boxes_split_over_ranks(tmp_path):
-    """Input-split BaB (``naive`` branching, ``reorder_bab``, clip-and-verify on the input boxes, the
-    attack every round) with each rank holding its own share of the box list, under ``tp`` (the
-    weights stay sharded, each rank fetching the shards its boxes need): the verdict and the tree of
-    P = 1 (every round picks all boxes, and the split depth comes from the whole round's count). Every
-    rank issues the same collectives each round. (``fsdp`` with the weights replicated:
-    ``test_input_bab_with_alpha_kept_by_row_during_alpha_crown``.)"""
-    cfg = config(tmp_path, _acasxu_yaml())
-    proc, s, results = run(tmp_path, cfg, *_acas("1_1", "prop_1"), P=2, mode="tp")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert results.strip() == P1[0] and s["bab"]["domains"] == P1[1]
-    rounds = s["bab_collectives"]
-    assert len(rounds) == 2 and rounds[0] == rounds[1] and len(rounds[0]) == 4, rounds
-    whole, shards = zip(*s["bab_weight_fetches"], strict=True)
-    assert sum(whole) == 0 and min(shards) > 0
-
 
 ALPHA_YAML = """general:
   device: cpu
@@ -68,27 +26,40 @@ bab:
     method: sb
     input_split:
       enable: True
+  clip_n_verify:
+    clip_input_domain:
+      enabled: True
 attack:
   pgd_order: skip
+  input_split_check_adv:
+    enabled: "true"
 """
 
 
 @needs_abcrown
-def test_input_bab_with_alpha_kept_by_row_during_alpha_crown(tmp_path):
-    """Input BaB with α-CROWN bounds keeps every box's α, the intermediate layers' too. While α-CROWN
-    ran, those α were kept by row (half on each rank: ``alpha_elements``); at BaB entry they are made
-    whole on every rank, and the search is P = 1's: unsat after 1766 boxes on a 4-96-96-3 MLP (without
-    that step the ranks index α rows they do not hold)."""
+def test_input_bab_with_boxes_split_over_ranks(tmp_path):
+    """Input-split BaB with α-CROWN bounds, clip-and-verify on the boxes and the attack on the worst
+    boxes every round, on a 4-96-96-3 MLP under ``tp`` at P = 2: each rank holds its share of the box
+    list (every box with its α, the intermediate layers' too, and its clip constraints) and fetches the
+    weight shards its boxes need. While α-CROWN ran, those α were kept by row (half on each rank:
+    ``alpha_elements``); at BaB entry they are made whole on every rank (without that step the ranks
+    index α rows they do not hold). The search is P = 1's: unsat after 1752 boxes; every rank issues
+    the same collectives each round. (ACAS Xu with α,β-CROWN's own ``acasxu.yaml``:
+    ``benchmarks/abcrown_own_configs.py``.)"""
     from complete_verifier_ext.testing import mlp_onnx, write_vnnlib
 
     onnx = mlp_onnx(tmp_path / "m.onnx", [4, 96, 96, 3], seed=3)
     x0 = [0.1, -0.2, 0.3, 0.05]
     spec = write_vnnlib(tmp_path / "p.vnnlib", [v - 0.1 for v in x0], [v + 0.1 for v in x0], 0, 3)
     cfg = config(tmp_path, ALPHA_YAML)
-    proc, s, results = run(tmp_path, cfg, "--onnx_path", onnx, "--vnnlib_path", spec, P=2)
+    proc, s, results = run(tmp_path, cfg, "--onnx_path", onnx, "--vnnlib_path", spec, P=2, mode="tp")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert results.strip() == "unsat" and s["bab"]["domains"] == 1766
+    assert results.strip() == "unsat" and s["bab"]["domains"] == 1752
     assert s["alpha_elements"] == [541568, 541568]  # P = 1: 1083136
+    rounds = s["bab_collectives"]
+    assert len(rounds) == 2 and rounds[0] == rounds[1] and len(rounds[0]) > 1, rounds
+    whole, shards = zip(*s["bab_weight_fetches"], strict=True)
+    assert sum(whole) == 0 and min(shards) > 0
 
 
 def _boxes(n: int, first: int, spec: int = 2):
