@@ -39,27 +39,26 @@ attack:
 @needs_abcrown
 def test_input_bab_with_boxes_split_over_ranks(tmp_path):
     """Input-split BaB with α-CROWN bounds, clip-and-verify on the boxes and the attack on the worst
-    boxes every round, on a 4-96-96-3 MLP under ``tp`` at P = 2: each rank holds its share of the box
-    list (every box with its α, the intermediate layers' too, and its clip constraints) and fetches the
-    weight shards its boxes need. While α-CROWN ran, those α were kept by row (half on each rank:
-    ``alpha_elements``); at BaB entry they are made whole on every rank (without that step the ranks
-    index α rows they do not hold). The search is P = 1's: unsat after 1752 boxes; every rank issues
-    the same collectives each round. (ACAS Xu with α,β-CROWN's own ``acasxu.yaml``:
-    ``benchmarks/abcrown_own_configs.py``.)"""
+    boxes every round, on a 4-96-96-3 MLP at P = 2 (``fsdp``, the weights replicated for the search;
+    sharded weights are served as in activation BaB): each rank holds its share of the box list, every
+    box with its α (the intermediate layers' too) and its clip constraints. While α-CROWN ran, those α
+    were kept by row (half on each rank: ``alpha_elements``); at BaB entry they are made whole on every
+    rank (without that step the ranks index α rows they do not hold). The search is P = 1's: unsat
+    after 1752 boxes; every rank issues the same collectives each round. (ACAS Xu with α,β-CROWN's own
+    ``acasxu.yaml``: ``benchmarks/abcrown_own_configs.py``.)"""
     from complete_verifier_ext.testing import mlp_onnx, write_vnnlib
 
     onnx = mlp_onnx(tmp_path / "m.onnx", [4, 96, 96, 3], seed=3)
     x0 = [0.1, -0.2, 0.3, 0.05]
     spec = write_vnnlib(tmp_path / "p.vnnlib", [v - 0.1 for v in x0], [v + 0.1 for v in x0], 0, 3)
     cfg = config(tmp_path, ALPHA_YAML)
-    proc, s, results = run(tmp_path, cfg, "--onnx_path", onnx, "--vnnlib_path", spec, P=2, mode="tp")
+    proc, s, results = run(tmp_path, cfg, "--onnx_path", onnx, "--vnnlib_path", spec, P=2)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert results.strip() == "unsat" and s["bab"]["domains"] == 1752
     assert s["alpha_elements"] == [541568, 541568]  # P = 1: 1083136
     rounds = s["bab_collectives"]
     assert len(rounds) == 2 and rounds[0] == rounds[1] and len(rounds[0]) > 1, rounds
-    whole, shards = zip(*s["bab_weight_fetches"], strict=True)
-    assert sum(whole) == 0 and min(shards) > 0
+    assert set(rounds[0]) <= {2, 3}  # counts, agreement (+ one rebalance)
 
 
 def _boxes(n: int, first: int, spec: int = 2):

@@ -3,7 +3,6 @@ around a ring of shards), Linear and Conv layers."""
 
 from __future__ import annotations
 
-import pytest
 from plugin_support import (
     BENCH,
     BOUNDS_YAML,
@@ -37,28 +36,29 @@ def _close(ref: dict, got: dict) -> None:
         assert max(abs(x - y) / max(1.0, abs(x)) for x, y in pairs) < 1e-5, (method, pairs)
 
 
-@pytest.mark.parametrize(("conv_mode", "P"), [("matrix", 2), ("patches", 3)])
-def test_tp_conv_layers(tmp_path, conv_mode, P):
-    """oval21's cifar_base_kw under tp, its conv layers sharded by output channel: in matrix mode
-    ``conv_transpose2d`` around the ring; in patches mode (α,β-CROWN's default) auto_LiRPA's own
-    patches step on each shard's channel block, summed (an identity start gets each shard's rows), at
-    P = 3 with uneven shards. CROWN and α-CROWN equal unpatched α,β-CROWN's within 1e-5, no whole
-    weight on any rank, no layer left whole."""
+def test_tp_conv_layers(tmp_path):
+    """oval21's cifar_base_kw under tp, its conv layers sharded by output channel: in matrix mode at
+    P = 2, ``conv_transpose2d`` around the ring; in patches mode (α,β-CROWN's default) at P = 3, with
+    uneven shards, auto_LiRPA's own patches step on each shard's channel block, summed (an identity start
+    gets each shard's rows). CROWN and α-CROWN equal unpatched α,β-CROWN's within 1e-5, no whole weight
+    on any rank, no layer left whole."""
     oval = BENCH / "oval21"
     args = ["--onnx_path", str(oval / "onnx" / "cifar_base_kw.onnx")]
     args += ["--vnnlib_path", str(oval / "vnnlib" / "cifar_base_kw-img8194-eps0.018300653594771243.vnnlib")]
-    yaml = BOUNDS_YAML.format(chunk=64 if conv_mode == "patches" else 256).replace(
-        "iteration: 10", "iteration: 3"
-    )
-    cfg = config(
-        tmp_path,
-        yaml.replace("  complete_verifier: skip", f"  complete_verifier: skip\n  conv_mode: {conv_mode}"),
-    )
-    p1, ref, _ = run(tmp_path, cfg, *args, name="p1")
-    p2, got, _ = run(tmp_path, cfg, *args, P=P, mode="tp", name="tp", env=plugin_env(CVE_ABCROWN_AUDIT="1"))
-    assert p1.returncode == 0 and p2.returncode == 0, p2.stderr[-2000:]
-    _close(ref, got)
-    assert got["full_weights_live"] == [[[], []]] * P and "whole_layers" not in got
+    yaml = BOUNDS_YAML.format(chunk=64).replace("iteration: 10", "iteration: 3")
+    p1, ref, _ = run(tmp_path, config(tmp_path, yaml), *args, name="p1")
+    assert p1.returncode == 0, p1.stderr[-2000:]
+    for conv_mode, P in (("matrix", 2), ("patches", 3)):
+        cfg = config(
+            tmp_path,
+            yaml.replace("  complete_verifier: skip", f"  complete_verifier: skip\n  conv_mode: {conv_mode}"),
+            name=f"{conv_mode}.yaml",
+        )
+        env = plugin_env(CVE_ABCROWN_AUDIT="1")
+        p2, got, _ = run(tmp_path, cfg, *args, P=P, mode="tp", name=conv_mode, env=env)
+        assert p2.returncode == 0, p2.stderr[-2000:]
+        _close(ref, got)
+        assert got["full_weights_live"] == [[[], []]] * P and "whole_layers" not in got
 
 
 WHOLE = """
