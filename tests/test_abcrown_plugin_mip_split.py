@@ -22,7 +22,7 @@ attack:
 """
 
 
-def _instance(tmp_path) -> list[str]:
+def _instance(tmp_path, sizes: list[int] | None = None) -> list[str]:
     """A 30-48-48-3 MLP (30 inputs: ``auto`` picks ``bab-refine`` for it, not input BaB) and a box of
     radius 0.05 around a random point, its label's robustness (two clauses open after α-CROWN)."""
     import numpy as np
@@ -30,7 +30,7 @@ def _instance(tmp_path) -> list[str]:
 
     from complete_verifier_ext.testing import mlp, mlp_onnx, write_vnnlib
 
-    sizes = [30, 48, 48, 3]
+    sizes = sizes or [30, 48, 48, 3]
     onnx = mlp_onnx(tmp_path / "m.onnx", sizes, seed=5)
     x0 = np.random.default_rng(0).uniform(-0.5, 0.5, 30).astype(np.float32)
     label = int(mlp(sizes, seed=5)(torch.tensor(x0)[None]).argmax())
@@ -95,3 +95,16 @@ def _dealt(tmp: str) -> list:
 def test_dealt_pool_gives_every_result_in_order(tmp_path):
     """Problems dealt round-robin, each rank's pool of half the processes, results back in order."""
     assert launch.run(_dealt, 2, (str(tmp_path),), backend="gloo") == [i * i for i in range(7)]
+
+
+@needs_abcrown
+def test_a_gurobi_licence_refusal_is_one_line(tmp_path):
+    """pip's size-limited Gurobi licence refuses a MIP of over 2000 variables (a 30-800-800-3 MLP). At
+    P = 2 that is one line and ``error``; unpatched α,β-CROWN (P = 1) prints it and then fails
+    re-raising it across its solver pool."""
+    yaml = MIP_YAML.format(verifier="mip").replace(
+        "  batch_size: 8", "  batch_size: 8\n  alpha-crown:\n    iteration: 2"
+    )
+    proc, s, results = run(tmp_path, config(tmp_path, yaml), *_instance(tmp_path, [30, 800, 800, 3]), P=2)
+    assert proc.returncode == 1 and results == "error\n", proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1].startswith("error: Gurobi: Model too large for size-limited license")

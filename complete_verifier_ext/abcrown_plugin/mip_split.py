@@ -100,3 +100,16 @@ def on_rank0(orig):
         return comm.broadcast_object(result, 0)
 
     return solve
+
+
+def gurobi_error_as_one_line(orig):
+    """``lp_mip_solver.utils.handle_gurobi_error`` (in a solver process or the rank): Gurobi's refusal
+    (a size-limited licence, a missing one) becomes one line and ``error`` at every P. Unpatched
+    α,β-CROWN prints it and then fails re-raising it across its pool (a ``TypeError`` traceback)."""
+
+    def handle_gurobi_error(message):
+        from .locate import PluginError
+
+        raise PluginError(f"Gurobi: {message} (solver.mip needs a Gurobi licence that accepts this model)")
+
+    return handle_gurobi_error

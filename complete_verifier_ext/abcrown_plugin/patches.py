@@ -124,6 +124,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     ),
     "bab.get_split_depth": ("batch_size", "min_batch_size", "min_depth"),
     "lp_mip_solver.mip_solver_lb_ub_and": ("candidate", "save_adv", "rhs"),
+    "lp_mip_solver.utils.handle_gurobi_error": ("message",),
     "abcrown.Customized": ("def_file", "callable_name", "args", "kwargs"),
     "bab.multi_tree_bab": (
         "net",

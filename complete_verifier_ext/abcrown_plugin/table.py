@@ -189,6 +189,8 @@ TABLE: tuple[Patch, ...] = (
     Patch("complete_verifier_func.input_bab_parallel", "P>1", "input_bab", _input_bab,
           "input BaB with the weights replicated (bab_weights: replicated), the rows not dealt, α whole"),
     # MIP solves dealt over the ranks (mip_split.py)
+    Patch("lp_mip_solver.utils.handle_gurobi_error", "P>1", "mip_split",
+          _wrap(mip_split.gurobi_error_as_one_line), "Gurobi's refusal is one line at every P"),
     *(Patch(f"{m}.multiprocessing", "P>1", "mip_split", _wrap(mip_split.dealt_multiprocessing),
             "the pool solves this rank's share of the problems; the results gathered in order")
       for m in ("lp_mip_solver", "lp_mip_solver.refine_core")),
