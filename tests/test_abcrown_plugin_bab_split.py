@@ -142,13 +142,13 @@ def test_bab_features_not_split_yet_are_refused(tmp_path, change, mode, named):
 def test_worst_domain_over_the_ranks_treats_nan_as_worst():
     import torch
 
-    from complete_verifier_ext.abcrown_plugin.bab_split import _worst
+    from complete_verifier_ext.abcrown_plugin.bab_split import worst_over_ranks
 
     nan = torch.tensor([float("nan"), -1.0])
-    assert _worst([torch.tensor([0.5]), None, nan]) is nan  # NaN proves nothing: never the best
+    assert worst_over_ranks([torch.tensor([0.5]), None, nan]) is nan  # NaN proves nothing: never the best
     a = torch.tensor([-0.2, -3.0])  # its best spec (-0.2) is worse than the other domain's (-0.1)
-    assert _worst([a, torch.tensor([-0.1])]) is a
-    assert torch.equal(_worst([None, None]), torch.tensor(1e-7))  # α,β-CROWN's value for an empty list
+    assert worst_over_ranks([a, torch.tensor([-0.1])]) is a
+    assert torch.equal(worst_over_ranks([None, None]), torch.tensor(1e-7))  # α,β-CROWN: empty list
 
 
 @needs_abcrown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from plugin_support import config, instance, needs_abcrown, plugin_env, run
 
 VERIFIER = """import os
@@ -35,3 +36,14 @@ def test_customized_verifier_runs_once_on_rank0(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert results.strip() == "unsat" and mark.read_text() == "(1, 10)\n"
     assert "is not split: it runs on rank 0 alone" in proc.stderr
+
+
+@needs_abcrown
+@pytest.mark.parametrize("P", [1, 2])
+def test_a_missing_customized_file_is_one_line(tmp_path, P):
+    """The user's verifier file is not beside the YAML: one line naming it, ``error``, exit 1."""
+    cfg = config(tmp_path, YAML)
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=P)
+    assert proc.returncode == 1 and results == "error\n"
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].endswith(f"Customized file {tmp_path / 'verifier.py'} not found")

@@ -59,7 +59,7 @@ _picked_total: int | None = None  # domains picked this round on all ranks, for 
 round_collectives: list[int] = []  # lockstep collectives each BaB round issued on this rank (this run)
 
 
-def _lockstep_calls() -> int:
+def lockstep_calls() -> int:
     """Collectives issued so far on this rank, point-to-point messages (whose number differs per rank
     while weights are served) left out: equal on every rank at every point, or the ranks diverged."""
     return sum(v["calls"] for name, v in comm.stats().items() if name != "exchange")
@@ -130,13 +130,13 @@ def _storages(dl) -> dict[tuple, Any]:
     return out
 
 
-def _cpu(obj: Any) -> Any:
+def to_cpu(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
+        return {k: to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu(v) for v in obj)
+        return type(obj)(to_cpu(v) for v in obj)
     return obj
 
 
@@ -174,7 +174,7 @@ def take(dl, k: int) -> Moved:
             lists[name] = items[n - k : n]
             setattr(dl, name, items[: n - k])
     dl.num_domains = n - k
-    return Moved(_cpu(tensors), {key: s.concat_dim for key, s in stores.items()}, _cpu(lists))
+    return Moved(to_cpu(tensors), {key: s.concat_dim for key, s in stores.items()}, to_cpu(lists))
 
 
 def put(dl, moved: Moved) -> None:
@@ -239,7 +239,26 @@ def even_out(q: ListQueue, counts: list[int]) -> list[int]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _worst(candidates: list) -> torch.Tensor:
+def deal_round(q: ListQueue, batch: int) -> tuple[list[int], int]:
+    """The start of a round on a list split over the ranks (activation or input BaB): the first time,
+    ranks other than 0 empty their copy; one all-gather of (held, batch size), the batch the smallest
+    over the ranks; a rebalance when needed. Returns every rank's picks (up to ⌈B / P⌉ each) and the
+    batch. ``len()`` of the list is this rank's own until the round's agreement."""
+    dl = q.dl
+    dl._global_len = None
+    if not dl.__dict__.get("_split", False):
+        dl._split = True
+        if comm.rank() != 0 and len(dl) > 0:
+            q.take_spread(len(dl))
+    counts, batches = zip(*comm.all_gather_object((len(dl), int(batch))), strict=True)
+    counts, batch = list(counts), min(batches)
+    share = -(-batch // comm.world_size())
+    if needs_rebalance(counts, share):
+        counts = even_out(q, counts)
+    return [min(share, n) for n in counts], batch
+
+
+def worst_over_ranks(candidates: list) -> torch.Tensor:
     """α,β-CROWN's ``check_worst_domain`` over the ranks: the lb − rhs of the domain whose best spec is
     worst; 1e-7 (its value for an empty list) when no rank holds a domain."""
     held = [w for w in candidates if w is not None]
@@ -263,22 +282,11 @@ def wrap_act_split_round(split_domain, check_worst_domain, weights_sharded: bool
 
         from . import patches
 
-        bab_args, me, calls = arguments.Config["bab"], comm.rank(), _lockstep_calls()
-        domains._global_len = None  # len() is this rank's own inside the round
+        bab_args, me, calls = arguments.Config["bab"], comm.rank(), lockstep_calls()
         cuts_split.begin_round(net)
-        if not getattr(domains, "_split", False):
-            domains._split = True
-            if me != 0:
-                take(domains, len(domains))
-        counts, batches = zip(*comm.all_gather_object((len(domains), int(batch))), strict=True)
-        counts, batch = list(counts), min(batches)
-        share = -(-batch // comm.world_size())
-        if needs_rebalance(counts, share):
-            counts = even_out(ListQueue(domains), counts)
-        picks = [min(share, n) for n in counts]
+        picks, batch = deal_round(ListQueue(domains), batch)
         visited = stats.visited
-        fetch = serve.serving() if weights_sharded else contextlib.nullcontext()
-        with patches.local_clock(), fetch:
+        with patches.local_clock(), fetched(weights_sharded):
             if picks[me] > 0:
                 stats.timer.start("pickout")
                 d = domains.pick_out(batch=picks[me], device=net.device)
@@ -295,10 +303,10 @@ def wrap_act_split_round(split_domain, check_worst_domain, weights_sharded: bool
             interval = bab_args["sort_domain_interval"]
             if interval > 0 and iter_idx % interval == 0:
                 domains.sort()
-            worst = _cpu(check_worst_domain(domains)) if len(domains) > 0 else None
+            worst = to_cpu(check_worst_domain(domains)) if len(domains) > 0 else None
         global_lb = _agree(domains, stats, worst, visited, net).to(net.device)
         if not comm.is_solo():
-            round_collectives.append(_lockstep_calls() - calls)
+            round_collectives.append(lockstep_calls() - calls)
         return global_lb
 
     return act_split_round
@@ -320,7 +328,7 @@ def _agree(domains, stats, worst: torch.Tensor | None, visited: int, net) -> tor
     if any(e[3] for e in every):
         stats.all_node_split = True
         stats.all_split_result = "unsafe" if any(e[3] and e[4] == "unsafe" for e in every) else "unknown"
-    global_lb = _worst([e[1] for e in every])
+    global_lb = worst_over_ranks([e[1] for e in every])
     offset = arguments.Config["specification"]["rhs_offset"]
     if offset is not None:
         global_lb = global_lb + offset
@@ -348,16 +356,30 @@ def wrap_get_split_depth(orig):
     return get_split_depth
 
 
+def fetched(weights_sharded: bool):
+    """Around rank-local work of a round: the weights a rank needs fetched on request when they stay
+    sharded (:func:`~complete_verifier_ext.parallel.serve.serving`), nothing to do when replicated."""
+    return serve.serving() if weights_sharded else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def searching(reference_dict: dict | None, weights_sharded: bool):
+    """Around a whole BaB search (activation or input BaB): the α saved after α-CROWN whole on every
+    rank, the weights replicated (unless ``weights_sharded``), the rows of each bound not dealt (the
+    domains are). Collective on entry."""
+    from . import rows, shards
+
+    rows.whole_alphas(reference_dict)
+    whole = contextlib.nullcontext() if weights_sharded else shards.replicated()
+    with whole, rows.inactive():
+        yield
+
+
 def wrap_general_bab(orig, weights_sharded: bool):
-    """``general_bab`` with the weights replicated for the search (unless ``weights_sharded``), the
-    rows of each bound not dealt (the domains are) and the α saved after α-CROWN whole on every rank."""
+    """``general_bab`` inside :func:`searching`."""
 
     def general_bab(net, x, c, rhs, reference_dict=None, timeout=None, max_iterations=None):
-        from . import rows, shards
-
-        rows.whole_alphas(reference_dict)
-        whole = contextlib.nullcontext() if weights_sharded else shards.replicated()
-        with whole, rows.inactive():
+        with searching(reference_dict, weights_sharded):
             return orig(net, x, c, rhs, reference_dict, timeout, max_iterations)
 
     return general_bab

@@ -142,6 +142,13 @@ def _customized_files_absolute(node: Any, folder: str) -> Any:
     return node
 
 
+def check_customized_files(data: dict, config_path: str | None) -> None:
+    """A ``Customized("file.py", ...)`` whose file is not there: one line naming it."""
+    for found in _CUSTOMIZED_FILE.finditer(yaml.safe_dump(data)):
+        if not os.path.isfile(found[3]):
+            raise PluginError(f"{config_path or 'config'}: Customized file {found[3]} not found")
+
+
 def parallel_of(data: dict, flat: list[str], config_path: str | None) -> ParallelConfig:
     """Our ``parallel`` section, checked by the schema both engines share; α,β-CROWN's flat
     ``--parallel_*`` flags win over the YAML, as in its parser. Every mistake names where it is."""

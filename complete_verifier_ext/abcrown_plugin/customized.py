@@ -24,16 +24,15 @@ def wrap_customized(orig):
             from . import shards
             from .patches import local_clock
 
-            result = None
+            def compute():
+                name = f"{def_file}:{callable_name}"
+                print(f"warning: the Customized verifier {name} is not split: it runs on rank 0 alone "
+                      "while the other ranks wait", file=sys.stderr)  # fmt: skip
+                with local_clock():
+                    return verify(*a, **kw)
+
             with shards.replicated():  # collective on entry: the weights whole on every rank
-                if comm.rank() == 0:
-                    name = f"{def_file}:{callable_name}"
-                    print(f"warning: the Customized verifier {name} is not split: it runs on rank 0 alone "
-                          "while the other ranks wait", file=sys.stderr)  # fmt: skip
-                    with comm.solo(), local_clock():
-                        result = verify(*a, **kw)
-                comm.wait_patiently()
-            return comm.broadcast_object(result, 0)
+                return comm.from_rank0(compute)
 
         return on_rank0
 

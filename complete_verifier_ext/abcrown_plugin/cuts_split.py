@@ -91,16 +91,16 @@ def wrap_multi_tree_bab(orig, weights_sharded: bool):
                 "bab.cut.biccos.multi_tree_branching needs the weights whole during its search: "
                 "use parallel.bab_weights: replicated (parallel.mode: fsdp)"
             )
-        out = None
-        if comm.rank() == 0:
-            with comm.solo(), local_clock():
+
+        def search():
+            with local_clock():
                 global_lb = orig(net, domains, batch, stop_criterion_func, biccos_args, stats, *rest)
             biccos = _biccos(net)
-            out = (global_lb.cpu(), len(domains), stats.visited,
-                   arguments.Config["solver"]["min_batch_size_ratio"],
-                   list(biccos.biccos_cuts) if biccos is not None else None)  # fmt: skip
-        comm.wait_patiently()
-        global_lb, count, visited, ratio, cuts = comm.broadcast_object(out, 0)
+            return (global_lb.cpu(), len(domains), stats.visited,
+                    arguments.Config["solver"]["min_batch_size_ratio"],
+                    list(biccos.biccos_cuts) if biccos is not None else None)  # fmt: skip
+
+        global_lb, count, visited, ratio, cuts = comm.from_rank0(search)
         domains.use_bfs = False
         domains._global_len = count
         stats.visited = visited

@@ -33,20 +33,15 @@ first round (the same work on each, once), then dealt like the rest.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
 import torch
 
-from ..parallel import comm, serve
+from ..parallel import comm
 from . import bab_split
 
 _picked: tuple[int, int] | None = None  # (this rank's picks, all ranks' picks) inside a round
-
-
-def _fetch(weights_sharded: bool):
-    return serve.serving() if weights_sharded else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -69,7 +64,7 @@ def take(dl, k: int) -> bab_split.Moved:
         for k1, t in per_start.items():
             tensors[("alpha", k0, k1)] = t  # (2, spec, boxes, ...): the boxes on dim 2
     dims = {key: 2 if isinstance(key, tuple) else 0 for key in tensors}
-    return bab_split.Moved(bab_split._cpu({k: t.detach().clone() for k, t in tensors.items()}), dims, {})
+    return bab_split.Moved(bab_split.to_cpu({k: t.detach().clone() for k, t in tensors.items()}), dims, {})
 
 
 def put(dl, moved: bab_split.Moved) -> None:
@@ -90,14 +85,6 @@ def put(dl, moved: bab_split.Moved) -> None:
         dl.add(*args, constraints=constraints, **common)
 
 
-def _start_split(dl) -> None:
-    """Before the first round every rank holds the same list: ranks other than 0 empty theirs."""
-    if not dl.__dict__.get("_split", False):
-        dl._split = True
-        if comm.rank() != 0 and len(dl) > 0:
-            take(dl, len(dl))
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The round
 # ----------------------------------------------------------------------------------------------------------
@@ -112,7 +99,7 @@ def _local_worst(dl) -> torch.Tensor | None:
         return None
     skip = arguments.Config["bab"]["branching"]["input_split"]["skip_getting_worst_domain"]
     box = dl[0 if skip else dl.get_topk_indices()]
-    return bab_split._cpu(box[0] - box[-2])
+    return bab_split.to_cpu(box[0] - box[-2])
 
 
 def wrap_input_split_round(orig, weights_sharded: bool):
@@ -123,17 +110,10 @@ def wrap_input_split_round(orig, weights_sharded: bool):
         global _picked
         from . import patches
 
-        me, calls, stats = comm.rank(), bab_split._lockstep_calls(), kwargs["stats"]
-        d._global_len = None  # len() is this rank's own inside the round
-        _start_split(d)
-        counts, batches = zip(*comm.all_gather_object((len(d), int(batch))), strict=True)
-        counts, batch = list(counts), min(batches)
-        share = -(-batch // comm.world_size())
-        if bab_split.needs_rebalance(counts, share):
-            counts = bab_split.even_out(bab_split.ListQueue(d, take, put), counts)
-        picks = [min(share, n) for n in counts]
+        me, calls, stats = comm.rank(), bab_split.lockstep_calls(), kwargs["stats"]
+        picks, _ = bab_split.deal_round(bab_split.ListQueue(d, take, put), batch)
         visited = stats.visited
-        with patches.local_clock(), _fetch(weights_sharded):
+        with patches.local_clock(), bab_split.fetched(weights_sharded):
             if picks[me] > 0:
                 _picked = (picks[me], sum(picks))
                 try:
@@ -143,7 +123,7 @@ def wrap_input_split_round(orig, weights_sharded: bool):
             worst = _local_worst(d)
         threshold = kwargs.get("decision_thresh", args[1] if len(args) > 1 else None)
         global_lb = _agree(d, stats, worst, visited, threshold)
-        bab_split.round_collectives.append(bab_split._lockstep_calls() - calls)
+        bab_split.round_collectives.append(bab_split.lockstep_calls() - calls)
         return global_lb
 
     return batch_verification_input_split
@@ -165,7 +145,7 @@ def _agree(d, stats, worst: torch.Tensor | None, visited: int, decision_thresh) 
     if d._global_len == 0:
         print("No domains left on any rank, verification finished!")
         return (decision_thresh.max() + 1e-7).to(device)
-    global_lb = bab_split._worst([e[1] for e in every])
+    global_lb = bab_split.worst_over_ranks([e[1] for e in every])
     print(f"Current (lb-rhs): {global_lb.max().item()}")
     total = getattr(d, "all_volume", None)
     if arguments.Config["bab"]["branching"]["input_split"]["show_progress"] and total:
@@ -197,7 +177,7 @@ def wrap_pgd_attack_on_domains(orig, weights_sharded: bool):
         saved, domains._global_len = domains.__dict__.get("_global_len"), None  # the rank's own boxes
         try:
             attack_here = (domains.__dict__.get("_split", False) or comm.rank() == 0) and len(domains) > 0
-            with patches.local_clock(), _fetch(weights_sharded):
+            with patches.local_clock(), bab_split.fetched(weights_sharded):
                 found = bool(orig(model_ori, domains, stage, vnnlib)) if attack_here else False
         finally:
             domains._global_len = saved
@@ -223,15 +203,11 @@ def _read(path: str) -> str | None:
 
 
 def wrap_input_bab_parallel(orig, weights_sharded: bool):
-    """``input_bab_parallel`` with the weights replicated for the search (unless ``weights_sharded``),
-    the rows of each bound not dealt (the boxes are), and the initial α whole on every rank."""
+    """``input_bab_parallel`` inside :func:`.bab_split.searching` (the initial α whole on every rank:
+    input BaB stores every layer's α per box)."""
 
     def input_bab_parallel(*args, **kwargs):
-        from . import rows, shards
-
-        rows.whole_alphas(kwargs.get("reference_dict"))
-        whole = contextlib.nullcontext() if weights_sharded else shards.replicated()
-        with whole, rows.inactive():
+        with bab_split.searching(kwargs.get("reference_dict"), weights_sharded):
             return orig(*args, **kwargs)
 
     return input_bab_parallel

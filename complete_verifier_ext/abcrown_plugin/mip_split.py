@@ -95,9 +95,13 @@ def on_rank0(orig):
     rank's."""
 
     def solve(*args: Any, **kwargs: Any) -> Any:
-        result = orig(*args, **kwargs) if comm.rank() == 0 else None
-        comm.wait_patiently()
-        return comm.broadcast_object(result, 0)
+        from .patches import local_clock
+
+        def compute():
+            with local_clock():
+                return orig(*args, **kwargs)
+
+        return comm.from_rank0(compute)
 
     return solve
 

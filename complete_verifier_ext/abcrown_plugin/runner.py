@@ -393,6 +393,7 @@ def _run(sh: shell.Shell, config, overrides, summary, quiet, started_wall: float
     yaml_path, flat, data = bridge.merged_yaml(config, overrides, scratch)
     general = data.get("general") if isinstance(data.get("general"), dict) else {}
     sh.results_file = bridge.flag_value(flat, "--results_file") or general.get("results_file")
+    bridge.check_customized_files(data, config)
     checkout = locate.find()
     par = bridge.parallel_of(data, flat, config)
     all_args = check_config(checkout, ["--config", yaml_path, *flat], config)

@@ -35,7 +35,7 @@ data. Helpers skip a transfer only on conditions every rank sees identically (e.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -471,6 +471,18 @@ def wait_patiently(poll_s: float = 0.02) -> None:
     store.add(key, 1)
     while store.add(key, 0) < world_size():
         time.sleep(poll_s)
+
+
+def from_rank0(compute: Callable[[], Any]) -> Any:
+    """``compute()`` on rank 0 alone, as a single process (:func:`solo`), while the other ranks wait
+    however long it takes (:func:`wait_patiently`); its result, broadcast, is every rank's. For work
+    that is not split (and must need nothing from the other ranks)."""
+    result = None
+    if rank() == 0:
+        with solo():
+            result = compute()
+    wait_patiently()
+    return broadcast_object(result, 0)
 
 
 def barrier(*, group: ProcessGroup | None = None) -> None:
