@@ -31,6 +31,8 @@ setup(
         "scipy>=1.9",
         "highspy>=1.7",
         "tqdm",
+        # the reference VNN-LIB 2.0 parser (VNN-COMP 2026); C++ wheels for CPython 3.10-3.13
+        'vnnlib>=1.0.2; python_version < "3.14"',
     ],
     extras_require={
         # what α,β-CROWN (general.engine: abcrown, $ABCROWN_PATH) imports on the ONNX + VNN-LIB path; it

@@ -22,7 +22,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Union
@@ -31,9 +31,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .errors import UserError
+from . import vnnlib2
+from .vnnlib_common import Dnf as _Dnf
+from .vnnlib_common import Layout, NetworkSlots, Slot, SpecError
+from .vnnlib_common import Row as _Row
+from .vnnlib_common import Source as _Source
+from .vnnlib_common import Var as _Var
 
-__all__ = ["Clause", "Region", "Spec", "SpecError", "load_vnnlib"]
+__all__ = ["Clause", "Layout", "NetworkSlots", "Region", "Slot", "Spec", "SpecError", "load_vnnlib"]
 
 _CACHE_FORMAT_VERSION = 1
 _MAX_DISJUNCTS = 100_000
@@ -45,10 +50,6 @@ _VAR_RE = re.compile(r"([XY])_(\d+)")
 _NUMBER_START = frozenset("0123456789+-.")
 _COMPARISONS = frozenset({"<=", ">=", "<", ">", "="})
 _IGNORED_COMMANDS = frozenset({"check-sat", "get-model", "exit", "set-logic", "set-info", "set-option"})
-
-
-class SpecError(UserError):
-    """Malformed or unsupported VNN-LIB file; the message starts with ``"<file>:<line>: "``."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -159,12 +160,14 @@ class Clauses:
 
 @dataclass(frozen=True)
 class Spec:
-    """A parsed VNN-LIB file: the counterexample set is the union of its regions."""
+    """A parsed VNN-LIB file: the counterexample set is the union of its regions. ``layout``: a
+    VNN-LIB 2.0 file's networks and tensors (None for 1.x)."""
 
     path: str
     n_inputs: int
     n_outputs: int
     regions: tuple[Region, ...]
+    layout: Layout | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -183,17 +186,6 @@ class _List(NamedTuple):
 
 
 _Node = Union[_Tok, _List]
-
-
-class _Source(NamedTuple):
-    """The file name and text being parsed; positions are character offsets into ``text``."""
-
-    file: str
-    text: str
-
-    def error(self, pos: int, message: str) -> SpecError:
-        """A :class:`SpecError` located at the line containing offset ``pos``."""
-        return SpecError(f"{self.file}:{self.text.count(chr(10), 0, pos) + 1}: {message}")
 
 
 def _tokenize(text: str) -> Iterator[_Tok]:
@@ -227,16 +219,7 @@ def _parse_sexprs(src: _Source) -> list[_Node]:
 # ---------------------------------------------------------------------------------------------------------
 
 # A variable is ("X", i) or ("Y", j); a linear expression is (coefficients, constant).
-_Var = tuple[str, int]
 _Lin = tuple[dict[_Var, float], float]
-
-
-class _Row(NamedTuple):
-    """One constraint ``sum(coef * var) <= bound`` with the offset of its atom."""
-
-    coefs: dict[_Var, float]
-    bound: float
-    pos: int
 
 
 class _Context(NamedTuple):
@@ -355,8 +338,6 @@ def _make_row(small: _Lin, large: _Lin, node: _List, ctx: _Context) -> _Row:
 # ---------------------------------------------------------------------------------------------------------
 # Formulas to DNF
 # ---------------------------------------------------------------------------------------------------------
-
-_Dnf = list[list[_Row]]
 
 
 def _dnf(node: _Node, ctx: _Context) -> _Dnf:
@@ -487,21 +468,19 @@ def _clause(rows: list[_Row], n_outputs: int) -> Clause:
     return _freeze(Clause(C, d))
 
 
-def _finish_box(
-    box: _BoxBuilder, decls: _Declarations, src: _Source, pos: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Check that every input has finite, consistent bounds."""
+def _finish_box(box: _BoxBuilder, src: _Source, pos: int, where: Callable[[int], tuple[str, int]]) -> None:
+    """Check that every input has finite, consistent bounds; ``where(i)``: input ``i``'s name and the
+    offset of its declaration."""
     for bounds, which in ((box.lower, "lower"), (box.upper, "upper")):
         unbounded = np.flatnonzero(~np.isfinite(bounds))
         if unbounded.size:
-            var = ("X", int(unbounded[0]))
-            raise src.error(decls.positions[var], f"input variable X_{var[1]} has no {which} bound")
+            name, at = where(int(unbounded[0]))
+            raise src.error(at, f"input variable {name} has no {which} bound")
     empty = np.flatnonzero(box.lower > box.upper)
     if empty.size:
         i = int(empty[0])
-        where = box.pos.get(i, pos)  # the assert that emptied the interval
-        raise src.error(where, f"input variable X_{i} has empty bounds [{box.lower[i]}, {box.upper[i]}]")
-    return box.lower, box.upper
+        at = box.pos.get(i, pos)  # the assert that emptied the interval
+        raise src.error(at, f"input variable {where(i)[0]} has empty bounds [{box.lower[i]}, {box.upper[i]}]")
 
 
 def _is_input(row: _Row) -> bool:
@@ -510,15 +489,38 @@ def _is_input(row: _Row) -> bool:
 
 
 def _build_spec(text: str, file: str, path: str) -> Spec:
-    """Parse ``text``; plain conjunctive asserts apply to every disjunct of the remaining asserts' DNF."""
+    """Parse a VNN-LIB ``text`` (1.x, or 2.x: :mod:`complete_verifier_ext.vnnlib2`)."""
     src = _Source(file, text)
+    if vnnlib2.is_vnnlib2(text):
+        q = vnnlib2.read(src)
+        return assemble(src, path, q.n_inputs, q.n_outputs, q.asserts, q.where, q.layout)
     decls, asserts = _split_commands(_parse_sexprs(src), src)
     ctx = _Context(src, decls.names)
-    base_box = _BoxBuilder(decls.n_inputs)
+    dnfs = [(_dnf(node.items[1], ctx), node.pos) for node in asserts]
+
+    def where(i: int) -> tuple[str, int]:
+        return f"X_{i}", decls.positions[("X", i)]
+
+    return assemble(src, path, decls.n_inputs, decls.n_outputs, dnfs, where)
+
+
+def assemble(
+    src: _Source,
+    path: str,
+    n_inputs: int,
+    n_outputs: int,
+    asserts: list[tuple[_Dnf, int]],
+    where: Callable[[int], tuple[str, int]],
+    layout: Layout | None = None,
+) -> Spec:
+    """The :class:`Spec` of a conjunction of asserts, each in DNF (with its offset): plain conjunctive
+    asserts apply to every disjunct of the remaining asserts' DNF; inputs are ``("X", i)``, outputs
+    ``("Y", j)``, rows never mix them and an input row bounds one input. ``where(i)``: input ``i``'s
+    name and declaration offset, for the messages."""
+    base_box = _BoxBuilder(n_inputs)
     base_y: list[_Row] = []
     multi: list[_Dnf] = []
-    for node in asserts:
-        dnf = _dnf(node.items[1], ctx)
+    for dnf, _ in asserts:
         if len(dnf) == 1:
             for row in dnf[0]:
                 if _is_input(row):
@@ -527,10 +529,10 @@ def _build_spec(text: str, file: str, path: str) -> Spec:
                     base_y.append(row)
         else:
             multi.append(dnf)
-    last_pos = asserts[-1].pos if asserts else 0
-    disjuncts = _conjoin(multi, last_pos, ctx) if multi else [[]]
+    last_pos = asserts[-1][1] if asserts else 0
+    disjuncts = _conjoin(multi, last_pos, _Context(src, {})) if multi else [[]]
     if not base_y and not any(not _is_input(r) for d in disjuncts for r in d):
-        raise src.error(last_pos, "the property has no output (Y) constraints")
+        raise src.error(last_pos, "the property has no output constraints")
 
     regions: dict[tuple[bytes, bytes], tuple[np.ndarray, np.ndarray, list[Clause]]] = {}
     for disjunct in disjuncts:
@@ -541,19 +543,22 @@ def _build_spec(text: str, file: str, path: str) -> Spec:
                 box.add(row)
             else:
                 y_rows.append(row)
-        pos = disjunct[0].pos if disjunct else last_pos
-        lower, upper = _finish_box(box, decls, src, pos)
-        key = (lower.tobytes(), upper.tobytes())
-        regions.setdefault(key, (lower, upper, []))[2].append(_clause(y_rows, decls.n_outputs))
-    return _make_spec(path, decls.n_inputs, decls.n_outputs, regions.values())
+        _finish_box(box, src, disjunct[0].pos if disjunct else last_pos, where)
+        key = (box.lower.tobytes(), box.upper.tobytes())
+        regions.setdefault(key, (box.lower, box.upper, []))[2].append(_clause(y_rows, n_outputs))
+    return _make_spec(path, n_inputs, n_outputs, regions.values(), layout)
 
 
 def _make_spec(
-    path: str, n_inputs: int, n_outputs: int, regions: Iterable[tuple[np.ndarray, np.ndarray, list[Clause]]]
+    path: str,
+    n_inputs: int,
+    n_outputs: int,
+    regions: Iterable[tuple[np.ndarray, np.ndarray, list[Clause]]],
+    layout: Layout | None = None,
 ) -> Spec:
     """Assemble a :class:`Spec` with read-only arrays from ``(lower, upper, clauses)`` triples."""
     built = tuple(Region(_readonly(lo), _readonly(hi), tuple(clauses)) for lo, hi, clauses in regions)
-    return Spec(path, n_inputs, n_outputs, built)
+    return Spec(path, n_inputs, n_outputs, built, layout)
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
