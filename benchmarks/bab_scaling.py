@@ -57,7 +57,8 @@ def _rank_job(onnx: str, vnnlib: str, batch: int, rounds: int, weights: str) -> 
             "skip",
         ],
     )
-    graph, spec = load_instance(cfg, str(MNIST / "onnx" / onnx), str(MNIST / "vnnlib" / vnnlib))
+    inst = load_instance(cfg, str(MNIST / "onnx" / onnx), str(MNIST / "vnnlib" / vnnlib))
+    graph, spec = inst.graph, inst.spec
     region = spec.regions[0]
     run = RegionRun(graph, region, cfg, Clock(time.monotonic() + 600), {})
     bound_region(run)

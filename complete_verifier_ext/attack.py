@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .spec import Clauses, EmptyFloat32BoxError, _as_float64, float32_box
+from .spec import Clauses, _as_float64, float32_box
 
 if TYPE_CHECKING:
     from complete_verifier_ext.spec import Clause, Region
@@ -161,13 +161,10 @@ class _PgdSettings:
         )
 
 
-def _attack_box(region: Region, input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The inward-rounded float32 box of ``region`` (flat ``lo``, ``hi``); None when it holds no float32
-    point. ValueError when its size is not ``input_shape``'s or it is unbounded."""
-    try:
-        lo_np, hi_np = float32_box(region.lower, region.upper, inward=True)
-    except EmptyFloat32BoxError:
-        return None
+def _attack_box(region: Region, input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inward-rounded float32 box of ``region`` (flat ``lo``, ``hi``). ValueError when its size is
+    not ``input_shape``'s or it is unbounded."""
+    lo_np, hi_np = float32_box(region.lower, region.upper, inward=True)
     n_in = math.prod(input_shape)
     if lo_np.size != n_in:
         raise ValueError(f"region has {lo_np.size} inputs but input_shape {input_shape} has {n_in}")
@@ -269,15 +266,12 @@ def pgd_attack(
 
     ``should_stop`` is the only time-based stop (see the module docstring for the exact call pattern).
     Returns a flat float32 counterexample, re-checked by running ``forward`` on exactly that point, or None
-    (also for a region without clauses or without any float32 point).
+    (also for a region without clauses).
     """
     clauses = tuple(region.clauses)
     if not clauses:
         return None
-    box = _attack_box(region, input_shape)
-    if box is None:
-        return None
-    lo, hi = box
+    box = lo, hi = _attack_box(region, input_shape)
     pgd = _PgdSettings.of(cfg)
     gen = torch.Generator().manual_seed(int(seed))
     alpha = _step_sizes(cfg, lo, hi)
@@ -321,7 +315,8 @@ def check_counterexample(
 ) -> tuple[bool, np.ndarray]:
     """Check that ``x`` is a counterexample of ``region``.
 
-    ``x`` (flat, cast to float32) must lie in the real input box, and some clause must hold, without any
+    ``x`` (flat, cast to float32) must lie in the inward float32 box (:func:`float32_box`: the real box,
+    where a dimension holds no float32 value its nearest one), and some clause must hold, without any
     tolerance, at the torch output and, when ``onnx_path`` is given, at the onnxruntime output too (the
     same clause for both).  Returns ``(is_counterexample, y)`` with ``y`` the flat float64 torch output.
     """
@@ -330,9 +325,10 @@ def check_counterexample(
         y_t = _forward_flat(forward, torch.from_numpy(x32.copy()).reshape(1, -1), input_shape)
     y = y_t.double().cpu().numpy().reshape(-1)
     lo = _as_float64(region.lower, "lower")
-    hi = _as_float64(region.upper, "upper")
-    x64 = x32.astype(np.float64)
-    if x64.size != lo.size or not (np.all(lo <= x64) and np.all(x64 <= hi)):
+    if x32.size != lo.size:
+        return False, y
+    lo32, hi32 = float32_box(lo, region.upper, inward=True)
+    if not (np.all(lo32 <= x32) and np.all(x32 <= hi32)):
         return False, y
     holds = clause_margins(y, region.clauses) <= 0.0
     if onnx_path is not None and holds.any():

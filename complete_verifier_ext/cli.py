@@ -22,6 +22,7 @@ from . import clock, shell
 from .config import Config, ConfigError
 from .config_load import flag_value, key_table, load_config
 from .errors import UserError, end_cleanly_on_signals
+from .networks_arg import label, map_paths
 from .results import check_writable, write_atomic
 
 if TYPE_CHECKING:
@@ -95,9 +96,11 @@ def list_instances(cfg: Config) -> list[Instance]:
             except ValueError:
                 raise ConfigError(f"{path}:{lineno}: timeout '{row[2]}' is not a number") from None
             root = Path(g.root_path)
-            onnx = root / (cfg.model.onnx_path_prefix + row[0].strip())
+            onnx = map_paths(
+                row[0], lambda p, root=root: str(root / (cfg.model.onnx_path_prefix + p.strip()))
+            )
             vnnlib = root / (cfg.specification.vnnlib_path_prefix + row[1].strip())
-            out.append(Instance(str(onnx), str(vnnlib), timeout))
+            out.append(Instance(onnx, str(vnnlib), timeout))
     return out
 
 
@@ -152,7 +155,7 @@ def run_instances(
 
 
 def _name(inst: Instance) -> str:
-    return f"{Path(inst.onnx).name} {Path(inst.vnnlib).name}"
+    return f"{label(inst.onnx)} {Path(inst.vnnlib).name}"
 
 
 def result_line(inst: Instance, res: InstanceResult) -> str:

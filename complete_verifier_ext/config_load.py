@@ -42,6 +42,7 @@ from .config import (
     ConfigError,
     ParallelConfig,
 )
+from .networks_arg import map_paths
 
 __all__ = [
     "COMMAND_LINE",
@@ -432,7 +433,8 @@ def _resolve_paths(cfg: Config, flat: Flat, cfg_dir: str | None, file_source: st
         if not value:
             continue
         from_file = flat.get((section_name, key), (None, None))[1] == file_source
-        resolved = resolve_path(cfg_dir if from_file else None, value)
+        base = cfg_dir if from_file else None
+        resolved = map_paths(value, lambda p, base=base: resolve_path(base, p))  # a path or a network list
         cfg = dataclasses.replace(cfg, **{section_name: dataclasses.replace(section, **{key: resolved})})
     return cfg
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import joint, witness
 from .attack import check_counterexample, format_counterexample, pgd_attack
 from .bab.common import BabOptions, BabResult
 from .bab.relu_split import relu_split_bab
@@ -36,7 +37,7 @@ from .parallel import comm
 from .parallel.memory import PeakMemory, available_mb
 from .parallel.sharded import release_gather_buffers
 from .results import bab_record
-from .spec import Clauses, EmptyFloat32BoxError, Region, Spec, float32_box, load_vnnlib
+from .spec import Clauses, Region, Spec, float32_box, load_vnnlib
 
 
 @dataclass
@@ -300,10 +301,7 @@ def output_milp(run: RegionRun, share: float) -> BabResult | None:
     for i, r in zip(todo, found, strict=True):
         run.cb[i] = max(run.cb[i], r.bound)
     run.record("output_milp")
-    try:
-        lo, hi = float32_box(region.lower, region.upper, inward=True)
-    except EmptyFloat32BoxError:  # no float32 point in the box: nothing found can be a counterexample
-        found = [r for r in found if r.status != "found"]
+    lo, hi = float32_box(region.lower, region.upper, inward=True)
     for r in found:
         if r.status == "found":  # within the solver's tolerances: only the network decides
             x = np.clip(r.point, lo, hi).astype(np.float32)
@@ -425,11 +423,8 @@ def complete_clause(
         from .bab.input_split import input_split_bab
 
         method = "alpha-crown" if cfg.solver.bound_prop_method == "alpha-crown" else "crown"
-        try:
-            lo, hi = float32_box(region.lower, region.upper, inward=True)
-            inner = (torch.tensor(lo), torch.tensor(hi))
-        except EmptyFloat32BoxError:  # no float32 point in the box: no candidate is a counterexample
-            inner = None
+        lo, hi = float32_box(region.lower, region.upper, inward=True)
+        inner = (torch.tensor(lo), torch.tensor(hi))
         return input_split_bab(graph, box, problem, opts, clock.expired, method, inner)
     if state is None:
         with torch.no_grad():
@@ -535,10 +530,24 @@ def compute_device(cfg: Config) -> torch.device:
     return torch.device(cfg.general.device)
 
 
-def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph, Spec]:
-    """Read model and spec on the host, keep this rank's shards, move them to the compute device."""
-    graph = load_model(onnx_path)
+@dataclass
+class Loaded:
+    """An instance as it is verified: the graph (this rank's shards), the spec, the ONNX file the
+    graph was read from (a VNN-LIB 2.0 instance's joint model, :mod:`~complete_verifier_ext.joint`)
+    and, for a 2.0 spec, each network's own file."""
+
+    graph: Graph
+    spec: Spec
+    model_path: str
+    networks: dict[str, str] | None
+
+
+def load_instance(cfg: Config, onnx_arg: str, vnnlib_path: str) -> Loaded:
+    """Read model and spec on the host, keep this rank's shards, move them to the compute device.
+    ``onnx_arg``: a path, or a VNN-COMP 2026 network list."""
     spec = load_vnnlib(vnnlib_path)
+    onnx_path, networks = joint.model_for(onnx_arg, spec)
+    graph = load_model(onnx_path)
     n_in = int(np.prod(graph.input_shape))
     if spec.n_inputs != n_in:
         raise UserError(f"{vnnlib_path}: declares {spec.n_inputs} inputs, but {onnx_path} takes {n_in}")
@@ -551,7 +560,7 @@ def load_instance(cfg: Config, onnx_path: str, vnnlib_path: str) -> tuple[Graph,
     device = compute_device(cfg)
     if device.type != "cpu":
         graph.to(device)
-    return graph, spec
+    return Loaded(graph, spec, onnx_path, networks)
 
 
 END_RESERVE_S = 2.0  # of a wall-clock timeout: for writing the results and ending the processes
@@ -572,14 +581,28 @@ def verify_instance(
     t0 = time.monotonic()
     if started is not None:
         t0, timeout = started, max(0.0, timeout - END_RESERVE_S)
-    graph, spec = load_instance(cfg, onnx_path, vnnlib_path)  # on the host; only shards move
+    inst = load_instance(cfg, onnx_path, vnnlib_path)  # on the host; only shards move
     try:
         device = compute_device(cfg)
         # factory functions create tensors on the compute device (a hook on every torch call: not on CPU)
         with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
-            return _verify_instance(cfg, graph, spec, onnx_path, timeout, t0, progress)
+            res = _verify_instance(cfg, inst.graph, inst.spec, inst.model_path, timeout, t0, progress)
     finally:
         release_gather_buffers()  # the next instance's layers have other shapes
+    return vnnlib2_result(res, inst)
+
+
+def vnnlib2_result(res: InstanceResult, inst: Loaded) -> InstanceResult:
+    """A VNN-LIB 2.0 ``sat``: its counterexample re-checked on every network's own file and written
+    in the 2.0 form; ``unknown`` (never a wrong ``sat``) where it does not hold there."""
+    if res.verdict != "sat" or inst.spec.layout is None:
+        return res
+    x = witness.read_inputs(res.counterexample or "")
+    text = None if x is None else witness.vnnlib2_witness(x, inst.spec, inst.networks)
+    if text is None:
+        why = "the counterexample does not hold when each network runs on its own ONNX file: unknown"
+        return dataclasses.replace(res, verdict="unknown", counterexample=None, message=why)
+    return dataclasses.replace(res, counterexample=text)
 
 
 @dataclass

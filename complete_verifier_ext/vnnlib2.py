@@ -34,7 +34,8 @@ __all__ = ["Query", "is_vnnlib2", "read"]
 
 _VERSION_RE = re.compile(r"^\s*\(\s*(vnnlib-version|declare-network)\b", re.MULTILINE)
 _COMMENT_RE = re.compile(r";[^\n]*")
-_REAL_TYPES = ("F16", "F32", "F64", "BF16", "Real", "Unknown")  # Unknown: a file without types
+# the float types, as a witness names them (Unknown: a tensor declared ``real``)
+_TYPE_NAMES = {"F16": "float16", "F32": "float32", "F64": "float64", "Real": "real", "Unknown": "real"}
 
 
 def is_vnnlib2(text: str) -> bool:
@@ -93,7 +94,7 @@ class _Elements:
                     self._decl_pos(net.hidden[0].name), "hidden tensors (declare-hidden) are not supported"
                 )
             for d in (*net.inputs, *net.outputs):
-                if d.dtype.name not in _REAL_TYPES:
+                if d.dtype.name not in _TYPE_NAMES:
                     raise src.error(
                         self._decl_pos(d.name),
                         f"tensor {d.name!r} has type {d.dtype.name}: only real tensors are supported",
@@ -140,16 +141,19 @@ class _Elements:
                         joint_in[root] = len(names)
                         names.append(_element_name(root, self.shapes[root[0]]))
                     index.append(joint_in[root])
-                ins.append(Slot(d.name, self.shapes[d.name], tuple(index)))
+                ins.append(self._slot(d, tuple(index)))
             outs = []
             for d in net.outputs:
                 n = int(np.prod(self.shapes[d.name], dtype=np.int64))
                 start = len(joint_out)
                 joint_out.update({(d.name, flat): start + flat for flat in range(n)})
-                outs.append(Slot(d.name, self.shapes[d.name], tuple(range(start, start + n))))
-            nets.append(NetworkSlots(net.name, tuple(ins), tuple(outs)))
+                outs.append(self._slot(d, tuple(range(start, start + n))))
+            nets.append(NetworkSlots(net.name, tuple(ins), tuple(outs), net.equal_to or ""))
         positions = {k: joint_in[self.find(k)] for k in self._input_keys()}
         return Layout(tuple(nets)), positions, joint_out, names
+
+    def _slot(self, d: Any, index: tuple[int, ...]) -> Slot:
+        return Slot(d.name, self.shapes[d.name], index, _TYPE_NAMES[d.dtype.name], d.onnx_name or None)
 
     def _input_keys(self):
         for net in self.networks:

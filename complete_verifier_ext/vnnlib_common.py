@@ -50,15 +50,19 @@ class Slot:
     name: str
     shape: tuple[int, ...]
     index: tuple[int, ...]
+    dtype: str = "real"  # the type as a witness names it: real, float32, ...
+    onnx_name: str | None = None  # the ONNX tensor it names (None: matched by position)
 
 
 @dataclass(frozen=True)
 class NetworkSlots:
-    """One ``declare-network``: its inputs and outputs, in declaration order."""
+    """One ``declare-network``: its inputs and outputs, in declaration order; ``equal_to``: the
+    network it is declared equal to (it may then share that network's ONNX file), else ``""``."""
 
     name: str
     inputs: tuple[Slot, ...]
     outputs: tuple[Slot, ...]
+    equal_to: str = ""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from complete_verifier_ext.attack import (
     format_counterexample,
     pgd_attack,
 )
-from complete_verifier_ext.spec import Clause, EmptyFloat32BoxError, Region, float32_box
+from complete_verifier_ext.spec import Clause, Region, float32_box
 
 N_IN, N_HID, N_OUT = 4, 16, 3
 
@@ -137,8 +137,9 @@ def test_float32_box_inward_and_outward_rounding() -> None:
 def test_float32_box_degenerate_dimensions() -> None:
     lo, hi = float32_box([0.5, 0.25], [0.5, 0.25], inward=True)
     assert lo.tolist() == [0.5, 0.25] and hi.tolist() == [0.5, 0.25]
-    with pytest.raises(EmptyFloat32BoxError):
-        float32_box([0.0, 0.1], [1.0, 0.1], inward=True)  # 0.1 is not a float32
+    # 0.1 is not a float32: a pinned 0.1 reads as the float32 the network computes on
+    lo, hi = float32_box([0.0, 0.1, 0.1], [1.0, 0.1, np.nextafter(0.1, 1.0)], inward=True)
+    assert lo.tolist() == [0.0, np.float32(0.1), np.float32(0.1)] and hi[1:].tolist() == lo[1:].tolist()
     lo, hi = float32_box([0.1], [0.1], inward=False)
     assert lo[0] < hi[0] and lo[0] <= 0.1 <= hi[0]
     with pytest.raises(ValueError):
@@ -274,14 +275,23 @@ def test_pgd_several_clauses_only_last_falsifiable() -> None:
     assert fwd.batch_sizes[0] == 3 * 3  # restarts * clauses in one batch
 
 
-def test_pgd_without_clauses_or_float32_points() -> None:
+def test_pgd_without_clauses() -> None:
     net = make_mlp()
     fwd = CountingForward(net)
     assert pgd_attack(fwd, (N_IN,), box(np.zeros(N_IN), np.ones(N_IN)), make_cfg()) is None
-    lower = np.array([0.1, 0.0, 0.0, 0.0])
-    empty = box(lower, lower + np.array([0.0, 1.0, 1.0, 1.0]), clause([[1.0, 0.0, 0.0]], [1e9]))
-    assert pgd_attack(fwd, (N_IN,), empty, make_cfg()) is None
     assert fwd.calls == 0
+
+
+def test_pgd_on_a_pinned_input_that_is_not_a_float32() -> None:
+    """``X_0 = 0.1`` (no float32 equals it): the attack searches at the float32 the network reads for
+    0.1, and the counterexample it finds checks there (as the VNN-COMP checkers read a witness)."""
+    net = make_mlp()
+    lower = np.array([0.1, -1.0, -1.0, -1.0])
+    region = box(lower, np.array([0.1, 1.0, 1.0, 1.0]), clause([[1.0, 0.0, 0.0]], [1e9]))
+    x = pgd_attack(net, (N_IN,), region, make_cfg(), seed=0)
+    assert x is not None and x[0] == np.float32(0.1)
+    ok, _ = check_counterexample(net, (N_IN,), x, region)
+    assert ok
 
 
 def test_pgd_image_shaped_input() -> None:

@@ -142,11 +142,12 @@ def _solve(
 
 
 def _assert_counterexample(spec: dict, x, clause: int | None = None) -> None:
-    """x lies in the real box and violates the spec (clause ``clause`` if given) on the torch model."""
+    """x lies in the real box (its inward float32 form: a pinned non-float32 value reads as its nearest
+    float32) and violates the spec (clause ``clause`` if given) on the torch model."""
     n = spec["sizes"][0]
     assert isinstance(x, np.ndarray) and x.shape == (n,) and x.dtype == np.float32
-    x64 = x.astype(np.float64)
-    assert (x64 >= np.array(spec["lo"])).all() and (x64 <= np.array(spec["hi"])).all()
+    lo32, hi32 = float32_box(np.array(spec["lo"]), np.array(spec["hi"]), inward=True)
+    assert (x >= lo32).all() and (x <= hi32).all()
     with torch.no_grad():
         y = testing.mlp(spec["sizes"], spec["seed"])(torch.from_numpy(x)[None])[0].double()
     values = torch.tensor(spec["rows"], dtype=torch.float64) @ y
@@ -316,8 +317,9 @@ def test_interior_counterexample_is_found():
     assert r.verdict in ("unknown", "timeout"), r
 
 
-def test_no_counterexample_outside_a_box_without_float32_points():
-    """x_0 in [0.1, 0.1]: no float32 value lies in the real box, so no float32 witness exists."""
+def test_a_pinned_input_that_is_not_a_float32():
+    """x_0 in [0.1, 0.1]: no float32 value lies in the real box; a witness reads x_0 as float32(0.1),
+    the value the network computes on, and nothing else."""
     sizes, seed, c = [3, 8, 2], 1, (1.0, -1.0)
     lo, hi = (0.1, -1.0, -1.0), (0.1, 1.0, 1.0)
     m, scale, _ = _exact(tuple(sizes), seed, lo, hi, c)

@@ -241,7 +241,7 @@ def _bound_children(
 ) -> tuple[Domains, np.ndarray | None, int]:
     """Bound every rank's children together; return this rank's unverified children, the first
     counterexample among its children (or None) and the number of its children. Candidates are
-    clamped into ``inner``, the float32 points of the real box (none when it holds no float32 point):
+    clamped into ``inner``, the float32 points of the real box (``float32_box``, inward):
     the outward-rounded box that is bounded may stick out of the real one by half an ulp."""
     n = lo.shape[1]
     sizes = [int(s) for s in comm.all_gather_cat(torch.tensor([lo.shape[0]], dtype=torch.int64), 0).tolist()]
@@ -353,8 +353,8 @@ def input_split_bab(
     inner: tuple[Tensor, Tensor] | None,
 ) -> BabResult:
     """Input-split BaB over ``box`` (``(lo, hi)``, one box of ``numel == prod(input_shape)``, rounded
-    outward); counterexample candidates are taken in ``inner`` (the box rounded inward; None when it
-    holds no float32 point: then none is a counterexample).
+    outward); counterexample candidates are taken in ``inner`` (the box rounded inward, ``float32_box``;
+    None: no candidate is a counterexample).
 
     Every rank must call it with the same arguments (lockstep); each returns the same
     :class:`BabResult` (see :func:`bab.search.run_search`). ``expired`` is called exactly once per round

@@ -33,7 +33,7 @@ from ..bounds.graph import Graph
 from ..bounds.ops import Relu
 from ..bounds.walk import Box
 from ..parallel import comm
-from ..spec import Clauses, EmptyFloat32BoxError, float32_box
+from ..spec import Clauses, float32_box
 from .branching import babsr, babsr_scores, fsb
 from .common import BabOptions, BabResult, spread_positions
 from .domain import MAX_RETRIES, BetaCrown, Domain
@@ -63,11 +63,8 @@ class ReluSplitBab:
         self.bounds_own_batch = True
         self.stuck = False
         self.proven = np.inf  # the least margin bound of a verified leaf on this rank
-        try:
-            inner = float32_box(lower, upper, inward=True)
-            self.inner = tuple(torch.tensor(t).view(box[0].shape) for t in inner)
-        except EmptyFloat32BoxError:
-            self.inner = None
+        inner = float32_box(lower, upper, inward=True)
+        self.inner = tuple(torch.tensor(t).view(box[0].shape) for t in inner)
 
     # ---- domains ---------------------------------------------------------------------------------------
     def root(self, state: CrownState) -> Domain:
@@ -118,11 +115,9 @@ class ReluSplitBab:
         B = len(doms)
         margins = self.problem.margins(lb)  # (B, n_clauses)
         worst = margins.min(1).values
-        if self.inner is not None:  # candidates must lie in the real box, not the outward-rounded one
-            x = torch.minimum(torch.maximum(x, self.inner[0]), self.inner[1])
+        # candidates lie in the real box (its inward float32 form), not the outward-rounded one
+        x = torch.minimum(torch.maximum(x, self.inner[0]), self.inner[1])
         cex = self.falsify(x, lb)
-        if self.inner is None:  # no float32 point lies in the box: nothing can be a counterexample
-            cex = None
         open_rows = self.problem.row_margins(lb) <= 0  # (B, S): rows not yet proven
         bounds = (
             {
