@@ -37,6 +37,7 @@ __all__ = ["Networks", "compose", "model_for", "network_paths"]
 Networks = dict[str, str]  # declared network name -> its ONNX file
 
 JOINT_INPUT, JOINT_OUTPUT = "joint_input", "joint_output"
+_FORMAT = 2  # of the composed files: a change in how they are built makes new ones
 _ELEMENTWISE = frozenset(
     {
         "Add",
@@ -104,7 +105,7 @@ def model_for(arg: str, spec: Spec) -> tuple[str, Networks | None]:
 
 def _cached(layout: Layout, paths: Networks) -> str:
     """The composed model's file, written once per (layout, files) under the cache folder."""
-    key = hashlib.sha256(repr(layout).encode())
+    key = hashlib.sha256(f"{_FORMAT}\0{layout!r}".encode())
     for name in sorted(paths):
         st = os.stat(paths[name])
         key.update(f"\0{name}\0{os.path.abspath(paths[name])}\0{st.st_mtime_ns}\0{st.st_size}".encode())

@@ -576,7 +576,7 @@ def _freeze(clause: Clause) -> Clause:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _read_text(path: str) -> str:
+def read_text(path: str) -> str:
     with open(path, "rb") as handle:
         data = handle.read()
     if path.endswith(".gz") or data[:2] == b"\x1f\x8b":
@@ -681,7 +681,7 @@ def load_vnnlib(path: str | os.PathLike, cache: bool = True) -> Spec:
     file = os.fspath(path)
     abs_path = os.path.abspath(file)
     if not cache:
-        return _build_spec(_read_text(file), file, abs_path)
+        return _build_spec(read_text(file), file, abs_path)
     stat = os.stat(abs_path)
     key = (abs_path, stat.st_mtime_ns, stat.st_size)
     spec = _MEMORY.get(key)
@@ -690,7 +690,7 @@ def load_vnnlib(path: str | os.PathLike, cache: bool = True) -> Spec:
     disk_file = _cache_dir() / f"{_disk_key(key)}.npz"
     spec = _load_disk(disk_file)
     if spec is None:
-        spec = _build_spec(_read_text(file), file, abs_path)
+        spec = _build_spec(read_text(file), file, abs_path)
         if spec.layout is None:  # a 2.0 spec is parsed again (the reference parser is fast)
             _save_disk(spec, disk_file)
     _MEMORY.put(key, spec)

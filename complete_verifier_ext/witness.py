@@ -16,7 +16,7 @@ import re
 import numpy as np
 
 from .attack import clause_margins
-from .spec import Region, Slot, Spec
+from .spec import Region, Slot, Spec, float32_box
 
 __all__ = ["read_inputs", "vnnlib2_witness"]
 
@@ -74,7 +74,10 @@ def _block(slot: Slot, values: np.ndarray) -> list[str]:
 
 
 def _holds(region: Region, x: np.ndarray, y: np.ndarray) -> bool:
-    inside = bool(np.all(region.lower <= x) and np.all(x <= region.upper))
+    """``x`` (float32) in the region's box as the network reads it (:func:`float32_box`, inward) and
+    some clause holding at ``y``."""
+    lo, hi = float32_box(region.lower, region.upper, inward=True)
+    inside = bool(np.all(lo <= x) and np.all(x <= hi))
     return inside and bool((clause_margins(y, region.clauses) <= 0.0).any())
 
 
@@ -83,9 +86,9 @@ def vnnlib2_witness(x: np.ndarray, spec: Spec, networks: dict[str, str]) -> str 
     when no region of ``spec`` holds at the outputs of the networks' own files."""
     x = np.asarray(x, dtype=np.float32).reshape(-1)
     y = run_networks(x, spec, networks)
-    x64 = x.astype(np.float64)
-    if not any(_holds(r, x64, y) for r in spec.regions):
+    if not any(_holds(r, x, y) for r in spec.regions):
         return None
+    x64 = x.astype(np.float64)
     lines: list[str] = []
     for net in spec.layout.networks:
         for s in net.inputs:

@@ -11,6 +11,11 @@ are raised, in the two loading stages, and only when a check of the file itself 
 * ``load_model_onnx``: a file ``onnx`` cannot parse, or a model whose input does not have the spec's
   number of inputs.
 
+A VNN-LIB 2.0 spec (VNN-COMP 2026), which α,β-CROWN's reader does not know, is read by ours
+(:mod:`complete_verifier_ext.vnnlib2`) and handed to α,β-CROWN in its own structure, exactly (the same
+float64 box and ``C y <= d`` rows); its networks, given as a list, are one joint model
+(:mod:`complete_verifier_ext.joint`) that α,β-CROWN's ONNX loader reads like any other.
+
 Anything else is re-raised unchanged: a bug keeps its traceback.
 """
 
@@ -18,11 +23,15 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import UserError
+from ..networks_arg import is_network_list, map_paths
 from .locate import PluginError
 
 _SHORT = 160  # characters of α,β-CROWN's own message kept in ours (its spec errors hold the whole file)
@@ -86,13 +95,42 @@ def model_problem(path: str, x: Any) -> str | None:
     return None
 
 
+def _spec2(path: str) -> Any:
+    """Our reading of ``path`` when it is VNN-LIB 2.0, else None (a 1.x file is α,β-CROWN's to read)."""
+    from ..spec import read_text, load_vnnlib
+    from ..vnnlib2 import is_vnnlib2
+
+    if not is_vnnlib2(read_text(str(path))):
+        return None
+    try:
+        return load_vnnlib(path)
+    except UserError as e:
+        raise PluginError(str(e)) from None
+
+
+def abcrown_form(spec: Any) -> list:
+    """A :class:`~complete_verifier_ext.spec.Spec` as α,β-CROWN's ``read_vnnlib`` returns a file: per
+    input box, ``(box as [lower, upper] pairs, [(C, d) per clause])``, float64."""
+    return [
+        (
+            [[float(lo), float(hi)] for lo, hi in zip(r.lower, r.upper, strict=True)],
+            [(np.array(c.C, dtype=float), np.array(c.d, dtype=float)) for c in r.clauses],
+        )
+        for r in spec.regions
+    ]
+
+
 def checked_read_vnnlib(orig: Callable) -> Callable:
-    """``read_vnnlib`` whose bad-input failures are one line (see the module docstring). ``orig`` may
-    read a cached copy; ``vnnlib_filename`` is the user's path, the one named."""
+    """``read_vnnlib`` whose bad-input failures are one line (see the module docstring), reading a
+    VNN-LIB 2.0 file itself. ``orig`` may read a cached copy; ``vnnlib_filename`` is the user's path,
+    the one named."""
 
     def read_vnnlib(vnnlib_filename, regression=False):
         if not Path(vnnlib_filename).is_file():
             raise PluginError(f"{vnnlib_filename}: VNN-LIB file not found")
+        spec = None if regression else _spec2(vnnlib_filename)
+        if spec is not None:
+            return abcrown_form(spec)
         try:
             return orig(vnnlib_filename, regression)
         except (
@@ -106,6 +144,30 @@ def checked_read_vnnlib(orig: Callable) -> Callable:
             raise PluginError(spec_problem(str(vnnlib_filename), e)) from None
 
     return read_vnnlib
+
+
+def joint_loader(orig: Callable) -> Callable:
+    """α,β-CROWN's ``default_onnx_and_vnnlib_loader`` given a VNN-LIB 2.0 instance's joint model in
+    place of its ONNX argument (a path, or the VNN-COMP 2026 network list)."""
+
+    def default_onnx_and_vnnlib_loader(file_root, onnx_path, vnnlib_path):
+        spec = _spec2(os.path.join(file_root, vnnlib_path))
+        if spec is None:
+            if is_network_list(onnx_path):
+                raise PluginError(
+                    f"{vnnlib_path}: a VNN-LIB 1.x spec takes one ONNX file, not a network list"
+                )
+            return orig(file_root, onnx_path, vnnlib_path)
+        from .. import joint
+
+        arg = map_paths(onnx_path, lambda p: os.path.join(file_root, p))
+        try:
+            model, _ = joint.model_for(arg, spec)
+        except UserError as e:
+            raise PluginError(str(e)) from None
+        return orig("", model, os.path.join(file_root, vnnlib_path))
+
+    return default_onnx_and_vnnlib_loader
 
 
 def checked_load_model_onnx(orig: Callable) -> Callable:

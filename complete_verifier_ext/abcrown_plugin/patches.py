@@ -38,6 +38,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "utils.Logger.record_start_time": ("self",),
     "utils.Logger.update_timeout": ("self", "timeout"),
     "load_model.load_model_onnx": ("path", "quirks", "x"),
+    "loading.default_onnx_and_vnnlib_loader": ("file_root", "onnx_path", "vnnlib_path"),
     "auto_LiRPA.BoundedModule.init_alpha": (
         "self",
         "x",

@@ -146,6 +146,8 @@ TABLE: tuple[Patch, ...] = (
       for m in ("read_vnnlib", "loading", "abcrown")),  # each module holds its own reference
     *(Patch(f"{m}.load_model_onnx", "always", "inputs", _wrap(inputs.checked_load_model_onnx), _ONNX)
       for m in ("load_model", "loading")),
+    Patch("loading.default_onnx_and_vnnlib_loader", "always", "inputs", _wrap(inputs.joint_loader),
+          "a VNN-LIB 2.0 instance's networks (a list, VNN-COMP 2026) loaded as one joint model"),
     # the instance clock (patches.py)
     Patch("utils.Logger.record_start_time", "always", "patches", _first_start, _FIRST),
     Patch("utils.Logger.update_timeout", "always", "patches", _first_timeout, _OUT_OF_TIME),
