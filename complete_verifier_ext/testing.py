@@ -377,3 +377,113 @@ def exact_mlp_ranges(sizes: Sequence[int], seed: int, lower, upper) -> list[tupl
     that bound the same network in several ways enumerate its patterns once."""
     lo, hi = (tuple(np.asarray(b, dtype=np.float64).reshape(-1).tolist()) for b in (lower, upper))
     return list(_exact_ranges(tuple(sizes), seed, lo, hi))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# VNN-LIB 2.0 witnesses, checked independently of the verifier's own reading of the spec
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _eval_arith(e, values: dict) -> float:
+    kind = type(e).__name__
+    if kind == "Var":
+        v = values[e.name]
+        return float(v[tuple(e.indices)] if v.ndim else v)
+    if kind in ("Float", "Int"):
+        return float(e.value)
+    if kind == "Literal":
+        return float(e.lexeme)
+    if kind == "Negate":
+        return -_eval_arith(e.expr, values)
+    if kind == "Plus":
+        return sum(_eval_arith(a, values) for a in e.args)
+    if kind == "Minus":
+        return _eval_arith(e.head, values) - sum(_eval_arith(a, values) for a in e.rest)
+    if kind == "Multiply":
+        return math.prod(_eval_arith(a, values) for a in e.args)
+    raise ValueError(f"unknown arithmetic node {kind}")
+
+
+def _eval_bool(e, values: dict, tol: float) -> bool:
+    kind = type(e).__name__
+    if kind == "And":
+        return all(_eval_bool(a, values, tol) for a in e.args)
+    if kind == "Or":
+        return any(_eval_bool(a, values, tol) for a in e.args)
+    lhs, rhs = _eval_arith(e.lhs, values), _eval_arith(e.rhs, values)
+    ops = {
+        "LessEqual": lambda: lhs <= rhs + tol,
+        "LessThan": lambda: lhs < rhs + tol,
+        "GreaterEqual": lambda: lhs >= rhs - tol,
+        "GreaterThan": lambda: lhs > rhs - tol,
+        "Equal": lambda: abs(lhs - rhs) <= tol,
+        "NotEqual": lambda: abs(lhs - rhs) > tol,
+    }
+    return ops[kind]()
+
+
+def check_vnnlib2_witness(
+    text: str, vnnlib_path: str, networks: dict[str, str], input_tol: float = 1e-4
+) -> str:
+    """Judge a VNN-LIB 2.0 ``sat`` result as the VNN-COMP 2026 checker does, with code of its own: the
+    textual assignment read tensor by tensor in declaration order, every input cast to float32 and each
+    network's outputs recomputed with onnxruntime from its own file, then every assertion evaluated on
+    the reference parser's syntax tree. Returns ``"correct"`` (no tolerance), ``"correct_up_to_tolerance"``
+    (input-only assertions within ``input_tol``) or ``"wrong: <why>"``."""
+    import onnxruntime as ort
+    import vnnlib
+
+    with open(vnnlib_path) as f:
+        query = vnnlib.parse_query_string(f.read())
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines or lines[0] != "sat":
+        return "wrong: not a sat result"
+    lines, values = lines[1:], {}
+    for net in query.networks:
+        for d in (*net.inputs, *net.outputs):
+            head = lines.pop(0).split(maxsplit=2) if lines else []
+            shape = [int(s) for s in head[2].strip("[]").split(",") if s.strip()] if len(head) == 3 else None
+            if not head or head[0] != d.name or shape != list(d.shape):
+                return f"wrong: expected the header of {d.name} {list(d.shape)}, got {head}"
+            n = math.prod(shape)
+            values[d.name] = np.array([float(v) for v in lines[:n]]).reshape(shape)
+            lines = lines[n:]
+    if lines:
+        return f"wrong: {len(lines)} lines left over"
+    inputs = set()
+    for net in query.networks:
+        session = ort.InferenceSession(networks[net.name], providers=["CPUExecutionProvider"])
+        feeds = {}
+        for d, v in zip(net.inputs, session.get_inputs(), strict=True):
+            x32 = values[d.name].astype(np.float32)
+            values[d.name] = x32.astype(np.float64)
+            inputs.add(d.name)
+            dims = [s if isinstance(s, int) and s > 0 else 1 for s in v.shape]
+            feeds[v.name] = x32.reshape(dims)
+        outs = session.run(None, feeds)
+        for d, y in zip(net.outputs, outs, strict=True):
+            values[d.name] = np.asarray(y, dtype=np.float64).reshape(list(d.shape))
+
+    def holds(tol: float) -> bool:
+        for a in query.assertions:
+            only_inputs = all(name in inputs for name in _names(a.expr))
+            if not _eval_bool(a.expr, values, tol if only_inputs else 0.0):
+                return False
+        return True
+
+    if holds(0.0):
+        return "correct"
+    return "correct_up_to_tolerance" if holds(input_tol) else "wrong: the assertions do not all hold"
+
+
+def _names(e) -> set[str]:
+    if type(e).__name__ == "Var":
+        return {e.name}
+    found: set[str] = set()
+    for attr in ("expr", "lhs", "rhs", "head"):
+        if hasattr(e, attr):
+            found |= _names(getattr(e, attr))
+    for attr in ("args", "rest"):
+        for child in getattr(e, attr, ()):
+            found |= _names(child)
+    return found

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # VNN-COMP: prepare one instance.   usage: prepare_instance.sh v1 CATEGORY ONNX VNNLIB
+# ONNX: a file (.onnx or .onnx.gz) or a VNN-COMP 2026 network list; VNNLIB: VNN-LIB 1.x or 2.0 (.gz too).
 # Accepts any category, as run_instance.sh does (configs/CATEGORY.yaml when it exists, else
 # configs/default.yaml), and checks that the two files exist. Exit 0 when the instance can be run.
 # It starts and stops nothing: other programs are never killed.
@@ -22,7 +23,20 @@ if [[ ! "$CATEGORY" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ || ! -f "$CONFIG" ]]; then
     CONFIG="$TOOL_DIR/configs/default.yaml"  # the same choice as run_instance.sh
 fi
 
-for f in "$ONNX" "$VNNLIB"; do
+# ONNX is one file or (VNN-COMP 2026) a list naming each network: "[('f', 'a.onnx'), ('g', 'b.onnx')]"
+FILES=("$ONNX")
+if [[ "$ONNX" == \[* ]]; then
+    if ! LISTED="$("${PYTHON:-python3}" -c 'import ast, sys
+try:
+    print("\n".join(p for _, p in ast.literal_eval(sys.argv[1])))
+except Exception:
+    sys.exit(1)' "$ONNX")"; then
+        echo "$0: not a network list [('name', 'file.onnx'), ...]: $ONNX" >&2
+        exit 1
+    fi
+    mapfile -t FILES <<< "$LISTED"
+fi
+for f in "${FILES[@]}" "$VNNLIB"; do
     if [[ ! -f "$f" ]]; then
         echo "$0: file not found: $f" >&2
         exit 1

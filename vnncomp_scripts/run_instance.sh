@@ -2,7 +2,9 @@
 # VNN-COMP: verify one instance.   usage: run_instance.sh v1 CATEGORY ONNX VNNLIB RESULTS TIMEOUT
 # Runs `abcrown` with configs/CATEGORY.yaml (configs/default.yaml if there is none), overriding the
 # instance, the results file and the timeout; the result (sat/unsat/unknown/timeout/error) is written to
-# RESULTS. ONNX, VNNLIB and RESULTS are relative to the current directory.
+# RESULTS. ONNX, VNNLIB and RESULTS are relative to the current directory. ONNX is a file (.onnx or
+# .onnx.gz) or, for a VNN-COMP 2026 multi-network instance, the list "[('f', 'a.onnx'), ('g', 'b.onnx')]";
+# VNNLIB is VNN-LIB 1.x or 2.0 (.gz too). A 2.0 sat is written as the 2.0 witness.
 # ABCROWN_EXTRA_ARGS (optional) is appended, e.g. ABCROWN_EXTRA_ARGS="--general.device cuda".
 # The alpha-beta-CROWN route: with ABCROWN_PATH set (CVE_ENGINE=native turns it off), CVE_ENGINE=abcrown,
 # or configs/CATEGORY.yaml saying "engine: abcrown", alpha-beta-CROWN's own config for the category runs

@@ -22,9 +22,13 @@ from ..errors import end_cleanly_on_signals
 USAGE = "vnncomp CATEGORY ONNX VNNLIB RESULTS TIMEOUT [--ours CONFIG] [abcrown flags...]"
 
 # The fallback table (VNN-COMP 2021/2022 names, which α,β-CROWN's current ``vnncomp_main.py`` no longer
-# lists): category -> config under complete_verifier/exp_configs; a callable picks by the ONNX file name.
+# lists, and the 2026 VNN-LIB 2.0 ACAS Xu categories, which it does not know yet): category -> config
+# under complete_verifier/exp_configs; a callable picks by the ONNX argument (a path or a network list).
 CONFIGS = {
     "acasxu": "vnncomp21/acasxu.yaml",
+    "acas_xu_vnnlib2": "vnncomp21/acasxu.yaml",
+    "isomorphic_acasxu": "vnncomp21/acasxu.yaml",
+    "monotonic_acasxu": "vnncomp21/acasxu.yaml",
     "cifar2020": "vnncomp22/cifar2020_2_255.yaml",
     "cifar_biasfield": "vnncomp22/cifar_biasfield.yaml",
     "collins_rul_cnn": "vnncomp22/collins-rul-cnn.yaml",
