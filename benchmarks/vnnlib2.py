@@ -165,7 +165,8 @@ def main() -> None:
     text = table(data, rows, keys)
     (out / "vnnlib2.md").write_text(
         f"# VNN-LIB 2.0 and two-network instances through run_instance.sh, {args.timeout:.0f} s each\n\n"
-        f"commit {prov['commit']}, `{prov['command']}`, {prov['machine']}; P = 2 is fsdp; the 1.x column runs "
+        f"commit {prov['commit']}, `{prov['command']}`, {prov['machine']}; P = 2 is fsdp; the 1.x "
+        "column runs "
         "the 1.x file of the same property (native, P = 1); `expected` for `acasxu` is α,β-CROWN's published "
         "verdict of that 1.x form; a two-network sat is judged by an independent witness check "
         "(`correct_up_to_tolerance`: an input pinned to a value float32 cannot hold, read as the nearest "
