@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import sys
@@ -159,8 +160,10 @@ def _name(inst: Instance) -> str:
 
 
 def result_line(inst: Instance, res: InstanceResult) -> str:
-    """One line of a csv run's results file."""
-    return f"{inst.onnx},{inst.vnnlib},{res.verdict},{res.time_s:.3f}\n"
+    """One line of a csv run's results file (csv quoting: a network list holds commas)."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow([inst.onnx, inst.vnnlib, res.verdict, f"{res.time_s:.3f}"])
+    return buf.getvalue()
 
 
 def done_instances(results_file: str) -> dict[tuple[str, str], str]:
@@ -168,7 +171,7 @@ def done_instances(results_file: str) -> dict[tuple[str, str], str]:
     done = {}
     if os.path.isfile(results_file):
         for line in Path(results_file).read_text().splitlines():
-            parts = line.split(",")
+            parts = next(csv.reader([line]), [])
             if len(parts) >= 4:
                 done[(parts[0], parts[1])] = line + "\n"
     return done

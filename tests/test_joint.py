@@ -210,3 +210,30 @@ def test_gzipped_specs_and_networks(two_nets, tmp_path):
     from complete_verifier_ext import witness
 
     np.testing.assert_allclose(witness.run_networks(z, spec, nets), y_joint, rtol=0, atol=1e-6)
+
+
+def test_a_csv_of_network_lists_with_resume(two_nets, tmp_path):
+    """``instances.csv`` rows in the 2026 form (a quoted network list, paths relative to the csv's
+    folder): the native engine runs them, the results file quotes the list, ``--resume`` reads it back."""
+    import csv
+
+    f, g, spec_file = two_nets
+    (tmp_path / "easy.vnnlib").write_text(SPEC.format(t="-1000.0"))
+    rows = [[repr([("f", "f.onnx"), ("g", "g.onnx")]), name, "30"] for name in ("q.vnnlib", "easy.vnnlib")]
+    with open(tmp_path / "instances.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    (tmp_path / "c.yaml").write_text(
+        f"general:\n  root_path: {tmp_path}\n  csv_name: instances.csv\n"
+        f"  results_file: {tmp_path / 'res.csv'}\n"
+        "bab:\n  branching:\n    input_split:\n      enable: true\nattack:\n  pgd_order: before\n"
+    )
+    cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", str(tmp_path / "c.yaml"), "--quiet"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = list(csv.reader((tmp_path / "res.csv").read_text().splitlines()))
+    assert [(r[0], Path(r[1]).name, r[2]) for r in got] == [
+        (repr([("f", str(tmp_path / "f.onnx")), ("g", str(tmp_path / "g.onnx"))]), "q.vnnlib", "unsat"),
+        (repr([("f", str(tmp_path / "f.onnx")), ("g", str(tmp_path / "g.onnx"))]), "easy.vnnlib", "sat"),
+    ]
+    again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr[-2000:]
