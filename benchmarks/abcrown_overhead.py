@@ -7,7 +7,7 @@ with onnx2pytorch and our torchvision stand-in on the path: ``locate.activate``,
 through the plugin at P = 1 (``abcrown --general.engine abcrown``), alternating which goes first, each a
 fresh process timed from outside (start-up included, as VNN-COMP counts it): the median and the
 fastest of the repeats. Instances: mnist_fc 256x2 (α-CROWN then BaB), oval21 cifar_base_kw
-(α,β-CROWN's ``oval22.yaml``: BaB on a conv net), ACAS Xu 1_1 prop_1 (``acasxu.yaml``: input split).
+(α,β-CROWN's ``BICCOS/oval22/beta.yaml``: β-CROWN BaB on a conv net; its ``oval22.yaml`` asks for CPLEX cuts, absent here), ACAS Xu 1_1 prop_1 (``acasxu.yaml``: input split).
 
 Domains per second: the plugin's summary (``bab.domains`` / ``bab.time_s``) at P = 1 and P = 2 (fsdp)
 on mnist-net_256x6 prop_2_0.05 (an MLP) and oval21 (the conv net), each with a fixed time limit.
@@ -57,8 +57,8 @@ def instances(tmp: Path, root: Path) -> list[dict]:
             "vnnlib": mnist / "vnnlib" / "prop_9_0.05.vnnlib",
         },
         {
-            "name": "oval21 base img4763 (oval22.yaml, conv BaB)",
-            "config": str(root / EXP / "vnncomp22" / "oval22.yaml"),
+            "name": "oval21 base img4763 (BICCOS/oval22/beta.yaml, conv BaB)",
+            "config": str(root / EXP / "BICCOS" / "oval22" / "beta.yaml"),
             "onnx": oval / "onnx" / "cifar_base_kw.onnx",
             "vnnlib": oval / "vnnlib" / "cifar_base_kw-img4763-eps0.024705882352941175.vnnlib",
         },
