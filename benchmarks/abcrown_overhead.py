@@ -7,7 +7,8 @@ with onnx2pytorch and our torchvision stand-in on the path: ``locate.activate``,
 through the plugin at P = 1 (``abcrown --general.engine abcrown``), alternating which goes first, each a
 fresh process timed from outside (start-up included, as VNN-COMP counts it): the median and the
 fastest of the repeats. Instances: mnist_fc 256x2 (α-CROWN then BaB), oval21 cifar_base_kw
-(α,β-CROWN's ``BICCOS/oval22/beta.yaml``: β-CROWN BaB on a conv net; its ``oval22.yaml`` asks for CPLEX cuts, absent here), ACAS Xu 1_1 prop_1 (``acasxu.yaml``: input split).
+(α,β-CROWN's ``BICCOS/oval22/beta.yaml``: β-CROWN BaB on a conv net; its ``oval22.yaml`` asks for
+CPLEX cuts, absent here), ACAS Xu 1_1 prop_1 (``acasxu.yaml``: input split).
 
 Domains per second: the plugin's summary (``bab.domains`` / ``bab.time_s``) at P = 1 and P = 2 (fsdp)
 on mnist-net_256x6 prop_2_0.05 (an MLP) and oval21 (the conv net), each with a fixed time limit.
