@@ -6,7 +6,10 @@ ResNet-large shape, ours at P = 1, 2, 4 (fsdp, tp) against auto_LiRPA itself in 
         [--engines auto_LiRPA,ours]
 
 Every measurement is its own process (``MALLOC_MMAP_THRESHOLD_=65536``, so RSS follows live tensors), one
-mode per process; per-rank peak RSS of the bound computation above the RSS after loading. auto_LiRPA is
+mode per process; per-rank peak RSS of the bound computation above the RSS after loading, on both
+engines without the 70-80 MB of library code torch loads on its first optimizer
+(``memory.load_optimizer_libraries``: ours leaves it out of ``PeakMemory``, auto_LiRPA's run loads it
+before its baseline). auto_LiRPA is
 the one α,β-CROWN pins (``$ABCROWN_PATH/auto_LiRPA``, default ``../shared/vendor/alpha-beta-CROWN``),
 ``BoundedModule(model).compute_bounds(method=CROWN | CROWN-Optimized)`` on the same weights (our graph's
 weights for the MLPs, onnx2pytorch's conversion of the same ONNX file otherwise, as α,β-CROWN loads it),
@@ -125,7 +128,7 @@ def _auto_lirpa(name: str, method: str, chunk: int, threads: int) -> dict:
     locate.activate(locate.find())  # auto_LiRPA and onnx2pytorch importable (as the plugin finds them)
     from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
 
-    from complete_verifier_ext.parallel.memory import PeakMemory
+    from complete_verifier_ext.parallel.memory import PeakMemory, load_optimizer_libraries
 
     torch.set_num_threads(threads)
     g, box, C, onnx_path = problem(name)
@@ -141,6 +144,7 @@ def _auto_lirpa(name: str, method: str, chunk: int, threads: int) -> dict:
     }
     bm = BoundedModule(model, torch.zeros_like(x0), bound_opts=opts, device="cpu")
     x = BoundedTensor(x0, PerturbationLpNorm(x_L=box[0], x_U=box[1]))
+    load_optimizer_libraries()  # as for ours: torch's lazily loaded optimizer code is not bound memory
     pm = PeakMemory(torch.device("cpu"))
     pm.start()
     t0 = time.perf_counter()

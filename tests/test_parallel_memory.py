@@ -44,3 +44,34 @@ def test_restart_forgets_the_previous_peak() -> None:
 
 def test_mmap_threshold_check_returns_bool() -> None:
     assert isinstance(mmap_threshold_env_ok(), bool)
+
+
+LIBRARY = """
+import torch
+from complete_verifier_ext.parallel.memory import PeakMemory, load_optimizer_libraries
+pm = PeakMemory("cpu")
+pm.start()
+load_optimizer_libraries()  # torch's first optimizer: ~800 modules
+load_optimizer_libraries()  # once per process
+t = torch.ones(64 * 1024 * 1024 // 4)
+del t
+print(pm.library_mb(), pm.peak_mb(), pm.reset_ok)
+"""
+
+
+def test_library_code_loaded_during_a_measurement_is_left_out() -> None:
+    """In a fresh process, torch's first optimizer adds tens of MB of RSS (module code, the same at any
+    model size or P): ``peak_mb`` leaves it out and still sees a 64 MiB transient."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run(
+        [sys.executable, "-c", LIBRARY], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    library, peak, reset_ok = out.stdout.split()
+    assert float(library) > 20.0
+    if reset_ok == "True":
+        assert 56 <= float(peak) <= 64 + 48, (library, peak)

@@ -97,7 +97,7 @@ def model_problem(path: str, x: Any) -> str | None:
 
 def _spec2(path: str) -> Any:
     """Our reading of ``path`` when it is VNN-LIB 2.0, else None (a 1.x file is α,β-CROWN's to read)."""
-    from ..spec import read_text, load_vnnlib
+    from ..spec import load_vnnlib, read_text
     from ..vnnlib2 import is_vnnlib2
 
     if not is_vnnlib2(read_text(str(path))):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..parallel import comm
+from ..parallel import comm, memory
 from .crown import CrownState, ancestors_relus, final_bounds, gather_rows, sweep, unstable_index
 from .graph import Graph
 from .ops import Relu, Slopes
@@ -87,6 +87,7 @@ def alpha_crown(
     out = len(graph.nodes) - 1
     alphas = init_alphas(graph, state, local_rows(state, graph, C.shape[0]), opts.sparse)
     params = [_param(a) for per_start in alphas.values() for a in per_start.values()]
+    memory.load_optimizer_libraries()  # once per process: not the bound computation's memory
     opt = torch.optim.Adam(params, lr=opts.lr_alpha)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, opts.lr_decay)
     for p in params:

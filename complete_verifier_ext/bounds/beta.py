@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..parallel import memory
 from .graph import Graph
 from .walk import Alphas, Bounds, Box, back_substitute
 
@@ -51,6 +52,7 @@ def optimise_alpha_beta(
     ``iteration`` times (at least once), stepping α and β between the calls.  ``bound`` keeps
     whatever it needs of each result (the best bound so far, say); ``stop()`` is asked before every
     call after the first."""
+    memory.load_optimizer_libraries()  # once per process: not the bound computation's memory
     opt = torch.optim.Adam(
         [{"params": list(alpha.values()), "lr": lr_alpha}, {"params": list(beta.values()), "lr": lr_beta}]
     )
