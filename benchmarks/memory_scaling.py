@@ -7,8 +7,10 @@ Every measurement is its own process (one mode per process, DESIGN.md) started w
 the bound computation above its RSS after loading (and sharding) the model.  Models: the TP/FSDP
 paper's wide MLPs 784 -> h^d -> 10 (He-normal weights, seed 0, ε = 0.02 around a random input in
 [0, 1], 9 clauses ``Y_0 - Y_j``) and ``mnist-net_256x6`` with its prop_2_0.05 spec from ../shared.
-Writes ``memory_scaling.json`` (raw rows), ``memory_scaling.md`` (the table) and
-``memory_scaling.png`` (peak per rank vs P with the ideal 1/P line) into ``--out``.
+Each row's floor is P = 1's peak / P plus the one block in flight (a whole layer under ``fsdp``, one
+shard under ``tp``). torch's lazily loaded optimizer code is left out (``memory.PeakMemory``).
+Writes ``memory_scaling.json`` (raw rows), ``memory_scaling.md`` (the table, peak beside floor) and
+``memory_scaling.png`` (peak per rank vs P with the ideal 1/P line; peak / floor vs P) into ``--out``.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def _rank_job(model: str, method: str, mode: str, iters: int) -> dict:
     world = comm.world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     g, box, C = mnist_256x6() if model == "mnist-net_256x6" else wide_mlp(*map(int, model.split("x")))
+    layer_mb = max(n.op.weight.local.numel() * 4 / 2**20 for n in g.nodes if n.op.weight is not None)
     if world > 1:
         g.shard(mode)
     pm = PeakMemory(comm.device())
@@ -89,6 +92,8 @@ def _rank_job(model: str, method: str, mode: str, iters: int) -> dict:
         "bytes": int(comm.all_reduce(torch.tensor([float(sent)], dtype=torch.float64))[0]),
         "time_s": elapsed,
         "lb": lb[0].tolist(),
+        # the one block in flight beside a rank's 1/P: a whole layer under fsdp, one shard under tp
+        "block_mb": layer_mb / world if mode == "tp" else (layer_mb if world > 1 else 0.0),
     }
 
 
@@ -115,9 +120,9 @@ def plan(quick: bool) -> list[tuple[str, str, int]]:
 def table(rows: list[dict]) -> str:
     base = {(r["model"], r["method"]): r for r in rows if r["P"] == 1}
     lines = [
-        "| model | method | α iters | P | mode | peak MB per rank (max) | × P=1 | ideal | time s | × P=1 |"
-        " MB sent | max rel. bound diff vs P=1 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | method | α iters | P | mode | peak MB per rank (max) | floor MB | × floor | × P=1 |"
+        " ideal | time s | × P=1 | MB sent | max rel. bound diff vs P=1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b = base.get((r["model"], r["method"]))
@@ -128,21 +133,25 @@ def table(rows: list[dict]) -> str:
         if b:
             diff = f"{max_rel_diff(r['lb'], b['lb']):.1e}"
         per_rank = "/".join(f"{p:.0f}" for p in r["peak_mb"])
+        floor = max(b["peak_mb"]) / r["P"] + r.get("block_mb", 0.0) if b else None
+        fl = f"{floor:.0f} | {peak / floor:.2f}" if floor else "- | -"
         lines.append(
             f"| {r['model']} | {r['method']} | {r['iters'] or '-'} | {r['P']} | {r['mode']} | "
-            f"{per_rank} | {ratio} | {1 / r['P']:.2f} | {r['time_s']:.2f} | {tratio} | "
+            f"{per_rank} | {fl} | {ratio} | {1 / r['P']:.2f} | {r['time_s']:.2f} | {tratio} | "
             f"{r['bytes'] / 2**20:.1f} | {diff} |"
         )
     return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    """Left: peak per rank / peak at P = 1 against P, with the ideal 1/P. Right: peak per rank / its
+    floor (P = 1's peak / P + the block in flight), with the 1.15 target."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5))
     series: dict[tuple, list] = {}
     for r in rows:
         series.setdefault((r["model"], r["method"], r["mode"] if r["P"] > 1 else "fsdp"), []).append(r)
@@ -152,21 +161,26 @@ def plot(rows: list[dict], path: Path) -> None:
         rs = sorted(rs, key=lambda r: r["P"])
         if (model, method) not in base or len(rs) < 2:
             continue
-        ax.plot(
-            [r["P"] for r in rs],
-            [max(r["peak_mb"]) / base[(model, method)] for r in rs],
-            color=colors[(n // 2) % len(colors)],
-            linestyle="-" if mode == "fsdp" else ":",
-            marker="o" if method == "crown" else "s",
-            label=f"{model} {method} {mode}",
-        )
+        b = base[(model, method)]
+        style = {
+            "color": colors[(n // 2) % len(colors)],
+            "linestyle": "-" if mode == "fsdp" else ":",
+            "marker": "o" if method == "crown" else "s",
+            "label": f"{model} {method} {mode}",
+        }
+        ps = [r["P"] for r in rs]
+        ax.plot(ps, [max(r["peak_mb"]) / b for r in rs], **style)
+        ax2.plot(ps, [max(r["peak_mb"]) / (b / r["P"] + r.get("block_mb", 0.0)) for r in rs], **style)
     ps = sorted({r["P"] for r in rows})
     ax.plot(ps, [1 / p for p in ps], "k--", label="ideal 1/P")
-    ax.set_xlabel("ranks P")
+    ax2.axhline(1.15, color="k", linestyle="--", label="1.15 × floor")
     ax.set_ylabel("peak per rank / peak at P = 1")
-    ax.set_xticks(ps)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    ax2.set_ylabel("peak per rank / floor (P = 1 / P + block in flight)")
+    for a in (ax, ax2):
+        a.set_xlabel("ranks P")
+        a.set_xticks(ps)
+        a.legend(fontsize=6)
+        a.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -177,6 +191,7 @@ def main() -> None:
         "--one", nargs=5, metavar=("MODEL", "METHOD", "P", "MODE", "ITERS"), help=argparse.SUPPRESS
     )
     ap.add_argument("--quick", action="store_true", help="one small configuration (smoke test)")
+    ap.add_argument("--only", default="", help="comma-separated MODEL:METHOD:ITERS jobs instead of the plan")
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--modes", default="fsdp,tp")
     ap.add_argument("--timeout", type=float, default=600)
@@ -190,7 +205,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     ranks = [int(p) for p in args.ranks.split(",")]
-    for model, method, iters in plan(args.quick):
+    jobs = [(m, k, int(i)) for m, k, i in (j.split(":") for j in args.only.split(","))] if args.only else None
+    for model, method, iters in jobs or plan(args.quick):
         for P in ranks:
             for mode in ["none"] if P == 1 else args.modes.split(","):
                 t0 = time.time()
