@@ -216,7 +216,8 @@ def main() -> None:
                 if r is not None:
                     rows.append(r)
     (out / "memory_scaling.json").write_text(json.dumps({**provenance(), "rows": rows}, indent=1))
-    md = table(rows)
+    prov = provenance()
+    md = f"commit {prov['commit']}, `{prov['command']}`, {prov['machine']}\n\n" + table(rows)
     (out / "memory_scaling.md").write_text(md + "\n")
     plot(rows, out / "memory_scaling.png")
     print(md)
