@@ -43,3 +43,15 @@ def test_a_2_0_spec_reaches_abcrown_as_its_reader_gives_the_1x_form(tmp_path):
                        two=str(BENCH / "vnnlib2" / "acasxu" / "vnnlib"), tmp=str(tmp_path))  # fmt: skip
     out = python(code)
     assert out.returncode == 0 and out.stdout.strip().endswith("same"), out.stderr[-3000:]
+
+
+def test_a_file_that_is_not_text_is_left_to_abcrowns_reader(tmp_path):
+    """Bytes that are not UTF-8, or a broken gzip: not a 2.0 spec to us, so α,β-CROWN's reader (and the
+    one-line error around it) sees the file as before."""
+    from complete_verifier_ext.abcrown_plugin import inputs
+
+    (tmp_path / "bad.vnnlib").write_bytes(b"(declare-const X_0 Real)\n\xff\xfe\n")
+    (tmp_path / "bad.vnnlib.gz").write_bytes(b"\x1f\x8b not really gzip")
+    (tmp_path / "cut.vnnlib.gz").write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03" + b"\xff" * 20)
+    for name in ("bad.vnnlib", "bad.vnnlib.gz", "cut.vnnlib.gz"):
+        assert inputs._spec2(str(tmp_path / name)) is None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,11 @@ def _spec2(path: str) -> Any:
     from ..spec import load_vnnlib, read_text
     from ..vnnlib2 import is_vnnlib2
 
-    if not is_vnnlib2(read_text(str(path))):
+    try:
+        text = read_text(str(path))
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error):  # not ours to judge: α,β-CROWN's names it
+        return None
+    if not is_vnnlib2(text):
         return None
     try:
         return load_vnnlib(path)
