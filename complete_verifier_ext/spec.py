@@ -22,6 +22,7 @@ import itertools
 import math
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -577,11 +578,20 @@ def _freeze(clause: Clause) -> Clause:
 
 
 def read_text(path: str) -> str:
+    """The text of a VNN-LIB file (gzip-compressed or not); a file that is not UTF-8 text, or a broken
+    gzip, is a :class:`SpecError` naming it."""
     with open(path, "rb") as handle:
         data = handle.read()
-    if path.endswith(".gz") or data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    return data.decode("utf-8")
+    try:
+        if path.endswith(".gz") or data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        return data.decode("utf-8")
+    except (OSError, EOFError, zlib.error) as e:
+        raise SpecError(f"{path}: not a readable gzip file ({e})") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            f"{path}: not a UTF-8 text file (byte {e.start}: {data[e.start : e.start + 1]!r})"
+        ) from None
 
 
 def cache_root() -> Path:

@@ -403,3 +403,20 @@ def test_cifar_spec_parses(shared_dir: Path) -> None:
     spec = load_vnnlib(files[0], cache=False)
     assert spec.n_inputs == 3072 and len(spec.regions) == 1
     assert (spec.regions[0].lower <= spec.regions[0].upper).all()
+
+
+def test_a_file_that_is_not_text_is_one_line_naming_it(tmp_path):
+    """Bytes that are not UTF-8, or a broken gzip, are the user's mistake: a SpecError, not a traceback."""
+    cases = {
+        "bad.vnnlib": (b"(declare-const X_0 Real)\n\xff\xfe\n", "not a UTF-8 text file"),
+        "bad.vnnlib.gz": (b"\x1f\x8b not really gzip", "not a readable gzip file"),
+        "cut.vnnlib.gz": (
+            b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03" + b"\xff" * 20,
+            "not a readable gzip file",
+        ),
+    }
+    for name, (data, words) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(SpecError, match=words) as e:
+            load_vnnlib(tmp_path / name, cache=False)
+        assert str(e.value).startswith(str(tmp_path / name)) and "\n" not in str(e.value)
