@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 from .errors import UserError
 from .model.onnx_loader import ModelError, read_onnx
 from .networks_arg import is_network_list, parse_networks
-from .spec import Layout, NetworkSlots, Spec, cache_root
+from .spec import Layout, NetworkSlots, Slot, Spec, cache_root
 
 __all__ = ["Networks", "compose", "model_for", "network_paths"]
 
@@ -180,9 +180,36 @@ def _batched(model: onnx.ModelProto, path: str) -> onnx.ModelProto:
     return model
 
 
-def _const(nodes_inits: list, name: str, value: np.ndarray) -> str:
-    nodes_inits.append(numpy_helper.from_array(value, name))
+def _const(inits: list, name: str, value: np.ndarray) -> str:
+    inits.append(numpy_helper.from_array(value, name))
     return name
+
+
+def _feed(nodes: list, inits: list, name: str, slot: Slot, n_in: int, shape: list[int]) -> None:
+    """The network input ``name`` (per-sample ``shape``) from the joint input: the whole of it in
+    order, or the elements a 0/1 ``MatMul`` picks."""
+    source = JOINT_INPUT
+    if slot.index != tuple(range(n_in)):
+        pick = np.zeros((n_in, len(slot.index)), dtype=np.float32)
+        pick[list(slot.index), np.arange(len(slot.index))] = 1.0
+        source = f"{name}__picked"
+        nodes.append(helper.make_node("MatMul", [JOINT_INPUT, _const(inits, f"{source}_W", pick)], [source]))
+    shape_const = _const(inits, f"{name}__shape", np.array([1, *shape], dtype=np.int64))
+    nodes.append(helper.make_node("Reshape", [source, shape_const], [name]))
+
+
+def _place(nodes: list, inits: list, name: str, slot: Slot, n_out: int, alone: bool) -> str:
+    """The network output ``name`` flattened and, unless it is the joint output ``alone``, placed at
+    its positions by a 0/1 ``MatMul``; returns the tensor to sum into the joint output."""
+    flat = f"{name}__flat"
+    nodes.append(helper.make_node("Flatten", [name], [flat], axis=1))
+    if alone:
+        return flat
+    embed = np.zeros((len(slot.index), n_out), dtype=np.float32)
+    embed[np.arange(len(slot.index)), list(slot.index)] = 1.0
+    placed = f"{flat}__placed"
+    nodes.append(helper.make_node("MatMul", [flat, _const(inits, f"{placed}_W", embed)], [placed]))
+    return placed
 
 
 def compose(layout: Layout, paths: Networks) -> onnx.ModelProto:
@@ -208,30 +235,13 @@ def compose(layout: Layout, paths: Networks) -> onnx.ModelProto:
         prefix = f"n{k}_"
         model = onnx.compose.add_prefix(model, prefix)
         for slot, value in ins:
-            source = JOINT_INPUT
-            if slot.index != tuple(range(n_in)):
-                pick = np.zeros((n_in, len(slot.index)), dtype=np.float32)
-                pick[list(slot.index), np.arange(len(slot.index))] = 1.0
-                source = f"{prefix}{value.name}__picked"
-                nodes.append(
-                    helper.make_node("MatMul", [JOINT_INPUT, _const(inits, f"{source}_W", pick)], [source])
-                )
-            shape = [1, *_dims(value)] if unbatched else [1, *_dims(value)[1:]]
-            shape_const = _const(inits, f"{prefix}{value.name}__shape", np.array(shape, dtype=np.int64))
-            nodes.append(helper.make_node("Reshape", [source, shape_const], [prefix + value.name]))
+            _feed(
+                nodes, inits, prefix + value.name, slot, n_in, _dims(value) if unbatched else _dims(value)[1:]
+            )
         nodes.extend(model.graph.node)
         inits.extend(model.graph.initializer)
-        for slot, value in outs:
-            flat = f"{prefix}{value.name}__flat"
-            nodes.append(helper.make_node("Flatten", [prefix + value.name], [flat], axis=1))
-            if len(net.outputs) == 1 and len(layout.networks) == 1:
-                terms.append(flat)
-                continue
-            embed = np.zeros((len(slot.index), n_out), dtype=np.float32)
-            embed[np.arange(len(slot.index)), list(slot.index)] = 1.0
-            placed = f"{flat}__placed"
-            nodes.append(helper.make_node("MatMul", [flat, _const(inits, f"{placed}_W", embed)], [placed]))
-            terms.append(placed)
+        alone = len(net.outputs) == 1 and len(layout.networks) == 1
+        terms += [_place(nodes, inits, prefix + value.name, slot, n_out, alone) for slot, value in outs]
     total = terms[0]
     for i, term in enumerate(terms[1:]):
         out = f"joint_sum{i}"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from .errors import UserError
 
-__all__ = ["is_network_list", "map_paths", "parse_networks"]
+__all__ = ["is_network_list", "label", "map_paths", "parse_networks"]
 
 
 def is_network_list(arg: str) -> bool:

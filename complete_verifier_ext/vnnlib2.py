@@ -91,12 +91,12 @@ class _Elements:
         for net in query.networks:
             if len(net.hidden):
                 raise src.error(
-                    self._decl_pos(net.hidden[0].name), "hidden tensors (declare-hidden) are not supported"
+                    self.decl_pos(net.hidden[0].name), "hidden tensors (declare-hidden) are not supported"
                 )
             for d in (*net.inputs, *net.outputs):
                 if d.dtype.name not in _TYPE_NAMES:
                     raise src.error(
-                        self._decl_pos(d.name),
+                        self.decl_pos(d.name),
                         f"tensor {d.name!r} has type {d.dtype.name}: only real tensors are supported",
                     )
                 self.shapes[d.name] = tuple(int(s) for s in d.shape)
@@ -105,7 +105,7 @@ class _Elements:
             self.networks.append(net)
         self.parent: dict[tuple[str, int], tuple[str, int]] = {}
 
-    def _decl_pos(self, name: str) -> int:
+    def decl_pos(self, name: str) -> int:
         m = re.search(r"\(\s*declare-(input|output|hidden)\s+" + re.escape(name) + r"\b", self.src.text)
         return m.start() if m else 0
 
@@ -291,6 +291,6 @@ def read(src: Source) -> Query:
         asserts.append((disjuncts, pos))
 
     def where(i: int) -> tuple[str, int]:
-        return names[i], elements._decl_pos(names[i].split("[")[0])
+        return names[i], elements.decl_pos(names[i].split("[")[0])
 
     return Query(asserts, len(names), len(joint_out), where, layout)
