@@ -237,3 +237,31 @@ def test_a_csv_of_network_lists_with_resume(two_nets, tmp_path):
     ]
     again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr[-2000:]
+
+
+@needs_abcrown
+@pytest.mark.parametrize("engine", ["native", "abcrown"])
+def test_bad_2026_inputs_are_one_line_and_error_at_p2(two_nets, tmp_path, engine):
+    """Through run_instance.sh at P = 2: a 2.0 spec the grammar rejects, a network list that is not one
+    and a spec that is not text each end in one line naming the file, ``error`` and exit 1 (the same
+    at P = 1, checked by hand; the messages themselves: ``test_vnnlib2.py``, ``test_spec.py``)."""
+    f, g, spec_file = two_nets
+    (tmp_path / "infix.vnnlib").write_text(
+        SPEC.format(t="0.0").replace("(>= (- Yg[1] Yf[0]) 0.0)", "(Yg[1] < Yf[0])")
+    )
+    (tmp_path / "bytes.vnnlib").write_bytes(b"(vnnlib-version <2.0>)\n\xff\n")
+    cases = [
+        (repr([("f", f), ("g", g)]), tmp_path / "infix.vnnlib", "infix.vnnlib:8: VNN-LIB 2.0 syntax error"),
+        ("[('f', ", spec_file, "network list"),
+        (repr([("f", f), ("g", g)]), tmp_path / "bytes.vnnlib", "not a UTF-8 text file"),
+    ]
+    script = REPO / "vnncomp_scripts" / "run_instance.sh"
+    env = plugin_env(CVE_ENGINE=engine, ABCROWN_EXTRA_ARGS="--parallel.world_size 2 --parallel.mode fsdp",
+                     PYTHON=sys.executable)  # fmt: skip
+    for arg, spec, words in cases:
+        results = tmp_path / "r.txt"
+        cmd = ["bash", str(script), "v1", "isomorphic_acasxu_2026", arg, str(spec), str(results), "60"]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
+        lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+        assert out.returncode == 1 and len(lines) == 1 and words in lines[0], out.stderr[-2000:]
+        assert results.read_text().strip() == "error"

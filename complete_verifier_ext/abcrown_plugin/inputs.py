@@ -45,8 +45,9 @@ def short(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def spec_problem(path: str, error: BaseException) -> str:
-    """What is wrong with the VNN-LIB file ``path`` that α,β-CROWN's reader rejected with ``error``."""
+def spec_problem(path: str, error: BaseException | None) -> str:
+    """What is wrong with the VNN-LIB file ``path`` that α,β-CROWN's reader rejected with ``error``
+    (None: a 1.x file given a network list)."""
     from ..spec import load_vnnlib
 
     try:
@@ -55,6 +56,8 @@ def spec_problem(path: str, error: BaseException) -> str:
         return str(e)
     except Exception:  # our reader failing otherwise says nothing about the file
         pass
+    if error is None:
+        return f"{path}: a VNN-LIB 1.x spec takes one ONNX file, not a network list"
     return f"{path}: alpha-beta-CROWN's VNN-LIB reader cannot read this file ({short(error)})"
 
 
@@ -157,10 +160,8 @@ def joint_loader(orig: Callable) -> Callable:
     def default_onnx_and_vnnlib_loader(file_root, onnx_path, vnnlib_path):
         spec = _spec2(os.path.join(file_root, vnnlib_path))
         if spec is None:
-            if is_network_list(onnx_path):
-                raise PluginError(
-                    f"{vnnlib_path}: a VNN-LIB 1.x spec takes one ONNX file, not a network list"
-                )
+            if is_network_list(onnx_path):  # our reader says what is wrong with the spec, if anything
+                raise PluginError(spec_problem(os.path.join(file_root, vnnlib_path), None))
             return orig(file_root, onnx_path, vnnlib_path)
         from .. import joint
 
