@@ -238,7 +238,7 @@ def test_fsdp_transposed_products_are_bitwise(results: dict[str, Any]) -> None:
 
 
 def test_tp_transposed_products_match(results: dict[str, Any]) -> None:
-    ring = {"ring_pass": results["P"] - 1}
+    ring = {"shard_pass": results["P"] - 1}
     for name, layer in results["tp"].items():
         for key, res in layer.items():
             if key.startswith("transposed"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -140,29 +141,43 @@ def _bound_unit_rows(
     """Lower bounds (2m, B) of ``[+e_part; -e_part] · value(k)``: the walk starts below node k when its
     op gives those rows' backward without a product (a Linear layer), else at k."""
     node, B = graph.nodes[k], box[0].shape[0]
-    short = node.op.unit_rows(part, B) if len(node.inputs) == 1 else None
+    short = node.op.unit_rows(part) if len(node.inputs) == 1 else None
     if short is None:
         windows = a is None or all(isinstance(t, Slopes) for t in a.values())
         return back_substitute(graph, k, _unit_rows(part, B, node.shape, windows), bounds, box, a)
-    A_in, bias = short  # the bias is added after the walk: a sum that overflows proves nothing
-    local = node.op.weight.mode == "none"  # W at hand: rebuilding A_in issues no collective
-    with (
-        _rebuilt_when_saved(A_in, lambda: node.op.unit_rows(part, B)[0])
-        if local
-        else contextlib.nullcontext()
-    ):
-        return proven_only(back_substitute(graph, node.inputs[0], A_in, bounds, box, a) + bias)
+    rows, b = short
+    del short
+    bias = torch.cat([b, -b])[:, None].expand(-1, B)  # added after the walk: an overflow proves nothing
+    A_in = _signed(rows, B)
+    hooks = None
+    if torch.is_grad_enabled():  # α: backward needs A_in again, rebuilt from W (P = 1) or from ``rows``
+        kept = None if node.op.weight.mode == "none" else rows  # W at hand: rebuilding needs no collective
+
+        def again() -> Tensor:
+            return _signed(node.op.unit_rows(part)[0] if kept is None else kept, B)
+
+        hooks = _rebuilt_when_saved(A_in, again)
+    held = [A_in]  # handed over so that no frame here keeps an A-sized tensor alive during the walk
+    del rows, A_in
+    with hooks or contextlib.nullcontext():
+        return proven_only(back_substitute(graph, node.inputs[0], held.pop(), bounds, box, a) + bias)
+
+
+def _signed(rows: Tensor, B: int) -> Tensor:
+    """``[+rows; -rows]`` as A-matrix rows ``(2m, B, *in)``, the batch a broadcast view."""
+    return torch.cat([rows, -rows]).unsqueeze(1).expand(-1, B, *rows.shape[1:])
 
 
 def _rebuilt_when_saved(A: Tensor, rebuild: Callable[[], Tensor]):
     """Saved-tensor hooks under which autograd keeps, for any tensor saved for backward that is a view of
     ``A``'s storage, only its geometry, and rebuilds it with ``rebuild()`` (the same values in the same
     layout) when backward needs it: the first A of every row of α-CROWN is a gather of W's rows, which
-    is cheaper to redo than to keep (``(2 m, in)`` per start node and pass)."""
-    storage = A.untyped_storage().data_ptr()
+    is cheaper to redo than to keep (``(2 m, in)`` per start node and pass). Only while ``A`` itself is
+    alive: once freed, its address may be reused by another tensor, which must be kept as it is."""
+    storage, alive = A.untyped_storage().data_ptr(), weakref.ref(A)
 
     def pack(t: Tensor):
-        if t.untyped_storage().data_ptr() == storage:
+        if alive() is not None and t.untyped_storage().data_ptr() == storage:
             return ("rebuild", t.size(), t.stride(), t.storage_offset())
         return t
 

@@ -62,10 +62,10 @@ class Op:
         (Linear/Conv: the bias), or None: what BaBSR's score of splitting the ReLU after it uses."""
         return None
 
-    def unit_rows(self, part: Tensor, B: int) -> tuple[Tensor, Tensor] | None:
-        """``backward`` of the rows ``[+e_part; -e_part]`` of this op's output without the product, as
-        ``(A_in (2m, B, *in_shape), bias (2m, B))``, or None where the op has no such shortcut (then the
-        rows go through ``backward``). The same collectives on every rank, whatever ``part`` holds."""
+    def unit_rows(self, part: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``backward`` of the rows ``+e_part`` of this op's output without the product, as ``(A_in (m,
+        *in_shape), bias (m,))``, or None where the op has no such shortcut (then the rows go through
+        ``backward``). The same collectives on every rank, whatever ``part`` holds."""
         return None
 
     def compose_affine(self, M: np.ndarray | None, c: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
@@ -135,15 +135,11 @@ class Linear(Op):
         bias = 0.0 if self.bias is None else A @ self.bias  # (S, B)
         return [self.weight.linear_t(A)], bias
 
-    def unit_rows(self, part: Tensor, B: int) -> tuple[Tensor, Tensor] | None:
-        """``±e_i @ W`` is row i of W: a gather instead of a ``(2m, out) @ (out, in)`` product, bitwise the
-        same (auto_LiRPA's identity start). Under ``tp`` no rank may hold W's rows, so not there."""
-        if self.weight.mode == "tp":
-            return None
-        rows = self.weight.gathered()[part]  # (m, in)
-        A_in = torch.cat([rows, -rows])[:, None, :].expand(-1, B, -1)
+    def unit_rows(self, part: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``e_i @ W`` is row i of W: a gather instead of a ``(m, out) @ (out, in)`` product, bitwise the
+        same (auto_LiRPA's identity start); under ``tp`` from the shards as their owners pass them."""
         b = torch.zeros(len(part)) if self.bias is None else self.bias[part]
-        return A_in, torch.cat([b, -b])[:, None].expand(-1, B)
+        return self.weight.rows_of(part), b
 
     def compose_affine(self, M, c, shape):
         W = self.weight.gathered().double().cpu().numpy()
@@ -284,9 +280,9 @@ class _ReluStep(torch.autograd.Function):
         bias = torch.einsum("sbn,bn->sb", neg_part, ub)
         if index is None:
             L = _ReluStep._lower(alpha, index, lo_default, unstable)
-            return (A * L).addcmul_(neg_part, up - L), bias
+            return neg_part.mul_(up - L).addcmul_(A, L), bias  # in neg_part's buffer: two A-sized tensors
         del neg_part
-        return A * _ReluStep._slope(A, A < 0, alpha, index, up, lo_default, unstable), bias
+        return _ReluStep._slope(A, A < 0, alpha, index, up, lo_default, unstable).mul_(A), bias
 
     @staticmethod
     def forward(ctx, A, up, ub, alpha, lo_default, unstable, index):

@@ -86,7 +86,10 @@ def back_substitute(
     A bound that is not finite, or that some non-finite ReLU input bound went into, comes out as
     ``-inf`` (:func:`proven_only`).
     """
+    base = A.values if isinstance(A, Window) else A
+    no_input = base.new_zeros(base.shape[:2])  # the rows' bias alone, should the walk not reach the input
     pending: dict[int, Tensor | Window] = {start: A}
+    del A, base  # each A-matrix lives only until its node has pushed it through (the caller holds none)
     bias: Tensor | float = 0.0
     ok = finite_batch(box)  # (B,): no non-finite bound has gone into batch element b
     for k in range(start, 0, -1):
@@ -113,8 +116,7 @@ def back_substitute(
                 pending[i] = Ai if i not in pending else accumulate(pending[i], Ai)
     A0 = pending.pop(0, None)
     if A0 is None:  # the start node does not depend on the input
-        base = A.values if isinstance(A, Window) else A
-        return proven_only(bias + base.new_zeros(base.shape[:2]), ok)
+        return proven_only(bias + no_input, ok)
     if record is not None:
         A0 = record[0] = as_dense(A0)
     lb = A0.concretize(box) if isinstance(A0, Window) else concretize(A0, box)

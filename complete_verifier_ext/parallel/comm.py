@@ -309,8 +309,22 @@ def all_gather_into(out: Tensor, block: Tensor, *, group: ProcessGroup | None = 
     if not _parallel(group):
         return out.copy_(block.reshape(out.shape))
     _STATS.add("all_gather", _nbytes(block))
-    _all_gather_flat(out, block.contiguous(), group)
+    if backend(group) == "gloo":  # gloo stages the result in a temporary as large as ``out``
+        _ring_gather_into(out.view(-1), block.contiguous().view(-1), group)
+    else:
+        _all_gather_flat(out, block.contiguous(), group)
     return out
+
+
+def _ring_gather_into(out: Tensor, block: Tensor, group: ProcessGroup | None = None) -> None:
+    """``out`` (flat, P blocks) receives every rank's ``block`` straight into its place: the own block
+    copied, then P - 1 ring steps (pass block r - k to rank + 1, receive block r - k - 1 from rank - 1),
+    so that nothing beside ``out`` is allocated."""
+    p, r = world_size(group), _rank(group)
+    blocks = out.view(p, -1)
+    blocks[r].copy_(block)
+    for k in range(p - 1):
+        _p2p(blocks[(r - k) % p], blocks[(r - k - 1) % p], group).wait()
 
 
 def _exchange_sizes(n_local: int, dev: torch.device, group: ProcessGroup | None = None) -> list[int]:
@@ -543,6 +557,24 @@ def ring_pass_start(
     recv = torch.empty(shape, dtype=send.dtype, device=send.device)
     _STATS.add("ring_pass", _nbytes(send))
     return _p2p(send, recv, group)
+
+
+def shard_pass(send: Tensor, recv: Tensor, k: int, *, group: ProcessGroup | None = None) -> Tensor:
+    """Step ``k`` (1 .. P-1) of passing every rank's resident shard to every other: send ``send`` to
+    rank + k, receive rank - k's into ``recv`` (a buffer the caller may reuse from step to step; empty
+    tensors are skipped). Waits; returns ``recv``."""
+    if not _parallel(group):
+        return recv.copy_(send)
+    p, r = world_size(group), _rank(group)
+    ops = []
+    if send.numel() > 0:
+        ops.append(dist.P2POp(dist.isend, send.contiguous(), _global_rank(group, (r + k) % p), group))
+    if recv.numel() > 0:
+        ops.append(dist.P2POp(dist.irecv, recv, _global_rank(group, (r - k) % p), group))
+    _STATS.add("shard_pass", _nbytes(send))
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    return recv
 
 
 def ring_pass(

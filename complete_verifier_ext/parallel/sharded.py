@@ -10,9 +10,9 @@ Lifecycle of a sharded weight ``W`` (``(out, in)`` or ``(out, in, kh, kw)``), mo
 
   - ``fsdp``: ``gathered()`` all-gathers W into one process-wide reusable flat buffer (bitwise the
     original), the product is computed, and the buffer is overwritten by the next gather of any layer;
-  - ``tp``: W is never built; shards travel around the ring (``P - 1`` passes) and the matching column
-    block of ``A`` is multiplied by each shard as it arrives. Resident: the own shard plus at most two
-    travelling shards (the one in use, the one arriving).
+  - ``tp``: W is never built; every owner sends its resident shard to each other rank in turn
+    (``P - 1`` passes) and the matching column block of ``A`` is multiplied into the result by each
+    shard as it arrives. Resident: the own shard plus one foreign shard, in one reused buffer.
 
   Under autograd both are a custom ``torch.autograd.Function`` that saves no tensor at all (only a
   reference to this object, i.e. the local shard) and re-gathers / re-streams W in backward, like FSDP's
@@ -28,7 +28,7 @@ operation                              forward                      backward (gr
 =====================================  ===========================  ==============================
 ``linear`` / ``conv2d`` (fsdp, tp)     1 ``all_gather``             1 ``reduce_scatter``
 ``linear_t`` / ``conv_transpose2d``    fsdp: 1 ``all_gather``       fsdp: 1 ``all_gather``
-                                       tp: P-1 ``ring_pass``        tp: P-1 ``ring_pass``
+                                       tp: P-1 ``shard_pass``       tp: P-1 ``shard_pass``
 ``gathered()`` (fsdp, tp)              1 ``all_gather``             --
 any op in mode ``"none"``              0                            0
 =====================================  ===========================  ==============================
@@ -110,6 +110,18 @@ class _Transposed:
     dim: int
     apply: Callable[[Tensor, Tensor], Tensor]
     adjoint: Callable[[Tensor, Tensor], Tensor]
+
+    def accumulate(self, out: Tensor | None, A_q: Tensor, W_q: Tensor) -> Tensor:
+        """``out + apply(A_q, W_q)`` (or the product alone when ``out`` is None), in place in ``out``: a
+        linear block is multiplied straight into it, a convolution's block result is freed at once, so
+        a ring pass holds no A-sized temporary beside ``out``."""
+        if out is None:
+            return self.apply(A_q, W_q)
+        if self.dim == -1:  # A_q (..., n_q) is a column block of a contiguous A: a (rows, n_q) view
+            out.view(-1, out.shape[-1]).addmm_(A_q.reshape(-1, A_q.shape[-1]), W_q)
+        else:
+            out.add_(self.apply(A_q, W_q))
+        return out
 
 
 def _matmul_t(g: Tensor, w: Tensor) -> Tensor:
@@ -236,6 +248,18 @@ class ShardedWeight:
         _compact_rows(flat, self._sizes, most, row)
         return flat[: self.shape[0] * row].view(self.shape)
 
+    def rows_of(self, idx: Tensor) -> Tensor:
+        """``W[idx]``, rows anywhere in W, in a new tensor: through :meth:`gathered` (fsdp), or under tp
+        picked from each shard as its owner passes it (P - 1 shard passes), never the whole W."""
+        if self.mode != "tp" or not self.sharded:
+            return self.gathered()[idx]
+        out = self._padded.new_empty((len(idx), *self.shape[1:]))
+        for q, shard in self._from_owners():
+            lo = self._start(q)
+            here = ((idx >= lo) & (idx < lo + shard.shape[0])).nonzero().flatten()
+            out[here] = shard[idx[here] - lo]
+        return out
+
     def fresh(self) -> Tensor:
         """The full weight in a new tensor that the caller may keep (``gathered()`` hands out a shared
         buffer): one all-gather, or fetched from the owners while :mod:`.serve` is active."""
@@ -350,11 +374,9 @@ class ShardedWeight:
         if self.mode == "fsdp" or not self.sharded:
             return kind.apply(A, self.gathered())
         out: Tensor | None = None
-        for q, shard in self._ring():
-            if shard.shape[0] == 0:
-                continue
-            part = kind.apply(A.narrow(kind.dim, self._start(q), shard.shape[0]), shard)
-            out = part if out is None else out.add_(part)
+        for q, shard in self._from_owners():
+            if shard.shape[0] > 0:
+                out = kind.accumulate(out, A.narrow(kind.dim, self._start(q), shard.shape[0]), shard)
         assert out is not None  # at least one shard is non-empty
         return out
 
@@ -363,13 +385,29 @@ class ShardedWeight:
         if self.mode == "fsdp" or not self.sharded:
             return kind.adjoint(grad, self.gathered())
         grad_a = grad.new_empty(a_shape)
-        for q, shard in self._ring():
+        for q, shard in self._from_owners():
             if shard.shape[0] > 0:
                 grad_a.narrow(kind.dim, self._start(q), shard.shape[0]).copy_(kind.adjoint(grad, shard))
         return grad_a
 
     def _start(self, q: int) -> int:
         return sum(self._sizes[:q])
+
+    def _from_owners(self) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(q, W_q)`` for q = r, r-1, ..., r-P+1 (mod P) like :meth:`_ring`, each foreign shard
+        sent by its owner from its resident shard (step k: to rank r + k, from rank r - k) into one
+        receive buffer: one foreign shard is here at a time (no overlap of passing and use). The yielded
+        tensor is overwritten at the next step: for products that keep no reference to it (the
+        transposed products, which save none for backward)."""
+        if not self.sharded or serve.active():
+            yield from self._ring()
+            return
+        p, r = self._world, self._rank
+        yield r, self.local
+        buffer = torch.empty_like(self._padded)  # the largest shard
+        for k in range(1, p):
+            q = (r - k) % p
+            yield q, comm.shard_pass(self.local, buffer[: self._sizes[q]], k)
 
     def _ring(self) -> Iterator[tuple[int, Tensor]]:
         """Yield ``(q, W_q)`` for q = r, r-1, ..., r-P+1 (mod P); P-1 ring passes.
