@@ -48,3 +48,22 @@ def spawn_json(script: str, args: list[str], timeout: float) -> dict | None:
         print(out.stderr[-2000:], file=sys.stderr)
         return None
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def warm_up(method: str, mode: str, world: int) -> None:
+    """Our ``method`` (``crown`` / ``alpha``) once on a small MLP sharded like the measured model, so
+    that torch's code pages for it are resident before the measurement starts (``PeakMemory`` leaves out
+    code paged in during it, which reads low only for code paged in after the peak)."""
+    import torch
+    from memory_scaling import wide_mlp
+
+    from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
+    from complete_verifier_ext.bounds.crown import crown
+
+    g, box, C = wide_mlp(64, 4)
+    if world > 1:
+        g.shard(mode)
+    lb, state = crown(g, box, C)
+    if method == "alpha":
+        alpha_crown(g, box, C, state, AlphaOptions(iteration=2, early_stop=False))
+    del g, lb, state, torch

@@ -8,7 +8,9 @@ the bound computation above its RSS after loading (and sharding) the model.  Mod
 paper's wide MLPs 784 -> h^d -> 10 (He-normal weights, seed 0, ε = 0.02 around a random input in
 [0, 1], 9 clauses ``Y_0 - Y_j``) and ``mnist-net_256x6`` with its prop_2_0.05 spec from ../shared.
 Each row's floor is P = 1's peak / P plus the one block in flight (a whole layer under ``fsdp``, one
-shard under ``tp``). torch's lazily loaded optimizer code is left out (``memory.PeakMemory``).
+shard under ``tp``). torch's lazily loaded optimizer code and code pages are left out
+(``memory.PeakMemory``; a warm-up pass on a 64-wide MLP first, so that no code page comes in during
+the measurement: ``code_mb`` in the JSON says how much still did).
 Writes ``memory_scaling.json`` (raw rows), ``memory_scaling.md`` (the table, peak beside floor) and
 ``memory_scaling.png`` (peak per rank vs P with the ideal 1/P line; peak / floor vs P) into ``--out``.
 """
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import max_rel_diff, provenance, spawn_json
+from measure import max_rel_diff, provenance, spawn_json, warm_up
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -76,6 +78,7 @@ def _rank_job(model: str, method: str, mode: str, iters: int) -> dict:
     layer_mb = max(n.op.weight.local.numel() * 4 / 2**20 for n in g.nodes if n.op.weight is not None)
     if world > 1:
         g.shard(mode)
+    warm_up(method, mode, world)
     pm = PeakMemory(comm.device())
     comm.barrier()
     pm.start()
@@ -85,10 +88,11 @@ def _rank_job(model: str, method: str, mode: str, iters: int) -> dict:
     if method == "alpha":
         lb, _ = alpha_crown(g, box, C, state, AlphaOptions(iteration=iters, early_stop=False))
     elapsed = time.perf_counter() - t0
-    peak = pm.peak_mb()
+    peak, code = pm.peak_mb(), pm.code_mb()
     sent = sum(v["bytes"] for v in comm.stats().values())
     return {
         "peak_mb": comm.all_gather_cat(torch.tensor([peak], dtype=torch.float64)).tolist(),
+        "code_mb": comm.all_gather_cat(torch.tensor([code], dtype=torch.float64)).tolist(),
         "bytes": int(comm.all_reduce(torch.tensor([float(sent)], dtype=torch.float64))[0]),
         "time_s": elapsed,
         "lb": lb[0].tolist(),

@@ -9,7 +9,8 @@ Every measurement is its own process (``MALLOC_MMAP_THRESHOLD_=65536``, so RSS f
 mode per process; per-rank peak RSS of the bound computation above the RSS after loading, on both
 engines without the 70-80 MB of library code torch loads on its first optimizer
 (``memory.load_optimizer_libraries``: ours leaves it out of ``PeakMemory``, auto_LiRPA's run loads it
-before its baseline). auto_LiRPA is
+before its baseline), and without the code pages torch pages in during the run (``PeakMemory.code_mb``;
+ours runs a warm-up pass on a 64-wide MLP first, so that on the MLPs none comes in). auto_LiRPA is
 the one α,β-CROWN pins (``$ABCROWN_PATH/auto_LiRPA``, default ``../shared/vendor/alpha-beta-CROWN``),
 ``BoundedModule(model).compute_bounds(method=CROWN | CROWN-Optimized)`` on the same weights (our graph's
 weights for the MLPs, onnx2pytorch's conversion of the same ONNX file otherwise, as α,β-CROWN loads it),
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import REPO, max_rel_diff, provenance, spawn_json
+from measure import REPO, max_rel_diff, provenance, spawn_json, warm_up
 
 SHARED = REPO.parent / "shared"
 ITERS, LR = 20, 0.1
@@ -108,6 +109,7 @@ def _ours(name: str, method: str, chunk: int, mode: str, threads: int) -> dict:
     if comm.world_size() > 1:
         g.shard(mode)
     chunk = _chunk(g, onnx_path, chunk)
+    warm_up(method, mode, comm.world_size())
     pm = PeakMemory(comm.device())
     comm.barrier()
     pm.start()

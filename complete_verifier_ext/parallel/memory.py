@@ -24,7 +24,12 @@ ranks it spawns; a single-process run (the CLI) must re-exec itself with the var
 
 ``mmap_threshold_env_ok()`` says whether this process started with it.
 
-Library code is not the bound computation's memory. torch's first optimizer construction and step
+Code is not the bound computation's memory. RSS counts file-backed pages too, and torch pages in its
+own machine code (``libtorch_cpu.so``) the first time each operator runs: 4-7 MB in a process's first
+CROWN / α-CROWN pass, the same at every model size and every P, and shared between the ranks' processes
+by the kernel. ``peak_mb`` leaves out the file-backed pages that came in since ``start()``
+(``RssFile``, ``code_mb``): exact when none comes in after the peak (a warm-up pass before ``start()``
+makes it so), else low by at most those that did. Likewise torch's first optimizer construction and step
 import about 800 modules (``torch._dynamo``, the profiler): 70-80 MB of RSS and about a second, once
 per process, the same at every model size and every P (a GPU allocator never sees it). α- and β-CROWN
 call :func:`load_optimizer_libraries` before their first optimizer; the RSS it added is recorded and
@@ -44,6 +49,7 @@ __all__ = [
     "MMAP_THRESHOLD_ENV",
     "PeakMemory",
     "available_mb",
+    "file_mb",
     "hwm_mb",
     "load_optimizer_libraries",
     "mmap_threshold_env_ok",
@@ -53,7 +59,8 @@ __all__ = [
 MMAP_THRESHOLD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 _MIB = 1024 * 1024
-_library = {"loaded": False, "mb": 0.0}  # this process's lazily loaded torch libraries, and their RSS
+# this process's lazily loaded torch libraries: their RSS, and the file-backed part of it
+_library = {"loaded": False, "mb": 0.0, "file_mb": 0.0}
 
 
 def load_optimizer_libraries() -> None:
@@ -62,12 +69,13 @@ def load_optimizer_libraries() -> None:
     if _library["loaded"]:
         return
     _library["loaded"] = True
-    before = rss_mb()
+    before, file_before = rss_mb(), file_mb()
     p = torch.zeros(1, requires_grad=True)
     opt = torch.optim.Adam([p], lr=0.0)
     p.sum().backward()
     opt.step()
     _library["mb"] = max(0.0, rss_mb() - before)
+    _library["file_mb"] = max(0.0, file_mb() - file_before)
 
 
 def mmap_threshold_env_ok() -> bool:
@@ -100,6 +108,13 @@ def rss_mb() -> float:
     """Current resident set size of this process, MiB (``ru_maxrss`` if /proc is unavailable)."""
     kb = _status_kb("VmRSS")
     return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
+def file_mb() -> float:
+    """File-backed resident pages of this process (``RssFile``: code and mapped files), MiB; 0 where
+    unknown."""
+    kb = _status_kb("RssFile")
+    return (kb or 0) / 1024
 
 
 def hwm_mb() -> float:
@@ -140,6 +155,8 @@ class PeakMemory:
         self.baseline_mb = 0.0
         self.reset_ok = False
         self.library_at_start_mb = 0.0
+        self.library_file_at_start_mb = 0.0
+        self.file_at_start_mb = 0.0
 
     @property
     def is_cuda(self) -> bool:
@@ -163,6 +180,8 @@ class PeakMemory:
             self.reset_ok = _reset_hwm()
             self.baseline_mb = rss_mb()
             self.library_at_start_mb = _library["mb"]
+            self.library_file_at_start_mb = _library["file_mb"]
+            self.file_at_start_mb = file_mb()
 
     def peak_total_mb(self) -> float:
         """The absolute high-water mark since ``start()`` (allocated bytes on CUDA, RSS on CPU)."""
@@ -175,7 +194,15 @@ class PeakMemory:
         """RSS of the libraries torch loaded since ``start()`` (CPU; 0 on CUDA), left out of ``peak_mb``."""
         return 0.0 if self.is_cuda else _library["mb"] - self.library_at_start_mb
 
+    def code_mb(self) -> float:
+        """File-backed pages (torch's machine code) paged in since ``start()`` outside
+        :func:`load_optimizer_libraries` (CPU; 0 on CUDA), left out of ``peak_mb``."""
+        if self.is_cuda:
+            return 0.0
+        library_file = _library["file_mb"] - self.library_file_at_start_mb
+        return max(0.0, file_mb() - self.file_at_start_mb - library_file)
+
     def peak_mb(self) -> float:
-        """Peak above the baseline recorded at ``start()``, less library code loaded since, MiB (never
-        negative)."""
-        return max(0.0, self.peak_total_mb() - self.baseline_mb - self.library_mb())
+        """Peak above the baseline recorded at ``start()``, less library code loaded and code pages paged
+        in since, MiB (never negative)."""
+        return max(0.0, self.peak_total_mb() - self.baseline_mb - self.library_mb() - self.code_mb())
