@@ -137,23 +137,31 @@ def _crown_batch_args(all_args: dict, world_size: int) -> list[str]:
 class Phases:
     """Per-rank peak memory of named, possibly nested phases (the run, the incomplete phase ``bounds``,
     BaB ``bab``) with one high-water mark: every boundary folds the mark into each open phase before
-    it is reset, so a phase nested in another costs the outer one nothing."""
+    it is reset, so a phase nested in another costs the outer one nothing. Code pages and torch's
+    lazily loaded libraries are left out as ``PeakMemory.peak_mb`` does (``memory.not_bound_mb``;
+    on CUDA the allocator never sees them)."""
 
     def __init__(self, meter) -> None:
         self.meter = meter
-        self.open: dict[str, list[float]] = {}  # name -> [baseline, highest mark], absolute MiB
+        self.open: dict[str, list[float]] = {}  # name -> [baseline, highest mark], MiB less not_bound
         self.peaks: dict[str, float] = {}
+
+    def _not_bound(self) -> float:
+        from ..parallel import memory
+
+        return 0.0 if self.meter.is_cuda else memory.not_bound_mb()
 
     def _fold(self) -> None:
         if self.open:
-            mark = self.meter.peak_total_mb()
+            mark = self.meter.peak_total_mb() - self._not_bound()
             for span in self.open.values():
                 span[1] = max(span[1], mark)
 
     def start(self, name: str) -> None:
         self._fold()
         self.meter.start()
-        self.open[name] = [self.meter.baseline_mb, self.meter.baseline_mb]
+        base = self.meter.baseline_mb - self._not_bound()
+        self.open[name] = [base, base]
 
     def end(self, name: str) -> None:
         self._fold()
@@ -177,11 +185,14 @@ def _redirect_to_log(stack: contextlib.ExitStack, log: IO[str] | None, rank: int
 def _phase_hook(phases: Phases, full_live: list[list[str]] | None) -> Callable[[str, bool], None]:
     """``Probe.on_phase``: starts or ends the phase's peak; with ``full_live`` (the audit of sharded
     weights), first appends the full-size weights alive at each boundary of ``bounds``."""
+    from ..parallel import memory
     from . import fsdp
 
     def on_phase(name: str, start: bool) -> None:
         if name == "bounds" and full_live is not None:
             full_live.append(fsdp.live_full_weights())
+        if name == "bounds" and start:  # α-CROWN's first optimizer is near: its libraries are no bound memory
+            memory.load_optimizer_libraries()
         (phases.start if start else phases.end)(name)
 
     return on_phase

@@ -53,6 +53,7 @@ __all__ = [
     "hwm_mb",
     "load_optimizer_libraries",
     "mmap_threshold_env_ok",
+    "not_bound_mb",
     "rss_mb",
 ]
 
@@ -76,6 +77,13 @@ def load_optimizer_libraries() -> None:
     opt.step()
     _library["mb"] = max(0.0, rss_mb() - before)
     _library["file_mb"] = max(0.0, file_mb() - file_before)
+
+
+def not_bound_mb() -> float:
+    """What this process holds that is no bound computation's memory, MiB: its file-backed pages (code)
+    outside the lazily loaded libraries, plus those libraries' whole RSS. Only grows; a measurement
+    leaves out its growth (see the module docstring)."""
+    return file_mb() - _library["file_mb"] + _library["mb"]
 
 
 def mmap_threshold_env_ok() -> bool:
