@@ -127,21 +127,26 @@ def rel_diff(a: list, b: list) -> float:
 
 def table(rows: list[dict]) -> str:
     out = [
-        "| model | method | run | P | peak MB per rank (max) | × unpatched | wall s "
+        "| model | method | run | P | peak MB per rank (max) | × unpatched | floor MB | × floor | wall s "
         "| bounds vs unpatched (rel) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = {(r["model"], r["method"]): r for r in rows if r["run"] == "unpatched" and "peak_mb" in r}
     for r in rows:
         b = base.get((r["model"], r["method"]))
         if "error" in r:
-            out.append(f"| {r['model']} | {r['method']} | {r['run']} | {r['P']} | {r['error']} | | | |")
+            out.append(f"| {r['model']} | {r['method']} | {r['run']} | {r['P']} | {r['error']} | | | | | |")
             continue
         peak = max(r["peak_mb"])
         ratio = f"{peak / max(b['peak_mb']):.2f}" if b else ""
         diff = f"{rel_diff(b['lb'], r['lb']):.1e}" if b and r["engine"] == "abcrown" else ""
+        floor = "| "
+        if b and r["P"] > 1 and r["h"]:  # unpatched / P + the block in flight (a layer; a shard under tp)
+            layer = r["h"] * r["h"] * 4 / 2**20
+            f = max(b["peak_mb"]) / r["P"] + (layer / r["P"] if r["run"].endswith("tp") else layer)
+            floor = f"{f:.0f} | {peak / f:.2f}"
         out.append(
-            f"| {r['model']} | {r['method']} | {r['run']} | {r['P']} | {peak:.0f} | {ratio} | "
+            f"| {r['model']} | {r['method']} | {r['run']} | {r['P']} | {peak:.0f} | {ratio} | {floor} | "
             f"{r['wall_s']:.1f} | {diff} |"
         )
     return "\n".join(out)

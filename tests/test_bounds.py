@@ -524,3 +524,30 @@ def test_relu_step_gradients_equal_autograd_of_the_relaxation(kind: str) -> None
     ref = torch.autograd.grad((ref_out * g_out).sum() + (ref_bias * g_bias).sum(), inputs)
     for a, b in zip(mine, ref, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_the_walk_drops_each_a_matrix_once_pushed_through(monkeypatch) -> None:
+    """No A-matrix waits beside the one in flight: by the time the ReLU's step runs, the start A given
+    to the walk (the caller keeping none) is freed, as is the A that the Linear below produced."""
+    import weakref
+
+    g = Graph(source="drop")
+    g.add("input", Input(), (), (3,))
+    g.add("fc0", Linear(torch.randn(4, 3), torch.zeros(4)), (0,), (4,))
+    g.add("relu0", Relu(), (1,), (4,))
+    g.add("fc1", Linear(torch.randn(2, 4), torch.zeros(2)), (2,), (2,))
+    box = (torch.zeros(1, 3) - 1, torch.zeros(1, 3) + 1)
+    _, state = crown(g, box, torch.eye(2))
+    refs: list[weakref.ref] = []
+    alive_at_relu: list[bool] = []
+    step = Relu.bound_backward
+
+    def watched(self, A, *args, **kwargs):
+        alive_at_relu.append(refs[0]() is not None)
+        return step(self, A, *args, **kwargs)
+
+    monkeypatch.setattr(Relu, "bound_backward", watched)
+    held = [torch.randn(5, 1, 2)]
+    refs.append(weakref.ref(held[0]))
+    lb = back_substitute(g, 3, held.pop(), state.bounds, box)
+    assert alive_at_relu == [False] and lb.shape == (5, 1)

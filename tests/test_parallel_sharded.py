@@ -139,6 +139,24 @@ def _buffer_checks() -> dict[str, Any]:
     }
 
 
+def _owner_checks() -> dict[str, Any]:
+    """tp: the foreign shards of a transposed product come from their owners into one buffer (one foreign
+    shard here at a time), each the right rows; ``rows_of`` picks any rows, bitwise, in both modes."""
+    W = _randn(7, 5, seed=12)  # 7 rows: unequal shards at P = 2 and 3
+    sw = ShardedWeight(W, "tp")
+    seen = [(q, shard.clone(), shard.data_ptr()) for q, shard in sw._from_owners()]
+    foreign = {ptr for q, _, ptr in seen if q != comm.rank()}
+    idx = torch.tensor([6, 0, 3, 3, 1])
+    return {
+        "order": [q for q, _, _ in seen] == [(comm.rank() - k) % comm.world_size() for k in range(len(seen))],
+        "shards": all(torch.equal(s, W[sw._range(q)[0] : sw._range(q)[1]]) for q, s, _ in seen),
+        "one_buffer": len(foreign) == 1,
+        "rows_of": {
+            mode: torch.equal(ShardedWeight(W, mode).rows_of(idx), W[idx]) for mode in ("fsdp", "tp")
+        },
+    }
+
+
 def _saved_shapes(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Size]]:
     """Run ``fn`` recording the shape of every tensor autograd saves for backward."""
     shapes: list[torch.Size] = []
@@ -192,6 +210,7 @@ def _all_checks() -> dict[str, Any]:
         "fsdp": _weight_checks("fsdp"),
         "tp": _weight_checks("tp"),
         "buffer": _buffer_checks(),
+        "owners": _owner_checks(),
         "no_full": {mode: _no_full_weight_checks(mode) for mode in ("fsdp", "tp")},
         "none": _none_mode_checks(),
     }
@@ -250,6 +269,15 @@ def test_tp_transposed_products_match(results: dict[str, Any]) -> None:
 
 def test_gather_buffer_is_reused(results: dict[str, Any]) -> None:
     assert results["buffer"] == {"first_ok": True, "same_ptr": True, "second_ok": True}
+
+
+def test_tp_takes_foreign_shards_from_their_owners_one_at_a_time(results: dict[str, Any]) -> None:
+    assert results["owners"] == {
+        "order": True,
+        "shards": True,
+        "one_buffer": True,
+        "rows_of": {"fsdp": True, "tp": True},
+    }
 
 
 @pytest.mark.parametrize("mode", ["fsdp", "tp"])

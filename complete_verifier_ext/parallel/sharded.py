@@ -412,8 +412,10 @@ class ShardedWeight:
     def _ring(self) -> Iterator[tuple[int, Tensor]]:
         """Yield ``(q, W_q)`` for q = r, r-1, ..., r-P+1 (mod P); P-1 ring passes.
 
-        The pass of the shard in use to rank+1 overlaps with its use; at most two travelling shards
-        are alive besides the own one.
+        The pass of the shard in use to rank+1 overlaps with its use: besides the own shard, the one in
+        use and the one arriving are alive, and the one before while the caller's loop variable still
+        holds it. Every yielded shard is a new tensor the caller may keep (:meth:`_from_owners` reuses
+        one buffer).
         """
         p, r = self._world, self._rank
         if serve.active():  # ranks out of lockstep: one request per shard
