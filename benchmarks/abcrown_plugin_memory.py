@@ -77,10 +77,13 @@ def run_one(
     tmp: Path,
     timeout: float,
     mode: str = "fsdp",
+    config: str | None = None,
 ) -> dict:
+    """One measurement in its own process; ``config`` replaces this benchmark's YAML (the plugin only)."""
     m = {"crown": "crown", "alpha": "alpha-crown"}[method]
     cfg = tmp / f"{engine}-{method}.yaml"
-    cfg.write_text(YAML.format(method=m, engine="  engine: abcrown\n" if engine == "abcrown" else ""))
+    text = YAML.format(method=m, engine="  engine: abcrown\n" if engine == "abcrown" else "")
+    cfg.write_text(config if config is not None else text)
     summary = tmp / "summary.json"
     summary.unlink(missing_ok=True)
     cmd = ["abcrown", "--config", str(cfg), "--summary", str(summary), "--quiet"]
@@ -141,8 +144,8 @@ def table(rows: list[dict]) -> str:
         ratio = f"{peak / max(b['peak_mb']):.2f}" if b else ""
         diff = f"{rel_diff(b['lb'], r['lb']):.1e}" if b and r["engine"] == "abcrown" else ""
         floor = "| "
-        if b and r["P"] > 1 and r["h"]:  # unpatched / P + the block in flight (a layer; a shard under tp)
-            layer = r["h"] * r["h"] * 4 / 2**20
+        if b and r["P"] > 1 and (r["h"] or r.get("layer_mb")):  # unpatched / P + the block in flight
+            layer = r.get("layer_mb") or r["h"] * r["h"] * 4 / 2**20  # a whole layer; a shard under tp
             f = max(b["peak_mb"]) / r["P"] + (layer / r["P"] if r["run"].endswith("tp") else layer)
             floor = f"{f:.0f} | {peak / f:.2f}"
         out.append(

@@ -1,0 +1,178 @@
+"""The plugin at the TP/FSDP paper's scale: α,β-CROWN's own ``vnncomp24/cifar100.yaml`` on the CIFAR-100
+ResNet-large shape, unpatched against ``engine: abcrown`` at P = 1 and with fsdp and tp at P = 2 and 4.
+
+    ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/abcrown_resnet_large.py \\
+        [--divide 8] [--worlds 2 4] [--modes fsdp tp] [--out benchmarks/results/abcrown_resnet_large]
+
+The model is ``resnet_large.py``'s shape (a CIFAR ResNet18: 16 + 1 convolutions in four stages, a
+512-wide fully connected layer, 100 classes, BatchNorm folded) with its channels and the fully connected
+width divided by ``--divide``: the same depth and operators. On this machine's 2 cores the full width
+does not fit the time of a benchmark (our own CROWN sweep of it alone takes 3000 s at P = 1,
+``resnet_large.py``), so the table says which width it ran. The config is α,β-CROWN's
+``exp_configs/vnncomp24/cifar100.yaml`` as a user would run it here: ``root_path`` / ``csv_name`` dropped,
+``device: cpu``, and only the incomplete phase (``complete_verifier: skip``, ``pgd_order: skip``: the BaB of
+a random ResNet and the attack are not what sharding changes); its α-CROWN settings (20 iterations,
+lr 0.25, ``full_conv_alpha: false``, ``merge_bn``), patches mode and batch size kept. Spec: ε = 1/255
+around a random image, the model's label against the other 99 (``resnet_large.specs``).
+
+Runs: unpatched α,β-CROWN (its own ``abcrown.py``, as ``abcrown_overhead.py`` runs it: wall time and
+verdict), then the plugin at P = 1 (the base of the memory and bounds columns: α,β-CROWN with no
+sharding patch) and at every P and mode, each its own ``abcrown`` process
+(``abcrown_plugin_memory.run_one``): per-rank peak of the incomplete phase, wall time, and the α-CROWN
+bounds against P = 1. Writes
+``abcrown_resnet_large.{json,md,png}`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from abcrown_overhead import run_unpatched
+from abcrown_plugin_memory import rel_diff, run_one
+from measure import REPO, provenance
+
+VENDOR_CONFIG = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
+
+
+def config(checkout: Path, plugin: bool) -> str:
+    """α,β-CROWN's cifar100 config, made runnable here (see the module docstring)."""
+    cfg = yaml.safe_load((checkout / VENDOR_CONFIG).read_text())
+    general = cfg.setdefault("general", {})
+    for key in ("root_path", "csv_name"):
+        general.pop(key, None)
+    general.update(device="cpu", complete_verifier="skip", **({"engine": "abcrown"} if plugin else {}))
+    cfg.setdefault("attack", {})["pgd_order"] = "skip"
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def table(rows: list[dict]) -> str:
+    out = [
+        "| run | P | peak MB per rank (max) | × P = 1 | floor MB | × floor | wall s | × unpatched | "
+        "α-CROWN bounds vs P = 1 (rel) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
+    unpatched = next((r for r in rows if r["run"] == "unpatched abcrown.py" and "error" not in r), None)
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['run']} | {r['P']} | {r['error']} | | | | | | |")
+            continue
+        wall = f"{r['wall_s']:.1f} | " + (f"{r['wall_s'] / unpatched['wall_s']:.2f}" if unpatched else "")
+        if "peak_mb" not in r:  # unpatched abcrown.py: its time and verdict only
+            out.append(f"| {r['run']} | 1 | – | | | | {wall} | verdict {r['verdict']} |")
+            continue
+        peak, floor, diff = max(r["peak_mb"]), "| ", ""
+        if base is not None:
+            b = max(base["peak_mb"])
+            block = 0.0 if r["P"] == 1 else r["layer_mb"] / (r["P"] if r["mode"] == "tp" else 1)
+            floor = f"{b / r['P'] + block:.0f} | {peak / (b / r['P'] + block):.2f}"
+            diff = f"{rel_diff(base['lb'], r['lb']):.1e}" if r.get("lb") else ""
+        ratio = f"{peak / max(base['peak_mb']):.2f}" if base else ""
+        name = f"{r['run']} {r['mode']}".strip()
+        out.append(f"| {name} | {r['P']} | {peak:.0f} | {ratio} | {floor} | {wall} | {diff} |")
+    return "\n".join(out)
+
+
+def instance(folder: Path, divide: int) -> tuple[str, str, float]:
+    """The width-reduced model, its first spec, and its largest weight in MB (the fsdp block)."""
+    import onnx
+    import resnet_large
+    from onnx import numpy_helper
+
+    from complete_verifier_ext.examples.resnet import STAGES, build
+
+    path = folder / f"resnet_large_div{divide}.onnx"
+    build(path, stages=tuple(c // divide for c in STAGES), fc=512 // divide)
+    spec = resnet_large.specs(path, folder, 1)[0]
+    largest = max(numpy_helper.to_array(t).nbytes for t in onnx.load(str(path)).graph.initializer)
+    return str(path), str(spec), largest / 2**20
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    base = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
+    unpatched = next((r for r in rows if r["run"] == "unpatched abcrown.py" and "error" not in r), None)
+    for mode in ("fsdp", "tp"):
+        pts = sorted(
+            (r["P"], max(r["peak_mb"]), r["wall_s"])
+            for r in rows
+            if "peak_mb" in r and r["mode"] in (mode, "")
+        )
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"plugin {mode}")
+            ax2.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=f"plugin {mode}")
+    ps = sorted({r["P"] for r in rows})
+    if base is not None:
+        b = max(base["peak_mb"])
+        ax.plot(ps, [b / p + (base["layer_mb"] if p > 1 else 0) for p in ps], "k--", label="floor (fsdp)")
+    if unpatched is not None:
+        ax2.axhline(unpatched["wall_s"], color="grey", linestyle=":", label="unpatched abcrown.py")
+    ax.set_ylabel("peak MB per rank (incomplete phase)")
+    ax2.set_ylabel("wall s (whole run)")
+    for a in (ax, ax2):
+        a.set_xlabel("ranks P")
+        a.legend(fontsize=7)
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--divide", type=int, default=8, help="channels and fc width divided by this")
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--modes", nargs="+", default=["fsdp", "tp"])
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_resnet_large"))
+    a = ap.parse_args()
+    if not os.environ.get("ABCROWN_PATH"):
+        sys.exit("set ABCROWN_PATH to an alpha-beta-CROWN checkout (../shared/vendor/alpha-beta-CROWN)")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = provenance()
+    checkout = Path(os.environ["ABCROWN_PATH"])
+    text = config(checkout, plugin=True)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        onnx_path, spec, layer_mb = instance(tmp, a.divide)
+        plain = tmp / "cifar100_unpatched.yaml"
+        plain.write_text(config(checkout, plugin=False))
+        r = run_unpatched({"config": str(plain), "onnx": onnx_path, "vnnlib": spec}, tmp)
+        rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
+        print(json.dumps(rows[-1]), flush=True)
+        for P, mode in [(1, "")] + [(P, m) for m in a.modes for P in a.worlds]:
+            r = run_one("abcrown", "alpha", onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", text)
+            rows.append({**r, "run": "plugin", "P": P, "mode": mode, "layer_mb": layer_mb})
+            print(json.dumps(rows[-1])[:300], flush=True)
+            (out / "abcrown_resnet_large.json").write_text(json.dumps({**meta, "config": text, "rows": rows}))
+    md = [
+        f"# α,β-CROWN's vnncomp24/cifar100.yaml on the ResNet-large shape (channels / {a.divide})",
+        "",
+        f"Commit `{meta['commit']}`; command `{meta['command']}`; {meta['machine']}, gloo; α,β-CROWN from "
+        "`$ABCROWN_PATH`. One process per measurement, `MALLOC_MMAP_THRESHOLD_=65536`. Config: the vendor "
+        "file less `root_path` / `csv_name`, with `device: cpu`, `complete_verifier: skip`, `pgd_order: "
+        "skip` (the JSON has it whole). Peak: per-rank high-water mark of the incomplete phase above its "
+        "start, code pages and torch's optimizer libraries left out; floor: unpatched / P + the largest "
+        f"layer ({layer_mb:.1f} MB; a shard of it under tp). Wall: the whole process.",
+        "",
+        table(rows),
+    ]
+    (out / "abcrown_resnet_large.md").write_text("\n".join(md) + "\n")
+    plot(rows, out / "abcrown_resnet_large.png")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
