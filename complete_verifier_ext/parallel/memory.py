@@ -39,6 +39,7 @@ the high-water mark holds them exactly once).
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 from pathlib import Path
@@ -70,13 +71,18 @@ def load_optimizer_libraries() -> None:
     if _library["loaded"]:
         return
     _library["loaded"] = True
-    before, file_before = rss_mb(), file_mb()
-    p = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.Adam([p], lr=0.0)
-    p.sum().backward()
-    opt.step()
-    _library["mb"] = max(0.0, rss_mb() - before)
-    _library["file_mb"] = max(0.0, file_mb() - file_before)
+    gc.collect()  # garbage freed during the load would read as a smaller library
+    gc.disable()
+    try:
+        before, file_before = rss_mb(), file_mb()
+        p = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.Adam([p], lr=0.0)
+        p.sum().backward()
+        opt.step()
+        _library["mb"] = max(0.0, rss_mb() - before)
+        _library["file_mb"] = max(0.0, file_mb() - file_before)
+    finally:
+        gc.enable()
 
 
 def not_bound_mb() -> float:
