@@ -231,7 +231,9 @@ def main() -> None:
         "α,β-CROWN 8250d5f / auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. One process per measurement, "
         "`MALLOC_MMAP_THRESHOLD_=65536`. Config: `device cpu`, `complete_verifier skip`, `pgd_order skip`, "
         "α-CROWN 20 iterations, lr 0.1. Peak: per-rank RSS high-water mark of α,β-CROWN's incomplete phase "
-        "(`LiRPANet.build`) above the RSS at its start (plugin), or the native engine's own per-rank peak.",
+        "(`LiRPANet.build`) above the RSS at its start (plugin; torch's code pages and optimizer libraries "
+        "left out), or the native engine's own per-rank peak. Floor: unpatched / P + the largest layer "
+        "(a shard of it under tp).",
         "",
         table(rows),
         "",

@@ -12,7 +12,13 @@ does not fit the time of a benchmark (our own CROWN sweep of it alone takes 3000
 ``exp_configs/vnncomp24/cifar100.yaml`` as a user would run it here: ``root_path`` / ``csv_name`` dropped,
 ``device: cpu``, and only the incomplete phase (``complete_verifier: skip``, ``pgd_order: skip``: the BaB of
 a random ResNet and the attack are not what sharding changes); its α-CROWN settings (20 iterations,
-lr 0.25, ``full_conv_alpha: false``, ``merge_bn``), patches mode and batch size kept. Spec: ε = 1/255
+lr 0.25, ``full_conv_alpha: false``, ``merge_bn``), patches mode and batch size kept, and
+``solver.bound_prop_method`` = ``--method``. What fits this machine (24 GB, 2 cores): with ``--method
+alpha-crown`` unpatched α,β-CROWN is killed for memory (24 GB) on the model of 1/8 the width, so the
+default is the stage before it, CROWN over every layer (``crown``). The model has no normalisation
+nodes: with the ``Sub`` / ``Div`` of ``resnet_large.py``'s model first, unpatched α,β-CROWN stops in
+patches mode (auto_LiRPA's ``concretize_bounds.add_b``: "The size of tensor a (8192) must match the
+size of tensor b (32)"). Spec: ε = 1/255
 around a random image, the model's label against the other 99 (``resnet_large.specs``).
 
 Runs: unpatched α,β-CROWN (its own ``abcrown.py``, as ``abcrown_overhead.py`` runs it: wall time and
@@ -40,7 +46,7 @@ from measure import REPO, provenance
 VENDOR_CONFIG = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
 
 
-def config(checkout: Path, plugin: bool) -> str:
+def config(checkout: Path, plugin: bool, method: str) -> str:
     """α,β-CROWN's cifar100 config, made runnable here (see the module docstring)."""
     cfg = yaml.safe_load((checkout / VENDOR_CONFIG).read_text())
     general = cfg.setdefault("general", {})
@@ -48,6 +54,7 @@ def config(checkout: Path, plugin: bool) -> str:
         general.pop(key, None)
     general.update(device="cpu", complete_verifier="skip", **({"engine": "abcrown"} if plugin else {}))
     cfg.setdefault("attack", {})["pgd_order"] = "skip"
+    cfg.setdefault("solver", {})["bound_prop_method"] = method
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
@@ -88,7 +95,7 @@ def instance(folder: Path, divide: int) -> tuple[str, str, float]:
     from complete_verifier_ext.examples.resnet import STAGES, build
 
     path = folder / f"resnet_large_div{divide}.onnx"
-    build(path, stages=tuple(c // divide for c in STAGES), fc=512 // divide)
+    build(path, stages=tuple(c // divide for c in STAGES), fc=512 // divide, normalise=False)
     spec = resnet_large.specs(path, folder, 1)[0]
     largest = max(numpy_helper.to_array(t).nbytes for t in onnx.load(str(path)).graph.initializer)
     return str(path), str(spec), largest / 2**20
@@ -133,6 +140,7 @@ def main() -> None:
     ap.add_argument("--divide", type=int, default=8, help="channels and fc width divided by this")
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--modes", nargs="+", default=["fsdp", "tp"])
+    ap.add_argument("--method", choices=["crown", "alpha-crown"], default="crown")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_resnet_large"))
     a = ap.parse_args()
@@ -142,23 +150,24 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance()
     checkout = Path(os.environ["ABCROWN_PATH"])
-    text = config(checkout, plugin=True)
+    text = config(checkout, plugin=True, method=a.method)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         onnx_path, spec, layer_mb = instance(tmp, a.divide)
         plain = tmp / "cifar100_unpatched.yaml"
-        plain.write_text(config(checkout, plugin=False))
+        plain.write_text(config(checkout, plugin=False, method=a.method))
         r = run_unpatched({"config": str(plain), "onnx": onnx_path, "vnnlib": spec}, tmp)
         rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
         print(json.dumps(rows[-1]), flush=True)
         for P, mode in [(1, "")] + [(P, m) for m in a.modes for P in a.worlds]:
-            r = run_one("abcrown", "alpha", onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", text)
+            method = "alpha" if a.method == "alpha-crown" else "crown"
+            r = run_one("abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", text)
             rows.append({**r, "run": "plugin", "P": P, "mode": mode, "layer_mb": layer_mb})
             print(json.dumps(rows[-1])[:300], flush=True)
             (out / "abcrown_resnet_large.json").write_text(json.dumps({**meta, "config": text, "rows": rows}))
     md = [
-        f"# α,β-CROWN's vnncomp24/cifar100.yaml on the ResNet-large shape (channels / {a.divide})",
+        f"# α,β-CROWN's vnncomp24/cifar100.yaml ({a.method}), ResNet-large shape (channels / {a.divide})",
         "",
         f"Commit `{meta['commit']}`; command `{meta['command']}`; {meta['machine']}, gloo; α,β-CROWN from "
         "`$ABCROWN_PATH`. One process per measurement, `MALLOC_MMAP_THRESHOLD_=65536`. Config: the vendor "

@@ -102,19 +102,23 @@ def build(
     side: int = 32,
     fc: int = 512,
     classes: int = CLASSES,
+    normalise: bool = True,
 ) -> tuple[Path, int]:
     """Write the model as ONNX (input ``x`` (batch, 3, side, side), output ``y`` (batch, classes)): its path
     and number of parameters. ``stages`` are the channels of the four stages (the ResNet-large shape:
-    64/128/256/512; a scaled-down one for tests: 8/16/32/64)."""
+    64/128/256/512; a scaled-down one for tests: 8/16/32/64). ``normalise``: the input normalisation
+    as the model's first nodes (``Sub``, ``Div``), or none."""
     shape = (3, side, side)
     calib = torch.rand(64, *shape, generator=torch.Generator().manual_seed(seed + 1))
     m = _Builder(seed)
-    m.nodes += [
-        helper.make_node("Sub", ["x", m._const("mean", MEAN)], ["centred"], name="sub_mean"),
-        helper.make_node("Div", ["centred", m._const("std", STD)], ["normed"], name="div_std"),
-    ]
-    m.n_params -= 6  # the normalisation constants are not parameters
-    cur, v = m.relu(*m.conv("stem", "normed", (calib - MEAN) / STD, stages[0], 3, 1))
+    if normalise:
+        m.nodes += [
+            helper.make_node("Sub", ["x", m._const("mean", MEAN)], ["centred"], name="sub_mean"),
+            helper.make_node("Div", ["centred", m._const("std", STD)], ["normed"], name="div_std"),
+        ]
+        m.n_params -= 6  # the normalisation constants are not parameters
+        calib = (calib - MEAN) / STD
+    cur, v = m.relu(*m.conv("stem", "normed" if normalise else "x", calib, stages[0], 3, 1))
     for s, c in enumerate(stages):
         for b in range(2):
             cur, v = _block(m, f"layer{s + 1}.{b}", cur, v, c, 2 if (s and not b) else 1)
