@@ -192,7 +192,9 @@ def table(over: list[dict], rates: list[dict]) -> str:
             f"| {row['instance']} | {verdicts} | {wu:.1f} / {wp:.1f} | {100 * (wp / wu - 1):+.1f}% | "
             f"{tu:.2f} / {tp:.2f} | {100 * (tp / tu - 1):+.1f}% |"
         )
-    lines += ["", "| instance | P | verdict | BaB domains | BaB s | domains/s |", "|---|---|---|---|---|---|"]
+    if rates:
+        lines += ["", "| instance | P | verdict | BaB domains | BaB s | domains/s |"]
+        lines += ["|---|---|---|---|---|---|"]
     for r in rates:
         bab = r.get("bab") or {}
         rate = f"{r['domains_per_s']:.0f}" if r.get("domains_per_s") else "-"
@@ -224,13 +226,14 @@ def plot(over: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-rates", action="store_true", help="the overhead table only (no domains/s runs)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_overhead"))
     args = ap.parse_args()
     root = checkout()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     over = overhead(root, args.repeats)
-    rates = domains_per_second(root)
+    rates = [] if args.no_rates else domains_per_second(root)
     data = {"provenance": provenance(), "overhead": over, "domains_per_second": rates}
     (out / "abcrown_overhead.json").write_text(json.dumps(data, indent=1, default=str))
     prov = data["provenance"]
