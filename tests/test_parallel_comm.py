@@ -124,10 +124,30 @@ def _misc_checks(r: int, p: int) -> dict[str, Any]:
     return out
 
 
+def _large_gather_checks(r: int, p: int) -> dict[str, Any]:
+    """Blocks of 1 MiB and more go round the ring straight into the result on gloo: uneven ones through
+    ``all_gather_cat``, equal ones into a caller's buffer (``all_gather_into``)."""
+    gen = torch.Generator().manual_seed(7)
+    full = torch.randn(3 * 300 + 3, 1024, generator=gen)  # rows 300 + q for rank q: over 1 MiB each
+    sizes = [300 + q for q in range(p)]
+    start = sum(sizes[:r])
+    mine = full[start : start + sizes[r]]
+    comm.reset_stats()
+    cat = comm.all_gather_cat(mine, 0, sizes=sizes)
+    buf = torch.empty(p * 300 * 1024)
+    comm.all_gather_into(buf, full[r * 300 : (r + 1) * 300])
+    return {
+        "uneven": torch.equal(cat, full[: sum(sizes)]),
+        "into": torch.equal(buf.view(-1, 1024), full[: p * 300]),
+        "counts": {k: v["calls"] for k, v in comm.stats().items()},
+    }
+
+
 def _all_checks() -> dict[str, Any]:
     torch.set_num_threads(1)
     r, p = comm.rank(), comm.world_size()
     return {
+        "large": _large_gather_checks(r, p),
         "gather": _gather_checks(r, p),
         "grad": _gather_grad_checks(r, p),
         "scatter": _scatter_grad_checks(r, p),
@@ -139,6 +159,10 @@ def _all_checks() -> dict[str, Any]:
 def results(request: pytest.FixtureRequest) -> dict[str, Any]:
     """Rank 0's results of one spawned run at P = 2 or 3."""
     return {"P": request.param, **run(_all_checks, request.param, timeout_s=30)}
+
+
+def test_large_blocks_gathered_round_the_ring_are_exact(results: dict[str, Any]) -> None:
+    assert results["large"] == {"uneven": True, "into": True, "counts": {"all_gather": 2}}
 
 
 def test_all_gather_cat_uneven_and_empty_blocks(results: dict[str, Any]) -> None:

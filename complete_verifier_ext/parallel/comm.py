@@ -309,11 +309,20 @@ def all_gather_into(out: Tensor, block: Tensor, *, group: ProcessGroup | None = 
     if not _parallel(group):
         return out.copy_(block.reshape(out.shape))
     _STATS.add("all_gather", _nbytes(block))
-    if backend(group) == "gloo":  # gloo stages the result in a temporary as large as ``out``
-        _ring_gather_into(out.view(-1), block.contiguous().view(-1), group)
-    else:
-        _all_gather_flat(out, block.contiguous(), group)
+    _gather_into(out, block.contiguous(), group)
     return out
+
+
+_RING_MIN_BYTES = 1 << 20  # from this block size on, gloo's staging copy is worth avoiding
+
+
+def _gather_into(out: Tensor, block: Tensor, group: ProcessGroup | None = None) -> None:
+    """:func:`_all_gather_flat`, but on gloo, whose all-gather stages the result in a temporary as large
+    as ``out``, a block of 1 MiB or more goes round the ring straight into ``out``."""
+    if backend(group) == "gloo" and _nbytes(block) >= _RING_MIN_BYTES:
+        _ring_gather_into(out.view(-1), block.view(-1), group)
+    else:
+        _all_gather_flat(out, block, group)
 
 
 def _ring_gather_into(out: Tensor, block: Tensor, group: ProcessGroup | None = None) -> None:
@@ -348,7 +357,7 @@ def _gather_dim0(block: Tensor, sizes: Sequence[int], group: ProcessGroup | None
     block = block.contiguous()
     out = block.new_empty((p * most, *rest))  # (P*m, *rest)
     _STATS.add("all_gather", _nbytes(block))
-    _all_gather_flat(out, block, group)
+    _gather_into(out, block, group)
     if all(s == most for s in sizes):
         return out
     return torch.cat([out[q * most : q * most + s] for q, s in enumerate(sizes)], 0)
