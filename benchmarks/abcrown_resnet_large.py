@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
+from abcrown_common import checkout
 from abcrown_overhead import run_unpatched
 from abcrown_plugin_memory import rel_diff, run_one
 from measure import REPO, provenance
@@ -144,19 +143,17 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_resnet_large"))
     a = ap.parse_args()
-    if not os.environ.get("ABCROWN_PATH"):
-        sys.exit("set ABCROWN_PATH to an alpha-beta-CROWN checkout (../shared/vendor/alpha-beta-CROWN)")
+    root = checkout()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance()
-    checkout = Path(os.environ["ABCROWN_PATH"])
-    text = config(checkout, plugin=True, method=a.method)
+    text = config(root, plugin=True, method=a.method)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         onnx_path, spec, layer_mb = instance(tmp, a.divide)
         plain = tmp / "cifar100_unpatched.yaml"
-        plain.write_text(config(checkout, plugin=False, method=a.method))
+        plain.write_text(config(root, plugin=False, method=a.method))
         r = run_unpatched({"config": str(plain), "onnx": onnx_path, "vnnlib": spec}, tmp)
         rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
         print(json.dumps(rows[-1]), flush=True)

@@ -146,21 +146,16 @@ class Phases:
         self.open: dict[str, list[float]] = {}  # name -> [baseline, highest mark], MiB less not_bound
         self.peaks: dict[str, float] = {}
 
-    def _not_bound(self) -> float:
-        from ..parallel import memory
-
-        return 0.0 if self.meter.is_cuda else memory.not_bound_mb()
-
     def _fold(self) -> None:
         if self.open:
-            mark = self.meter.peak_total_mb() - self._not_bound()
+            mark = self.meter.peak_total_mb() - self.meter.not_bound_mb()
             for span in self.open.values():
                 span[1] = max(span[1], mark)
 
     def start(self, name: str) -> None:
         self._fold()
         self.meter.start()
-        base = self.meter.baseline_mb - self._not_bound()
+        base = self.meter.baseline_mb - self.meter.not_bound_mb()
         self.open[name] = [base, base]
 
     def end(self, name: str) -> None:

@@ -537,15 +537,15 @@ def _ring_shape(t: Tensor, group: ProcessGroup | None = None) -> torch.Size:
     return torch.Size(_p2p(shape, torch.empty_like(shape), group).wait().tolist())
 
 
-def _p2p(send: Tensor, recv: Tensor, group: ProcessGroup | None = None) -> RingPass:
-    """Post send of ``send`` to rank+1 and receive into ``recv`` from rank-1 of ``group`` (empty tensors
-    skipped)."""
+def _p2p(send: Tensor, recv: Tensor, group: ProcessGroup | None = None, shift: int = 1) -> RingPass:
+    """Post send of ``send`` to rank + shift and receive into ``recv`` from rank - shift of ``group``
+    (empty tensors skipped)."""
     p, r = world_size(group), _rank(group)
     ops = []
     if send.numel() > 0:
-        ops.append(dist.P2POp(dist.isend, send, _global_rank(group, (r + 1) % p), group))
+        ops.append(dist.P2POp(dist.isend, send, _global_rank(group, (r + shift) % p), group))
     if recv.numel() > 0:
-        ops.append(dist.P2POp(dist.irecv, recv, _global_rank(group, (r - 1) % p), group))
+        ops.append(dist.P2POp(dist.irecv, recv, _global_rank(group, (r - shift) % p), group))
     works = dist.batch_isend_irecv(ops) if ops else []
     return RingPass(recv, list(works))
 
@@ -574,16 +574,8 @@ def shard_pass(send: Tensor, recv: Tensor, k: int, *, group: ProcessGroup | None
     tensors are skipped). Waits; returns ``recv``."""
     if not _parallel(group):
         return recv.copy_(send)
-    p, r = world_size(group), _rank(group)
-    ops = []
-    if send.numel() > 0:
-        ops.append(dist.P2POp(dist.isend, send.contiguous(), _global_rank(group, (r + k) % p), group))
-    if recv.numel() > 0:
-        ops.append(dist.P2POp(dist.irecv, recv, _global_rank(group, (r - k) % p), group))
     _STATS.add("shard_pass", _nbytes(send))
-    for work in dist.batch_isend_irecv(ops) if ops else []:
-        work.wait()
-    return recv
+    return _p2p(send.contiguous(), recv, group, shift=k).wait()
 
 
 def ring_pass(

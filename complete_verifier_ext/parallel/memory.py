@@ -169,8 +169,7 @@ class PeakMemory:
         self.baseline_mb = 0.0
         self.reset_ok = False
         self.library_at_start_mb = 0.0
-        self.library_file_at_start_mb = 0.0
-        self.file_at_start_mb = 0.0
+        self.not_bound_at_start_mb = 0.0
 
     @property
     def is_cuda(self) -> bool:
@@ -194,8 +193,7 @@ class PeakMemory:
             self.reset_ok = _reset_hwm()
             self.baseline_mb = rss_mb()
             self.library_at_start_mb = _library["mb"]
-            self.library_file_at_start_mb = _library["file_mb"]
-            self.file_at_start_mb = file_mb()
+            self.not_bound_at_start_mb = not_bound_mb()
 
     def peak_total_mb(self) -> float:
         """The absolute high-water mark since ``start()`` (allocated bytes on CUDA, RSS on CPU)."""
@@ -208,13 +206,14 @@ class PeakMemory:
         """RSS of the libraries torch loaded since ``start()`` (CPU; 0 on CUDA), left out of ``peak_mb``."""
         return 0.0 if self.is_cuda else _library["mb"] - self.library_at_start_mb
 
+    def not_bound_mb(self) -> float:
+        """:func:`not_bound_mb` now (CPU; 0 on CUDA, whose allocator never sees code or libraries)."""
+        return 0.0 if self.is_cuda else not_bound_mb()
+
     def code_mb(self) -> float:
         """File-backed pages (torch's machine code) paged in since ``start()`` outside
         :func:`load_optimizer_libraries` (CPU; 0 on CUDA), left out of ``peak_mb``."""
-        if self.is_cuda:
-            return 0.0
-        library_file = _library["file_mb"] - self.library_file_at_start_mb
-        return max(0.0, file_mb() - self.file_at_start_mb - library_file)
+        return max(0.0, self.not_bound_mb() - self.not_bound_at_start_mb - self.library_mb())
 
     def peak_mb(self) -> float:
         """Peak above the baseline recorded at ``start()``, less library code loaded and code pages paged
