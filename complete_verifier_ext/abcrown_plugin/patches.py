@@ -98,6 +98,30 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "bound_upper",
         "return_A",
     ),
+    "auto_LiRPA.BoundedModule.get_sparse_C": ("self", "node", "ref_intermediate"),
+    "auto_LiRPA.BoundedModule.get_unstable_locations": (
+        "self",
+        "ref_intermediate_lb",
+        "ref_intermediate_ub",
+        "conv",
+        "channel_only",
+    ),
+    "auto_LiRPA.BoundedModule.backward_general": (
+        "self",
+        "bound_node",
+        "C",
+        "start_backpropagation_at_node",
+        "bound_lower",
+        "bound_upper",
+        "average_A",
+        "need_A_only",
+        "unstable_idx",
+        "update_mask",
+        "apply_output_constraints_to",
+        "initial_As",
+        "initial_lb",
+        "initial_ub",
+    ),
     "auto_LiRPA.BoundedModule._compute_bounds_main": (
         "self",
         "C",
@@ -245,6 +269,8 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
 
 # the entries of SIGNATURES that the plugin calls with their parameters by name but does not patch
 CALLED = (
+    "auto_LiRPA.BoundedModule.get_unstable_locations",
+    "auto_LiRPA.BoundedModule.backward_general",
     "bab.split_domain",
     "bab.check_worst_domain",
     "branching_domains.BatchedDomainList.pick_out",

@@ -42,6 +42,7 @@ whose rows are dealt) are split; the output node's α (one row per spec) stays r
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import types
 import weakref
@@ -53,6 +54,7 @@ from ..parallel import comm
 
 _active = False  # rows are sharded only inside the patched run
 _dealing: list[str] = []  # the start nodes whose rows batched_backward is dealing now (innermost last)
+dealt: collections.Counter[str] = collections.Counter()  # rows this rank bounded, by start-node operator
 
 
 def _unstable_size(idx) -> int:
@@ -118,10 +120,14 @@ def wrap_batched_backward(orig):
         opts["batched_crown_max_vram_ratio"] = 0.0  # never enlarge a pass on one rank only
         _dealing.append(node.name)
         try:
-            lb, ub = orig(self, node, C, local, batch_size, bound_lower, bound_upper, False)[:2]
+            if patches_sum(node):
+                lb, ub = _sum_passes(self, node, local, c, batch_size, bound_lower, bound_upper)
+            else:
+                lb, ub = orig(self, node, C, local, batch_size, bound_lower, bound_upper, False)[:2]
         finally:
             opts["batched_crown_max_vram_ratio"] = saved_ratio
             _dealing.pop()
+        dealt[type(node).__name__] += int((rows >= 0).sum())
         sizes = [r.numel() for r in every]
         flat = torch.cat(every)  # the row of each gathered column (-1: dummy)
         take = torch.empty(U, dtype=torch.long)
@@ -139,6 +145,57 @@ def wrap_batched_backward(orig):
         return gathered(lb), gathered(ub)
 
     return batched_backward
+
+
+def patches_sum(node) -> bool:
+    """A residual sum of conv outputs in patches mode (auto_LiRPA's ``BoundAdd`` / ``BoundSub``), whose
+    rows auto_LiRPA bounds in one pass ("Batched CROWN is not supported in this case")."""
+    from auto_LiRPA.operators import BoundAdd, BoundSub
+
+    return isinstance(node, (BoundAdd, BoundSub)) and node.mode == "patches" and len(node.output_shape) >= 4
+
+
+def wrap_get_sparse_C(orig):
+    """A patches-mode residual sum with more unstable neurons than ``crown.batch_size`` is bounded in
+    passes over them (to be dealt), as auto_LiRPA bounds a conv layer's."""
+
+    def get_sparse_C(self, node, ref_intermediate):
+        sparse, ref_lb, ref_ub = ref_intermediate
+        if _active and comm.world_size() > 1 and sparse and patches_sum(node):
+            from auto_LiRPA.utils import BatchedCrownC
+
+            idx, size = self.get_unstable_locations(ref_lb, ref_ub, conv=True)
+            if size > self.bound_opts.get("crown_batch_size", float("inf")):
+                return BatchedCrownC("Patches"), True, idx, size
+        return orig(self, node, ref_intermediate)
+
+    return get_sparse_C
+
+
+def _sum_passes(self, node, idx: tuple, c: int, batch_size: int, bound_lower: bool, bound_upper: bool):
+    """``batched_backward``'s passes of c rows for a residual sum: each pass's C is auto_LiRPA's sparse
+    C of such a node (a unit patch on the row's channel)."""
+    from auto_LiRPA.patches import Patches
+
+    channels = int(node.output_shape[-3])
+    dtype = next(self.parameters()).dtype
+    out_shape = [batch_size, *node.output_shape[1:]]
+    lbs, ubs = [], []
+    for i in range(0, int(idx[0].numel()), c):
+        part = tuple(u[i : i + c] for u in idx)
+        unit = torch.nn.functional.one_hot(part[0], channels).to(dtype).view(-1, 1, channels, 1, 1)
+        unit = unit.expand(-1, batch_size, -1, -1, -1)
+        C = Patches(unit, 1, 0, unit.shape, unstable_idx=part, output_shape=out_shape)
+        lb, ub = self.backward_general(
+            node, C, bound_lower=bound_lower, bound_upper=bound_upper, unstable_idx=part
+        )[:2]
+        lbs.append(lb)
+        ubs.append(ub)
+
+    def cat(ts):
+        return None if ts[0] is None else torch.cat([t.reshape(batch_size, -1) for t in ts], 1)
+
+    return cat(lbs), cat(ubs)
 
 
 class _GradScale(torch.autograd.Function):

@@ -199,7 +199,7 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
     import torch
 
     from ..parallel import comm, serve
-    from . import shards
+    from . import rows, shards
     from .bab_split import round_collectives
 
     peaks = phases.peaks
@@ -218,6 +218,7 @@ def _gathered_result(phases: Phases, probe: Any, full_live: list[list[str]] | No
         # weights fetched on request in BaB rounds with the weights sharded (whole ones, single shards)
         "bab_weight_fetches": [[int(a), int(b)] for a, b in every[:, 4:6].tolist()],
         "bab_collectives": comm.all_gather_object(list(round_collectives)),
+        "rows_dealt": comm.all_gather_object(dict(sorted(rows.dealt.items()))),
         "peak_mb_exact": phases.meter.exact,
         "crown_batch_size": int(arguments.Config["solver"]["crown"]["batch_size"]),
         "whole_layers": dict(shards.whole_layers),
@@ -318,6 +319,7 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
                 },
                 "bab_weight_fetches": result["bab_weight_fetches"],
                 "bab_collectives": result["bab_collectives"],
+                "rows_dealt": result["rows_dealt"],
                 **({"whole_layers": result["whole_layers"]} if result.get("whole_layers") else {}),
                 **(
                     {"full_weights_live": result["full_weights_live"]}

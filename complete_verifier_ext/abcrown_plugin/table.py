@@ -155,6 +155,8 @@ TABLE: tuple[Patch, ...] = (
     # the rows of A-matrices and their α dealt over the ranks (rows.py)
     Patch(f"{_AV}.batched_backward", "P>1", "rows", _wrap(rows.wrap_batched_backward),
           "each rank back-substitutes its block of row passes; the bounds are all-gathered"),
+    Patch(f"{_AV}.get_sparse_C", "P>1", "rows", _wrap(rows.wrap_get_sparse_C),
+          "a patches-mode residual sum's unstable rows bounded in passes too (to be dealt)"),
     Patch(f"{_AV}._compute_bounds_main", "P>1", "rows", _wrap(rows.wrap_compute_bounds_main),
           "the bounds' gradient counted once over the ranks"),
     Patch(f"{_RELU}.init_opt_parameters", "P>1", "rows", _wrap(rows.wrap_init_opt_parameters),
