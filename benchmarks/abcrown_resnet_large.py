@@ -42,12 +42,17 @@ from abcrown_overhead import run_unpatched
 from abcrown_plugin_memory import rel_diff, run_one
 from measure import REPO, provenance
 
+from complete_verifier_ext.abcrown_plugin.runner import SHARDED_CROWN_BATCH
+
 VENDOR_CONFIG = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
 
 
-def config(checkout: Path, plugin: bool, method: str) -> str:
-    """α,β-CROWN's cifar100 config, made runnable here (see the module docstring)."""
+def config(checkout: Path, plugin: bool, method: str, rows: int | None = None) -> str:
+    """α,β-CROWN's cifar100 config, made runnable here (see the module docstring); ``rows``: its
+    ``solver.crown.batch_size`` (the rows of a pass) instead of the default."""
     cfg = yaml.safe_load((checkout / VENDOR_CONFIG).read_text())
+    if rows is not None:
+        cfg.setdefault("solver", {}).setdefault("crown", {})["batch_size"] = rows
     general = cfg.setdefault("general", {})
     for key in ("root_path", "csv_name"):
         general.pop(key, None)
@@ -57,13 +62,18 @@ def config(checkout: Path, plugin: bool, method: str) -> str:
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
+# the floor's base: P = 1 with the rows in flight at P > 1
+PASSES = f"plugin, {SHARDED_CROWN_BATCH}-row passes"
+
+
 def table(rows: list[dict]) -> str:
     out = [
         "| run | P | peak MB per rank (max) | × P = 1 | floor MB | × floor | wall s | × unpatched | "
-        "α-CROWN bounds vs P = 1 (rel) |",
+        "bounds vs P = 1 (rel) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    base = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
+    p1 = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
+    base = next((r for r in rows if r["run"] == PASSES and "peak_mb" in r), None)
     unpatched = next((r for r in rows if r["run"] == "unpatched abcrown.py" and "error" not in r), None)
     for r in rows:
         if "error" in r:
@@ -73,13 +83,14 @@ def table(rows: list[dict]) -> str:
         if "peak_mb" not in r:  # unpatched abcrown.py: its time and verdict only
             out.append(f"| {r['run']} | 1 | – | | | | {wall} | verdict {r['verdict']} |")
             continue
-        peak, floor, diff = max(r["peak_mb"]), "| ", ""
-        if base is not None:
-            b = max(base["peak_mb"])
-            block = 0.0 if r["P"] == 1 else r["layer_mb"] / (r["P"] if r["mode"] == "tp" else 1)
-            floor = f"{b / r['P'] + block:.0f} | {peak / (b / r['P'] + block):.2f}"
-            diff = f"{rel_diff(base['lb'], r['lb']):.1e}" if r.get("lb") else ""
-        ratio = f"{peak / max(base['peak_mb']):.2f}" if base else ""
+        peak, floor, ratio, diff = max(r["peak_mb"]), "| ", "", ""
+        if base is not None and r["P"] > 1:
+            block = r["layer_mb"] / (r["P"] if r["mode"] == "tp" else 1)
+            f = max(base["peak_mb"]) / r["P"] + block
+            floor = f"{f:.0f} | {peak / f:.2f}"
+        if p1 is not None:
+            ratio = f"{peak / max(p1['peak_mb']):.2f}"
+            diff = f"{rel_diff(p1['lb'], r['lb']):.1e}" if r.get("lb") else ""
         name = f"{r['run']} {r['mode']}".strip()
         out.append(f"| {name} | {r['P']} | {peak:.0f} | {ratio} | {floor} | {wall} | {diff} |")
     return "\n".join(out)
@@ -107,13 +118,13 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    base = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
+    base = next((r for r in rows if r["run"] == PASSES and "peak_mb" in r), None)
     unpatched = next((r for r in rows if r["run"] == "unpatched abcrown.py" and "error" not in r), None)
     for mode in ("fsdp", "tp"):
         pts = sorted(
             (r["P"], max(r["peak_mb"]), r["wall_s"])
             for r in rows
-            if "peak_mb" in r and r["mode"] in (mode, "")
+            if "peak_mb" in r and r["mode"] in (mode, "") and r["run"] == "plugin"
         )
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"plugin {mode}")
@@ -122,6 +133,7 @@ def plot(rows: list[dict], path: Path) -> None:
     if base is not None:
         b = max(base["peak_mb"])
         ax.plot(ps, [b / p + (base["layer_mb"] if p > 1 else 0) for p in ps], "k--", label="floor (fsdp)")
+        ax.plot([1], [b], "kx", label=PASSES)
     if unpatched is not None:
         ax2.axhline(unpatched["wall_s"], color="grey", linestyle=":", label="unpatched abcrown.py")
     ax.set_ylabel("peak MB per rank (incomplete phase)")
@@ -157,10 +169,13 @@ def main() -> None:
         r = run_unpatched({"config": str(plain), "onnx": onnx_path, "vnnlib": spec}, tmp)
         rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
         print(json.dumps(rows[-1]), flush=True)
-        for P, mode in [(1, "")] + [(P, m) for m in a.modes for P in a.worlds]:
+        passes = config(root, plugin=True, method=a.method, rows=SHARDED_CROWN_BATCH)
+        runs = [(PASSES, 1, "", passes), ("plugin", 1, "", text)]
+        runs += [("plugin", P, m, text) for m in a.modes for P in a.worlds]
+        for name, P, mode, cfg in runs:
             method = "alpha" if a.method == "alpha-crown" else "crown"
-            r = run_one("abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", text)
-            rows.append({**r, "run": "plugin", "P": P, "mode": mode, "layer_mb": layer_mb})
+            r = run_one("abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", cfg)
+            rows.append({**r, "run": name, "P": P, "mode": mode, "layer_mb": layer_mb})
             print(json.dumps(rows[-1])[:300], flush=True)
             (out / "abcrown_resnet_large.json").write_text(json.dumps({**meta, "config": text, "rows": rows}))
     md = [
@@ -170,8 +185,12 @@ def main() -> None:
         "`$ABCROWN_PATH`. One process per measurement, `MALLOC_MMAP_THRESHOLD_=65536`. Config: the vendor "
         "file less `root_path` / `csv_name`, with `device: cpu`, `complete_verifier: skip`, `pgd_order: "
         "skip` (the JSON has it whole). Peak: per-rank high-water mark of the incomplete phase above its "
-        "start, code pages and torch's optimizer libraries left out; floor: unpatched / P + the largest "
-        f"layer ({layer_mb:.1f} MB; a shard of it under tp). Wall: the whole process.",
+        "start, code pages and torch's optimizer libraries left out. × P = 1 and the bounds: against the "
+        "plugin at P = 1 on the config as it is (no patch: unpatched α,β-CROWN's memory), which bounds each "
+        "conv layer in one pass. Floor: the same at P = 1 in passes of the rows that the P ranks hold in "
+        f"flight together ({PASSES}: `solver.crown.batch_size: {SHARDED_CROWN_BATCH}`; at P > 1 the "
+        "plugin's passes are that / P rows for CROWN) / P + the largest layer "
+        f"({layer_mb:.2f} MB; a shard of it under tp). Wall: the whole process.",
         "",
         table(rows),
     ]
