@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from plugin_support import (
     BOUNDS_YAML,
     CHUNK,
@@ -15,9 +16,27 @@ from plugin_support import (
 )
 from support import relative_error as rel
 
-pytestmark = needs_abcrown
+
+@pytest.mark.parametrize("P", [2, 3, 4, 8])
+def test_pass_rows_give_every_rank_as_many_passes(P):
+    """Passes of at most ``crown.batch_size`` rows, k on every rank (k = ⌈U / (P · batch)⌉), so a rank
+    holds at most U / P + k rows in flight: a layer of 1000 rows at P = 4 with 512-row passes is four
+    passes of 250, not two of 512 and two idle ranks."""
+    from complete_verifier_ext.abcrown_plugin.rows import pass_blocks, pass_rows
+
+    assert [pass_rows(U, 512, 4) for U in (1000, 2048, 3000)] == [250, 512, 375]
+    for U in [*range(P, 40), 255, 256, 1000, 1024, 3001]:
+        for batch in (1, 2, 3, 7, 64, 171, 512, U, 10**9):
+            b = min(batch, U)
+            c, k = pass_rows(U, b, P), -(-U // (P * b))
+            assert 1 <= c <= b and c * k <= U / P + k
+            passes = torch.bincount(pass_blocks(U, c, P)[::c], minlength=P)  # the passes of each rank
+            assert int(passes.sum()) == -(-U // c) and int(passes.max()) == k, (U, batch, c)
+            if U >= P * P:  # fewer rows can leave a rank without a pass (9 rows at P = 4: 3 of 3)
+                assert int(passes.min()) >= 1, (U, batch, c)
 
 
+@needs_abcrown
 @pytest.mark.parametrize(("P", "mode"), [(3, "fsdp"), (3, "tp")])  # P = 2: test_tp_conv…, test_bab…
 def test_bounds_equal_unpatched_with_split_rows(unpatched, P, mode):
     """FSDP (weights gathered per call) and TP (never a whole weight: column-parallel forward and IBP,
@@ -49,10 +68,11 @@ def test_bounds_equal_unpatched_with_split_rows(unpatched, P, mode):
     assert got["full_weights_live"] == [[[], []]] * P
 
 
-def test_a_rank_that_owns_no_row_of_a_layer(tmp_path):
-    """171 rows a pass at P = 3 on 256x6: a layer bounded for all its 256 neurons has two passes, so
-    rank 2 owns none of its rows. Its α keeps only the default slot (it once kept zero rows and
-    crashed in α-CROWN) and it runs dummy passes; the bounds are one process's."""
+@needs_abcrown
+def test_a_layer_with_fewer_rows_than_passes_on_every_rank(tmp_path):
+    """171 rows a pass at P = 3 on 256x6: a layer bounded for all its 256 neurons is three passes of 86
+    (with two passes of 171, rank 2 owned none of its rows, kept α's default slot alone and ran dummy
+    passes); the bounds are one process's."""
     cfg = config(tmp_path, BOUNDS_YAML.format(chunk=171).replace("iteration: 10", "iteration: 3"))
     args = instance("mnist-net_256x6", "prop_0_0.05.vnnlib")
     p1, ref, _ = run(tmp_path, cfg, *args, name="p1")
@@ -62,6 +82,7 @@ def test_a_rank_that_owns_no_row_of_a_layer(tmp_path):
     assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-5
 
 
+@needs_abcrown
 def test_residual_sums_in_patches_mode_are_dealt(tmp_path):
     """A ResNet in patches mode (α,β-CROWN's default for convs): auto_LiRPA bounds a conv layer's unstable
     neurons in passes, but a residual sum's (``BoundAdd``) in one pass on every rank. The plugin bounds
@@ -69,7 +90,6 @@ def test_residual_sums_in_patches_mode_are_dealt(tmp_path):
     rank bounds its share of both kinds, and CROWN and α-CROWN are one process's."""
     import numpy as np
     import onnxruntime as ort
-    import torch
 
     from complete_verifier_ext.examples.resnet import build
     from complete_verifier_ext.testing import write_vnnlib

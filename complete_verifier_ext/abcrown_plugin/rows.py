@@ -2,12 +2,14 @@
 ranks, so each rank back-substitutes (and holds the A-matrices of) only its rows.
 
 auto_LiRPA already bounds the unstable neurons of a layer in passes of ``solver.crown.batch_size``
-rows c (``BoundedModule.batched_backward``). The wrapper deals those passes: with K = ceil(U / c)
-passes over the U rows, rank r takes the contiguous block ``shard_range(K)`` of them, so each of its
-passes holds exactly the rows of one pass of a single process (bitwise the same computation). Ranks
-with fewer passes add dummy full passes (dropped) so that every rank runs the same number (and so the
-same collectives under FSDP); the one partial pass stays last. The ``(batch, rows)`` bounds are
-all-gathered and put back in row order.
+rows (``BoundedModule.batched_backward``). The wrapper deals such passes: k on every rank, of c rows
+(:func:`pass_rows`: c ≤ ``crown.batch_size``, k = ⌈U / (P · crown.batch_size)⌉, so a layer of 1000
+rows at P = 4 is four passes of 250, not two of 512 and two idle ranks); rank r takes the contiguous
+block ``shard_range(K)`` of the K = ⌈U / c⌉ passes. Ranks with fewer passes add dummy full passes
+(dropped) so that every rank runs the same number (and so the same collectives under FSDP); the one
+partial pass stays last. The ``(batch, rows)`` bounds are all-gathered and put back in row order. A
+row's bound does not depend on the other rows of its pass, so CROWN's bounds are one process's to
+rounding.
 
 α-CROWN optimises through these bounds, so the gather is differentiable (``all_gather_cat_grad``: its
 backward, one reduce-scatter, sums the gradient over the ranks and keeps the rank's block), and the
@@ -74,6 +76,14 @@ def pass_blocks(U: int, c: int, world: int | None = None) -> Tensor:
     return owner_of_pass.repeat_interleave(c)[:U]
 
 
+def pass_rows(U: int, batch: int, world: int | None = None) -> int:
+    """The rows of each dealt pass over U rows: at most ``crown.batch_size``, in k passes on every rank
+    (k = ⌈U / (P · batch)⌉), so that no rank holds two passes while another holds none."""
+    P = comm.world_size() if world is None else world
+    k = -(-U // (P * batch))
+    return -(-U // (P * k))
+
+
 def _owners(module, node, idx, c: int) -> Tensor:
     """The rank that bounds each of the U rows: where the start node's α is kept by row, its owner;
     else the pass blocks."""
@@ -108,16 +118,17 @@ def wrap_batched_backward(orig):
         U = _unstable_size(idx)
         if not _active or P == 1 or want_A or U < P:
             return orig(self, node, C, unstable_idx, batch_size, bound_lower, bound_upper, return_A)
-        c = int(min(self.bound_opts["crown_batch_size"], U))
+        opts = self.bound_opts
+        c = pass_rows(U, int(min(opts["crown_batch_size"], U)))
         owners = _owners(self, node, idx, c).cpu()
         passes = max(-(-int((owners == q).sum()) // c) for q in range(P))
         every = [_local_rows(owners, q, c, passes) for q in range(P)]
         rows = every[comm.rank()]
         filler = rows[rows >= 0][:1] if (rows >= 0).any() else torch.zeros(1, dtype=torch.long)
         local = _rows(idx, torch.where(rows >= 0, rows, filler).to(self.device))
-        opts = self.bound_opts
-        saved_ratio = opts.get("batched_crown_max_vram_ratio")
+        saved = {k: opts.get(k) for k in ("batched_crown_max_vram_ratio", "crown_batch_size")}
         opts["batched_crown_max_vram_ratio"] = 0.0  # never enlarge a pass on one rank only
+        opts["crown_batch_size"] = c
         _dealing.append(node.name)
         try:
             if patches_sum(node):
@@ -125,7 +136,7 @@ def wrap_batched_backward(orig):
             else:
                 lb, ub = orig(self, node, C, local, batch_size, bound_lower, bound_upper, False)[:2]
         finally:
-            opts["batched_crown_max_vram_ratio"] = saved_ratio
+            opts.update(saved)
             _dealing.pop()
         dealt[type(node).__name__] += int((rows >= 0).sum())
         sizes = [r.numel() for r in every]
@@ -302,7 +313,7 @@ def _dealt(relu, start) -> RowAlpha | None:
     lookup = (relu.alpha_lookup_idx or {}).get(name)
     if unstable_idx is None:  # every neuron is bounded
         unstable_idx = torch.arange(size_s, device=relu.alpha[name].device)
-    c = int(min(opts["crown_batch_size"], U))
+    c = pass_rows(U, int(opts["crown_batch_size"]))
     return RowAlpha(unstable_idx, size_s, lookup, relu.alpha[name].shape[1], c)
 
 
