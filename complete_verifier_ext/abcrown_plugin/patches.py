@@ -99,6 +99,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "return_A",
     ),
     "auto_LiRPA.BoundedModule.get_sparse_C": ("self", "node", "ref_intermediate"),
+    "auto_LiRPA.BoundedModule.check_optimized_variable_sparsity": ("self", "node"),
     "auto_LiRPA.BoundedModule.get_unstable_locations": (
         "self",
         "ref_intermediate_lb",
@@ -269,6 +270,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
 
 # the entries of SIGNATURES that the plugin calls with their parameters by name but does not patch
 CALLED = (
+    "auto_LiRPA.BoundedModule.check_optimized_variable_sparsity",
     "auto_LiRPA.BoundedModule.get_unstable_locations",
     "auto_LiRPA.BoundedModule.backward_general",
     "bab.split_domain",

@@ -168,11 +168,19 @@ def patches_sum(node) -> bool:
 
 def wrap_get_sparse_C(orig):
     """A patches-mode residual sum with more unstable neurons than ``crown.batch_size`` is bounded in
-    passes over them (to be dealt), as auto_LiRPA bounds a conv layer's."""
+    passes over them (to be dealt), as auto_LiRPA bounds a conv layer's; only where auto_LiRPA itself
+    would use a sum's sparse C (no α for it as a start node, or a sparse-spec α): with a dense α it
+    bounds the sum whole, and its sparse C moved α-CROWN's result there."""
 
     def get_sparse_C(self, node, ref_intermediate):
         sparse, ref_lb, ref_ub = ref_intermediate
-        if _active and comm.world_size() > 1 and sparse and patches_sum(node):
+        if (
+            _active
+            and comm.world_size() > 1
+            and sparse
+            and patches_sum(node)
+            and self.check_optimized_variable_sparsity(node) is not False
+        ):
             from auto_LiRPA.utils import BatchedCrownC
 
             idx, size = self.get_unstable_locations(ref_lb, ref_ub, conv=True)
