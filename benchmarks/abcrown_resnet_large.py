@@ -22,11 +22,11 @@ size of tensor b (32)"). Spec: ε = 1/255
 around a random image, the model's label against the other 99 (``resnet_large.specs``).
 
 Runs: unpatched α,β-CROWN (its own ``abcrown.py``, as ``abcrown_overhead.py`` runs it: wall time and
-verdict), then the plugin at P = 1 (the base of the memory and bounds columns: α,β-CROWN with no
-sharding patch) and at every P and mode, each its own ``abcrown`` process
-(``abcrown_plugin_memory.run_one``): per-rank peak of the incomplete phase, wall time, and the α-CROWN
-bounds against P = 1. Writes
-``abcrown_resnet_large.{json,md,png}`` into ``--out``.
+verdict), then the plugin at P = 1 with ``solver.crown.batch_size: 512`` (the rows the ranks hold in
+flight together at P > 1: the floor's base), at P = 1 on the config as it is (the base of the × P = 1
+and bounds columns: α,β-CROWN with no sharding patch) and at every P and mode, each its own
+``abcrown`` process (``abcrown_plugin_memory.run_one``): per-rank peak of the incomplete phase, wall
+time, and the bounds against P = 1. Writes ``abcrown_resnet_large.{json,md,png}`` into ``--out``.
 """
 
 from __future__ import annotations
