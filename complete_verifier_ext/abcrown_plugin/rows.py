@@ -80,7 +80,7 @@ def pass_rows(U: int, batch: int, world: int | None = None) -> int:
     """The rows of each dealt pass over U rows: at most ``crown.batch_size``, in k passes on every rank
     (k = ⌈U / (P · batch)⌉), so that no rank holds two passes while another holds none."""
     P = comm.world_size() if world is None else world
-    k = -(-U // (P * batch))
+    k = -(-U // (P * min(batch, U)))
     return -(-U // (P * k))
 
 
@@ -119,7 +119,7 @@ def wrap_batched_backward(orig):
         if not _active or P == 1 or want_A or U < P:
             return orig(self, node, C, unstable_idx, batch_size, bound_lower, bound_upper, return_A)
         opts = self.bound_opts
-        c = pass_rows(U, int(min(opts["crown_batch_size"], U)))
+        c = pass_rows(U, int(opts["crown_batch_size"]))
         owners = _owners(self, node, idx, c).cpu()
         passes = max(-(-int((owners == q).sum()) // c) for q in range(P))
         every = [_local_rows(owners, q, c, passes) for q in range(P)]
