@@ -7,7 +7,7 @@ bounded per round, unpatched (P = 1) and with each round's domains split over P 
 The TP/FSDP paper's authors measured α,β-CROWN's BaB peak on mnist-net_256x6 (ε = 0.05, 10 rounds,
 one GPU) at ≈ 21 MB + 0.373 MB per domain of the batch. Here: mnist-net_256x6 on prop_2_0.05 (open at
 VNN-COMP 2022, so BaB runs its 10 rounds), kFSB, ``solver.batch_size`` B, ``bab.max_iterations``
-rounds, PGD off, each measurement its own process with ``MALLOC_MMAP_THRESHOLD_=65536``. The peak is
+rounds, PGD off, each measurement its own process with ``EXACT_MEMORY_ENV``. The peak is
 each rank's RSS high-water mark during ``general_bab`` above the RSS when it starts (the summary's
 ``peak_mb_bab``). A least-squares fit peak = a + b·B/P over all runs is printed beside the paper's.
 Writes ``abcrown_plugin_bab.{json,md}`` into ``--out``.
@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 from abcrown_common import BENCH, REPO, checkout, run_abcrown
 from measure import provenance
+
+from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 
 MNIST = BENCH / "mnist_fc"
 PAPER = "21 MB + 0.373 MB × B (the paper's authors, one GPU, P = 1)"
@@ -76,7 +78,7 @@ def run_one(
     args += ["--results_file", str(tmp / "out.txt")]
     mode, held = WEIGHTS.get(weights, ("none", "auto"))
     args += ["--parallel.bab_weights", held] if world > 1 else []
-    env = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = dict(EXACT_MEMORY_ENV)
     s = run_abcrown(args, tmp, timeout, world=world, env=env, mode=mode)
     if "error" in s:
         return s

@@ -5,12 +5,12 @@ with ``parallel.mode: fsdp`` and ``tp`` at P = 2 and 4, beside the native engine
         [--sizes 1024 2048 4096] [--methods crown alpha] [--out benchmarks/results]
 
 Every measurement is its own ``abcrown`` process (one mode per process) with
-``MALLOC_MMAP_THRESHOLD_=65536``, so that RSS follows live tensors. The table's peak is each rank's
-RSS high-water mark during α,β-CROWN's incomplete phase (``LiRPANet.build``: CROWN, α-CROWN) above the
-RSS when it starts (the model loaded and sharded), as auto_LiRPA's reference numbers are taken; the
-JSON also has ``peak_mb_run``, the peak of the whole run above the RSS before ``ABCROWN(args).main()``
-(loading the ONNX model included). The native engine reports its own per-rank peak of the bound
-computation (see docs/configuration.md).
+``MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1``, so that RSS follows live tensors. The table's
+peak is each rank's RSS high-water mark during α,β-CROWN's incomplete phase (``LiRPANet.build``: CROWN,
+α-CROWN) above the RSS when it starts (the model loaded and sharded), as auto_LiRPA's reference numbers
+are taken; the JSON also has ``peak_mb_run``, the peak of the whole run above the RSS before
+``ABCROWN(args).main()`` (loading the ONNX model included). The native engine reports its own per-rank
+peak of the bound computation (see docs/configuration.md).
 
 Models: the TP/FSDP paper's wide MLPs 784 -> h^4 -> 10 (He-normal weights, seed 0; the first layer an
 ONNX MatMul, the others Gemm), L∞ box ε = 0.02 around a random input in [0, 1] (seed 0), 9 clauses;
@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 from measure import REPO, provenance
+
+from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 
 PAPER = (
     "the paper's FSDP (its fork, one GPU per rank): peak +26% to +34% above one GPU (h = 1024 to 8192, d = 4)"
@@ -102,7 +104,7 @@ def run_one(
         ]
     if world > 1:
         cmd += ["--parallel.mode", mode, "--parallel.world_size", str(world)]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = {**os.environ, **EXACT_MEMORY_ENV}
     t0 = time.monotonic()
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -229,7 +231,8 @@ def main() -> None:
         "",
         f"Commit `{commit}`; command `{meta['command']}`; {meta['machine']}, gloo; "
         "α,β-CROWN 8250d5f / auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. One process per measurement, "
-        "`MALLOC_MMAP_THRESHOLD_=65536`. Config: `device cpu`, `complete_verifier skip`, `pgd_order skip`, "
+        "`MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1`. Config: `device cpu`, "
+        "`complete_verifier skip`, `pgd_order skip`, "
         "α-CROWN 20 iterations, lr 0.1. Peak: per-rank RSS high-water mark of α,β-CROWN's incomplete phase "
         "(`LiRPANet.build`) above the RSS at its start (plugin; torch's code pages and optimizer libraries "
         "left out), or the native engine's own per-rank peak. Floor: unpatched / P + the largest layer "

@@ -182,7 +182,8 @@ def main() -> None:
         f"# α,β-CROWN's vnncomp24/cifar100.yaml ({a.method}), ResNet-large shape (channels / {a.divide})",
         "",
         f"Commit `{meta['commit']}`; command `{meta['command']}`; {meta['machine']}, gloo; α,β-CROWN from "
-        "`$ABCROWN_PATH`. One process per measurement, `MALLOC_MMAP_THRESHOLD_=65536`. Config: the vendor "
+        "`$ABCROWN_PATH`. One process per measurement, `MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1`. "
+        "Config: the vendor "
         "file less `root_path` / `csv_name`, with `device: cpu`, `complete_verifier: skip`, `pgd_order: "
         "skip` (the JSON has it whole). Peak: per-rank high-water mark of the incomplete phase above its "
         "start, code pages and torch's optimizer libraries left out. × P = 1 and the bounds: against the "

@@ -4,7 +4,7 @@
                                      [--weights sharded,replicated]
 
 For mnist_fc instances that α-CROWN alone cannot decide, every measurement is its own process
-(``MALLOC_MMAP_THRESHOLD_`` set): load, run α-CROWN, take the worst open clause, then start the
+(``EXACT_MEMORY_ENV`` set): load, run α-CROWN, take the worst open clause, then start the
 per-rank peak and run ``--rounds`` BaB rounds with a *total* batch of B domains per round (B / P
 per rank), FSDP weights (``--weights``: gathered per use, or gathered once for the whole search as
 ``parallel.bab_weights: replicated`` does; the replica counts in the peak).  Reports domains bounded

@@ -4,7 +4,7 @@
     python benchmarks/chunking.py [--models 2048x4,4096x4] [--chunks 0,1024,256] [--alpha-model 1024x4]
 
 Models: the TP/FSDP paper's wide MLPs 784 -> h^d -> 10 (``memory_scaling.wide_mlp``: He-normal weights,
-seed 0, ε = 0.02).  Every run is its own process with ``MALLOC_MMAP_THRESHOLD_=65536`` (RSS follows live
+seed 0, ε = 0.02).  Every run is its own process with ``EXACT_MEMORY_ENV`` (RSS follows live
 tensors), P = 1, plus P = 2 (fsdp) for the last model with the smallest chunk.  Chunk 0 is one pass.
 Writes ``chunking.json``, ``chunking.md`` (with the commit and the command) and ``chunking.png`` into
 ``--out``.
@@ -144,9 +144,8 @@ def main() -> None:
     md = (
         f"# CROWN / α-CROWN with chunked intermediate rows (`solver.crown.batch_size`)\n\ncommit {commit}; "
         f"command: `python benchmarks/chunking.py {' '.join(sys.argv[1:])}`; one process per row, "
-        "`MALLOC_MMAP_THRESHOLD_=65536`, 1 torch thread per rank, peak RSS above the RSS after loading.\n\n"
-        + table(rows)
-        + "\n"
+        "`MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1`, 1 torch thread per rank, peak RSS above "
+        "the RSS after loading.\n\n" + table(rows) + "\n"
     )
     (out / "chunking.json").write_text(json.dumps({**provenance(), "rows": rows}, indent=1))
     (out / "chunking.md").write_text(md)

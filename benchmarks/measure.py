@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,9 +38,9 @@ def add_provenance(path: Path) -> None:
 
 
 def spawn_json(script: str, args: list[str], timeout: float) -> dict | None:
-    """``python SCRIPT --one ARGS...`` with ``MALLOC_MMAP_THRESHOLD_`` set, so that RSS follows live
+    """``python SCRIPT --one ARGS...`` with ``EXACT_MEMORY_ENV`` set, so that RSS follows live
     tensors; returns the JSON object on its last stdout line, or None if it failed or timed out."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = {**os.environ, **EXACT_MEMORY_ENV}
     cmd = [sys.executable, script, "--one", *args]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

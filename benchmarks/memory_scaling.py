@@ -3,7 +3,8 @@
     python benchmarks/memory_scaling.py [--quick] [--out benchmarks/results/memory_scaling]
 
 Every measurement is its own process (one mode per process, DESIGN.md) started with
-``MALLOC_MMAP_THRESHOLD_=65536`` so that RSS follows live tensors; each rank reports the peak of
+``MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1`` so that RSS follows live tensors (MKL keeps
+3-5 MB of GEMM buffers per process otherwise); each rank reports the peak of
 the bound computation above its RSS after loading (and sharding) the model.  Models: the TP/FSDP
 paper's wide MLPs 784 -> h^d -> 10 (He-normal weights, seed 0, ε = 0.02 around a random input in
 [0, 1], 9 clauses ``Y_0 - Y_j``) and ``mnist-net_256x6`` with its prop_2_0.05 spec from ../shared.

@@ -18,7 +18,7 @@ in [0, 1] (clipped to it), the correct class (here: the model's prediction) agai
 spec, at each P of ``--ranks`` in its own process, and records per layer the neurons bounded, the time
 and every rank's peak RSS so far; it stops after ``--layers`` layers or at ``--limit`` seconds (checked
 after each layer; the table says how far it got) and writes ``NAME.json`` and ``NAME.md`` (commit,
-command, machine). ``--exact`` sets ``MALLOC_MMAP_THRESHOLD_`` so that RSS follows the live tensors
+command, machine). ``--exact`` sets ``EXACT_MEMORY_ENV`` so that RSS follows the live tensors
 (its page faults make the run slower); without it the peak is an upper bound. ``--against`` puts the
 runs of earlier results files first (once each, their provenance kept), so a P = 1 run of an hour
 need not be repeated to compare P = 2 and 4 with it.
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from complete_verifier_ext.examples.resnet import CLASSES, build
+from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "generated" / "resnet_large"
@@ -187,7 +188,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=10**6, help="stop after this many layers")
     ap.add_argument("--limit", type=float, default=1500)
     ap.add_argument("--threads", type=int, default=2, help="torch threads per rank")
-    ap.add_argument("--exact", action="store_true", help="MALLOC_MMAP_THRESHOLD_ (exact peaks, slower)")
+    ap.add_argument("--exact", action="store_true", help="EXACT_MEMORY_ENV (exact peaks, slower)")
     ap.add_argument("--name", default="crown_layers")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "scale" / "resnet_large"))
     ap.add_argument("--against", nargs="*", default=[], help="earlier NAME.json files whose runs come first")
@@ -208,7 +209,7 @@ def main() -> None:
         from measure import provenance
 
         ensure(n_specs=1)
-        env = {**os.environ, **({"MALLOC_MMAP_THRESHOLD_": "65536"} if args.exact else {})}
+        env = {**os.environ, **(EXACT_MEMORY_ENV if args.exact else {})}
         earlier = [json.loads(Path(f).read_text()) for f in args.against]
         runs = []
         for r in (r for e in earlier for r in e["runs"]):  # a file may repeat an earlier file's runs

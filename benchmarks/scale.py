@@ -5,7 +5,7 @@ ResNet-large shape, ours at P = 1, 2, 4 (fsdp, tp) against auto_LiRPA itself in 
         [--methods crown,alpha] [--ranks 1,2,4] [--modes fsdp,tp] [--chunk 0] [--timeout 900] [--threads 1]
         [--engines auto_LiRPA,ours]
 
-Every measurement is its own process (``MALLOC_MMAP_THRESHOLD_=65536``, so RSS follows live tensors), one
+Every measurement is its own process (``EXACT_MEMORY_ENV``, so RSS follows live tensors), one
 mode per process; per-rank peak RSS of the bound computation above the RSS after loading, on both
 engines without the 70-80 MB of library code torch loads on its first optimizer
 (``memory.load_optimizer_libraries``: ours leaves it out of ``PeakMemory``, auto_LiRPA's run loads it

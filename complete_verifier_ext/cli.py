@@ -319,12 +319,13 @@ def _abcrown_help() -> int:
 
 def _reexec_for_exact_memory(cfg: Config, argv: list[str] | None) -> None:
     """With ``parallel.exact_memory``, re-exec this process (run as a command: ``argv`` None) with
-    glibc's mmap threshold set unless it is already: glibc reads it at start-up, and with it freed
-    tensors return to the OS, so that the measured peak follows live tensors (see parallel/memory.py)."""
-    from .parallel.memory import MMAP_THRESHOLD_ENV, mmap_threshold_env_ok
+    glibc's mmap threshold set and MKL's buffer cache off unless they are already: both are read at
+    start-up, and with them freed tensors and GEMM buffers return to the OS, so that the measured
+    peak follows live tensors (see parallel/memory.py)."""
+    from .parallel.memory import EXACT_MEMORY_ENV, exact_memory_env_ok
 
-    if cfg.parallel.exact_memory and argv is None and not mmap_threshold_env_ok():
-        env = {**os.environ, **MMAP_THRESHOLD_ENV, clock.ENV: repr(clock.started_wall())}  # same origin
+    if cfg.parallel.exact_memory and argv is None and not exact_memory_env_ok():
+        env = {**os.environ, **EXACT_MEMORY_ENV, clock.ENV: repr(clock.started_wall())}  # same origin
         os.execve(sys.executable, [sys.executable, "-m", "complete_verifier_ext.cli", *sys.argv[1:]], env)
 
 

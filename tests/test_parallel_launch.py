@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 import torch
 
-from complete_verifier_ext.parallel import RankFailure, comm, launch, mmap_threshold_env_ok, run
+from complete_verifier_ext.parallel import (
+    EXACT_MEMORY_ENV,
+    RankFailure,
+    comm,
+    exact_memory_env_ok,
+    launch,
+    run,
+)
 
 FAIL_WITHIN_S = 30.0
 
@@ -28,8 +35,8 @@ def _report(tag: str) -> dict[str, Any]:
         "rank": comm.rank(),
         "world": comm.world_size(),
         "pid": os.getpid(),
-        "mmap_env": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
-        "mmap_ok": mmap_threshold_env_ok(),
+        "env": {k: os.environ.get(k) for k in EXACT_MEMORY_ENV},
+        "exact_env_ok": exact_memory_env_ok(),
         "sum": comm.all_reduce(torch.ones(1)).item(),
     }
 
@@ -91,9 +98,10 @@ def test_torchrun_environment_is_joined_in_process(monkeypatch: pytest.MonkeyPat
 
 
 def test_spawned_ranks_return_rank_0_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    """P = 3; MASTER_PORT from the environment is used (no port search); children get the mmap env."""
+    """P = 3; MASTER_PORT from the environment is used (no port search); children get the exact-memory env."""
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    for k in EXACT_MEMORY_ENV:
+        monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
 
     def no_search(addr: str) -> int:
@@ -104,8 +112,8 @@ def test_spawned_ranks_return_rank_0_result(monkeypatch: pytest.MonkeyPatch) -> 
     assert res["tag"] == "spawned"
     assert (res["rank"], res["world"], res["sum"]) == (0, 3, 3.0)
     assert res["pid"] != os.getpid()
-    assert res["mmap_env"] == "65536" and res["mmap_ok"]
-    assert "MALLOC_MMAP_THRESHOLD_" not in os.environ  # the parent's environment is restored
+    assert res["env"] == EXACT_MEMORY_ENV and res["exact_env_ok"]
+    assert not set(EXACT_MEMORY_ENV) & set(os.environ)  # the parent's environment is restored
     assert multiprocessing.active_children() == []
 
 
@@ -113,9 +121,10 @@ def test_spawned_ranks_without_exact_memory_keep_the_default_allocator(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    for k in EXACT_MEMORY_ENV:
+        monkeypatch.delenv(k, raising=False)
     res = run(_report, 2, ("fast",), timeout_s=30, exact_memory=False)
-    assert res["mmap_env"] is None and not res["mmap_ok"]
+    assert set(res["env"].values()) == {None} and not res["exact_env_ok"]
 
 
 def test_rank_that_raises_is_named(tmp_path: Path) -> None:

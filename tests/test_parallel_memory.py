@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from complete_verifier_ext.parallel import PeakMemory, mmap_threshold_env_ok
+from complete_verifier_ext.parallel import EXACT_MEMORY_ENV, PeakMemory, exact_memory_env_ok
 from complete_verifier_ext.parallel.memory import hwm_mb, rss_mb
 
 
@@ -42,8 +42,34 @@ def test_restart_forgets_the_previous_peak() -> None:
         assert pm.peak_mb() < 32
 
 
-def test_mmap_threshold_check_returns_bool() -> None:
-    assert isinstance(mmap_threshold_env_ok(), bool)
+def test_exact_memory_env_check_returns_bool() -> None:
+    assert isinstance(exact_memory_env_ok(), bool)
+
+
+GEMM = """
+import torch
+from complete_verifier_ext.parallel.memory import exact_memory_env_ok, rss_mb
+a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+(a[:64, :64] @ b[:64, :64]).sum()  # threads and code in
+before = rss_mb()
+c = a @ b
+del c
+print(exact_memory_env_ok(), rss_mb() - before)
+"""
+
+
+def test_gemm_buffers_go_back_under_the_exact_memory_env() -> None:
+    """MKL keeps a GEMM's packing buffers for reuse (about 2.6 MB after a 1024 x 1024 product): a
+    per-process constant that would not divide by P. Under ``EXACT_MEMORY_ENV`` nothing stays."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **EXACT_MEMORY_ENV}
+    out = subprocess.run([sys.executable, "-c", GEMM], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ok, kept = out.stdout.split()
+    assert ok == "True" and float(kept) < 0.5, out.stdout
 
 
 LIBRARY = """
@@ -66,7 +92,7 @@ def test_library_code_loaded_during_a_measurement_is_left_out() -> None:
     import subprocess
     import sys
 
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = {**os.environ, **EXACT_MEMORY_ENV}
     out = subprocess.run(
         [sys.executable, "-c", LIBRARY], capture_output=True, text=True, timeout=120, env=env
     )
@@ -103,7 +129,7 @@ def test_file_backed_pages_paged_in_during_a_measurement_are_left_out(tmp_path) 
     import subprocess
     import sys
 
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = {**os.environ, **EXACT_MEMORY_ENV}
     cmd = [sys.executable, "-c", FILE_PAGES, str(tmp_path / "pages.bin")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]

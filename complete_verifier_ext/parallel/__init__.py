@@ -16,7 +16,7 @@ different work.
 
 from . import comm, serve
 from .launch import RankFailure, run
-from .memory import MMAP_THRESHOLD_ENV, PeakMemory, mmap_threshold_env_ok
+from .memory import EXACT_MEMORY_ENV, PeakMemory, exact_memory_env_ok
 from .sharded import MODES, ShardedWeight, release_gather_buffers
 
 __all__ = [
@@ -28,6 +28,6 @@ __all__ = [
     "MODES",
     "release_gather_buffers",
     "PeakMemory",
-    "mmap_threshold_env_ok",
-    "MMAP_THRESHOLD_ENV",
+    "exact_memory_env_ok",
+    "EXACT_MEMORY_ENV",
 ]

@@ -11,8 +11,8 @@ Three ways in:
 ``fn`` and ``args`` must be picklable (module-level functions); the result must be picklable with plain
 ``pickle`` (return CPU tensors). Backend ``auto``: NCCL with one GPU per rank when CUDA has enough
 GPUs, else gloo. The port is ``MASTER_PORT`` if set, else a free one; the address ``MASTER_ADDR`` or
-127.0.0.1. ``MALLOC_MMAP_THRESHOLD_=65536`` is put in the children's environment unless already set
-(see ``memory``).
+127.0.0.1. ``memory.EXACT_MEMORY_ENV`` (glibc's mmap threshold, MKL's buffer cache off) is put in the
+children's environment unless already set.
 
 Failures never hang: a rank that raises sends its formatted error back; a rank that dies (signal,
 ``os._exit``) is noticed by polling the children. Then every other child is terminated (it may be
@@ -45,7 +45,7 @@ import torch.multiprocessing as mp
 
 from ..errors import UserError
 from . import comm
-from .memory import MMAP_THRESHOLD_ENV, available_mb
+from .memory import EXACT_MEMORY_ENV, available_mb
 
 __all__ = ["RankFailure", "check_world_size", "is_rank0", "run", "set_threads"]
 
@@ -142,7 +142,7 @@ def run(
     fork: bool = False,
 ) -> T:
     """Run ``fn(*args)`` on ``world_size`` ranks; return rank 0's result (see the module docstring).
-    ``exact_memory``: spawned ranks start with ``MALLOC_MMAP_THRESHOLD_`` (RSS follows live tensors).
+    ``exact_memory``: spawned ranks start with ``EXACT_MEMORY_ENV`` (RSS follows live tensors).
     ``fork``: with gloo, fork the ranks from this process instead of starting fresh interpreters, so
     that what it has imported (α,β-CROWN: seconds per rank) is not imported again; the caller must
     not have used CUDA or run a parallel torch operation (an OpenMP pool does not survive a fork)."""
@@ -211,8 +211,9 @@ def _free_port(addr: str) -> int:
 
 @contextlib.contextmanager
 def _child_environment() -> Iterator[None]:
-    """Put ``MALLOC_MMAP_THRESHOLD_`` (unless set) in the environment that spawned children inherit."""
-    added = {k: v for k, v in MMAP_THRESHOLD_ENV.items() if k not in os.environ}
+    """Put ``EXACT_MEMORY_ENV`` (each variable unless set) in the environment that spawned children
+    inherit."""
+    added = {k: v for k, v in EXACT_MEMORY_ENV.items() if k not in os.environ}
     os.environ.update(added)
     try:
         yield

@@ -14,15 +14,17 @@ CPU: ``start()`` resets the kernel's resident-set high-water mark (writes ``5`` 
 ``VmHWM`` (``/proc/self/status``, or ``ru_maxrss``) minus the baseline. If the reset is impossible,
 ``reset_ok`` is False and the value is an upper bound (it includes any peak before ``start()``).
 
-RSS follows the live tensors only if glibc returns freed blocks to the OS, which it does for blocks
-above ``MALLOC_MMAP_THRESHOLD_`` (e.g. 65536). glibc reads that variable once, when the process
-starts, so it must be in the environment *before* the process starts: ``launch.run`` sets it for the
-ranks it spawns; a single-process run (the CLI) must re-exec itself with the variable set, e.g.::
+RSS follows the live tensors only if the allocators below torch give freed memory back to the OS:
+glibc does for blocks above ``MALLOC_MMAP_THRESHOLD_`` (e.g. 65536), and MKL's GEMM keeps its
+packing buffers for reuse (3-5 MB per process at these sizes, the same at every P, so it would not
+divide by P) unless ``MKL_DISABLE_FAST_MM=1``. Both read their variable once, when the process starts,
+so they must be in the environment *before* it starts (``EXACT_MEMORY_ENV``): ``launch.run`` sets
+them for the ranks it spawns; a single-process run (the CLI) must re-exec itself with them, e.g.::
 
-    if not mmap_threshold_env_ok():
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MMAP_THRESHOLD_ENV})
+    if not exact_memory_env_ok():
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **EXACT_MEMORY_ENV})
 
-``mmap_threshold_env_ok()`` says whether this process started with it.
+``exact_memory_env_ok()`` says whether this process started with them.
 
 Code is not the bound computation's memory. RSS counts file-backed pages too, and torch pages in its
 own machine code (``libtorch_cpu.so``) the first time each operator runs: 4-7 MB in a process's first
@@ -47,18 +49,19 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "MMAP_THRESHOLD_ENV",
+    "EXACT_MEMORY_ENV",
     "PeakMemory",
     "available_mb",
     "file_mb",
     "hwm_mb",
     "load_optimizer_libraries",
-    "mmap_threshold_env_ok",
+    "exact_memory_env_ok",
     "not_bound_mb",
     "rss_mb",
 ]
 
-MMAP_THRESHOLD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+# glibc: freed blocks above 64 KiB go back to the OS; MKL: no GEMM buffers kept for reuse
+EXACT_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
 
 _MIB = 1024 * 1024
 # this process's lazily loaded torch libraries: their RSS, and the file-backed part of it
@@ -92,19 +95,20 @@ def not_bound_mb() -> float:
     return file_mb() - _library["file_mb"] + _library["mb"]
 
 
-def mmap_threshold_env_ok() -> bool:
-    """True if ``MALLOC_MMAP_THRESHOLD_`` was set (to an integer) when this process started.
+def exact_memory_env_ok() -> bool:
+    """True if this process started with ``EXACT_MEMORY_ENV`` (an integer mmap threshold, MKL's buffer
+    cache off).
 
     Reads the start-up environment (``/proc/self/environ``) where available: setting ``os.environ``
-    later does not affect glibc.
+    later does not affect glibc or MKL.
     """
-    name = "MALLOC_MMAP_THRESHOLD_"
     try:
         entries = Path("/proc/self/environ").read_bytes().split(b"\0")
         start_env = dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
     except OSError:
         start_env = dict(os.environ)
-    return start_env.get(name, "").strip().isdigit()
+    threshold = start_env.get("MALLOC_MMAP_THRESHOLD_", "").strip().isdigit()
+    return threshold and start_env.get("MKL_DISABLE_FAST_MM", "").strip() not in ("", "0")
 
 
 def _status_kb(field: str) -> int | None:
@@ -178,9 +182,9 @@ class PeakMemory:
     @property
     def exact(self) -> bool:
         """Whether ``peak_mb`` is the peak of live memory (CUDA; CPU with the high-water mark reset
-        and ``MALLOC_MMAP_THRESHOLD_`` set at start-up) rather than an upper bound of it (freed blocks
-        that glibc keeps for reuse count too)."""
-        return self.is_cuda or (self.reset_ok and mmap_threshold_env_ok())
+        and ``EXACT_MEMORY_ENV`` set at start-up) rather than an upper bound of it (freed blocks that
+        glibc or MKL keeps for reuse count too)."""
+        return self.is_cuda or (self.reset_ok and exact_memory_env_ok())
 
     def start(self) -> None:
         """Reset the high-water mark and record the current level as the baseline."""
