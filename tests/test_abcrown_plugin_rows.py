@@ -101,10 +101,10 @@ attack:
 def test_residual_sums_in_patches_mode_are_dealt(tmp_path):
     """A ResNet in patches mode (α,β-CROWN's default for convs): auto_LiRPA bounds a conv layer's unstable
     neurons in passes, but a residual sum's (``BoundAdd``) in one pass on every rank. The plugin bounds
-    the sums in passes too (their C is auto_LiRPA's sparse one) and deals them: at P = 2 under tp every
-    rank bounds its share of both kinds, and CROWN is one process's. Where a sum has α of its own
-    (α-CROWN, cifar100.yaml's settings), auto_LiRPA bounds it whole with its dense C, and so does the
-    plugin: its sparse C there moved α-CROWN's bounds by 1.1e-2 here, against 8e-5 of drift."""
+    the sums in passes too, over the neurons auto_LiRPA bounds, and deals them: at P = 2 under tp every
+    rank bounds its share of both kinds, and CROWN is one process's. Where a sum has a dense α of its
+    own (α-CROWN, cifar100.yaml's settings), auto_LiRPA bounds every neuron of it, and so do the passes:
+    bounding only its unstable neurons there moved α-CROWN's bounds by 1.1e-2 here."""
     import numpy as np
     import onnxruntime as ort
 
@@ -123,6 +123,9 @@ def test_residual_sums_in_patches_mode_are_dealt(tmp_path):
     p2, got, _ = run(tmp_path, cfg, *args, P=2, mode="tp", name="p2")
     assert p1.returncode == 0 and p2.returncode == 0, p2.stderr[-2000:]
     assert rel(ref["bounds"]["crown"], got["bounds"]["crown"]) < 1e-5
-    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-3
+    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 3e-4  # 6.7e-5 measured
     assert ref["rows_dealt"] == [{}]
     assert all(r.get("BoundAdd", 0) > 0 and r.get("BoundConv", 0) > 0 for r in got["rows_dealt"])
+    # the four sums wider than a pass (1024, 1024, 512, 512 neurons) have a dense α: each of α-CROWN's 5
+    # iterations bounds all their 3072 neurons again, half of them on each rank
+    assert all(r["BoundAdd"] >= 5 * 3072 // 2 for r in got["rows_dealt"]), got["rows_dealt"]

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import types
 import weakref
 
@@ -167,24 +168,30 @@ def patches_sum(node) -> bool:
 
 
 def wrap_get_sparse_C(orig):
-    """A patches-mode residual sum with more unstable neurons than ``crown.batch_size`` is bounded in
-    passes over them (to be dealt), as auto_LiRPA bounds a conv layer's; only where auto_LiRPA itself
-    would use a sum's sparse C (no α for it as a start node, or a sparse-spec α): with a dense α it
-    bounds the sum whole, and its sparse C moved α-CROWN's result there."""
+    """A patches-mode residual sum is bounded in passes (to be dealt), as auto_LiRPA bounds a conv
+    layer's unstable neurons, over the neurons auto_LiRPA itself would bound in its one pass: the
+    unstable ones where it uses a sum's sparse C (a sparse-spec α, or no α and at most
+    ``minimum_sparsity`` of them unstable), else every neuron (its dense C: with a dense α of its own,
+    bounding only the unstable ones moved α-CROWN's result)."""
 
     def get_sparse_C(self, node, ref_intermediate):
         sparse, ref_lb, ref_ub = ref_intermediate
-        if (
-            _active
-            and comm.world_size() > 1
-            and sparse
-            and patches_sum(node)
-            and self.check_optimized_variable_sparsity(node) is not False
-        ):
+        if _active and comm.world_size() > 1 and sparse and patches_sum(node):
             from auto_LiRPA.utils import BatchedCrownC
 
+            opts = self.bound_opts
             idx, size = self.get_unstable_locations(ref_lb, ref_ub, conv=True)
-            if size > self.bound_opts.get("crown_batch_size", float("inf")):
+            shape = [int(s) for s in node.output_shape[1:]]
+            alpha_sparse = self.check_optimized_variable_sparsity(node)
+            sparse_C = alpha_sparse or (
+                alpha_sparse is None
+                and opts.get("sparse_conv_intermediate_bounds", False)
+                and size <= opts.get("minimum_sparsity", 0.9) * math.prod(shape)
+            )
+            if size > 0 and not sparse_C:
+                idx = tuple(torch.ones(shape, dtype=torch.bool, device=ref_lb.device).nonzero().unbind(1))
+                size = int(idx[0].numel())
+            if size > opts.get("crown_batch_size", float("inf")):
                 return BatchedCrownC("Patches"), True, idx, size
         return orig(self, node, ref_intermediate)
 
