@@ -177,7 +177,7 @@ def cli(tmp: Path, args: list[str], env: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "complete_verifier_ext.cli", *args]
     cmd += ["--summary", str(out / "s.json"), "--general.results_file", str(out / "out.txt")]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     wall = time.perf_counter() - t0
     res = {"rc": p.returncode, "wall_s": round(wall, 1)}
     if (out / "s.json").exists():
@@ -190,12 +190,13 @@ def cli(tmp: Path, args: list[str], env: dict | None = None) -> dict:
 
 def cli_part(tmp: Path, device: str) -> list[dict]:
     mnist = SHARED / "benchmarks" / "mnist_fc"
-    rows = [{"run": f"native example.yaml {device}", "expected": "unsat"}]
-    rows[0].update(cli(tmp, ["--config", "configs/example.yaml", "--general.device", device]))
+    example = ["--config", str(REPO / "configs" / "example.yaml"), "--general.device", device]
+    rows = [{"run": f"native example.yaml {device}", "expected": "unsat", **cli(tmp, example)}]
     # two ranks on one GPU: what a user with fewer GPUs than ranks gets
     two = ["--parallel.mode", "fsdp", "--parallel.world_size", "2"]
-    rows.append({"run": f"native example.yaml P=2 {device}", "expected": "unsat"})
-    rows[-1].update(cli(tmp, ["--config", "configs/example.yaml", "--general.device", device, *two]))
+    rows.append(
+        {"run": f"native example.yaml P=2 {device}", "expected": "unsat", **cli(tmp, [*example, *two])}
+    )
     plugin_env = {
         **os.environ,
         "ABCROWN_PATH": os.environ.get("ABCROWN_PATH", str(SHARED / "vendor/alpha-beta-CROWN")),
@@ -207,7 +208,9 @@ def cli_part(tmp: Path, device: str) -> list[dict]:
             "--specification.vnnlib_path",
             str(mnist / "vnnlib" / f"{prop}.vnnlib"),
         ]
-        native = cli(tmp, ["--config", "configs/mnist_fc.yaml", *spec, "--general.device", device])
+        native = cli(
+            tmp, ["--config", str(REPO / "configs" / "mnist_fc.yaml"), *spec, "--general.device", device]
+        )
         rows.append({"run": f"native {net} {prop} {device}", "expected": expected, **native})
         for where in (device, "cpu"):
             cfg = tmp / f"plugin_{where}.yaml"
