@@ -39,7 +39,15 @@ from measure import REPO, max_rel_diff, provenance
 
 SHARED = Path(os.environ.get("CVE_SHARED", REPO.parent / "shared"))
 ITERS, LR = 20, 0.1
+PARTS = ["bounds", "cli", "search"]
 INSTANCES = [("mnist-net_256x2", "prop_0_0.03", "unsat"), ("mnist-net_256x2", "prop_1_0.03", "sat")]
+# the native engine's complete phase on cuda: (config, benchmark, model, spec, α,β-CROWN's verdict)
+SEARCHES = [
+    ("mnist_fc.yaml", "mnist_fc", "mnist-net_256x6.onnx", "prop_7_0.03.vnnlib", "unsat"),  # ReLU BaB
+    ("mnist_fc.yaml", "mnist_fc", "mnist-net_256x4.onnx", "prop_3_0.05.vnnlib", "unsat"),  # + refinement
+    ("acasxu.yaml", "acasxu", "ACASXU_run2a_1_1_batch_2000.onnx", "prop_5.vnnlib", "unsat"),  # input split
+    ("acasxu.yaml", "acasxu", "ACASXU_run2a_1_5_batch_2000.onnx", "prop_2.vnnlib", "sat"),
+]
 BOUNDS_YAML = """general:
   device: {device}
   complete_verifier: skip
@@ -230,6 +238,22 @@ def cli_part(tmp: Path, device: str) -> list[dict]:
     return rows
 
 
+def search_part(tmp: Path, device: str) -> list[dict]:
+    """The native engine's BaB, refinement and input split on ``device`` and on the CPU."""
+    rows = []
+    for config, bench, model, spec, expected in SEARCHES:
+        args = ["--config", str(REPO / "configs" / config)]
+        args += ["--model.onnx_path", str(SHARED / "benchmarks" / bench / "onnx" / model)]
+        args += ["--specification.vnnlib_path", str(SHARED / "benchmarks" / bench / "vnnlib" / spec)]
+        args += ["--general.csv_name", "null", "--bab.timeout", "120"]
+        for where in (device, "cpu"):
+            r = cli(tmp, [*args, "--general.device", where])
+            name = f"native {Path(model).stem} {Path(spec).stem} {where}"
+            rows.append({"run": name, "expected": expected, **r})
+            print(json.dumps(rows[-1])[:400], flush=True)
+    return rows
+
+
 def _diff(a: dict, b: dict) -> str:
     return f"{max_rel_diff(a['lb'], b['lb']):.1e}" if "lb" in a and "lb" in b else "–"
 
@@ -282,6 +306,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script")
     ap.add_argument("--commit", help="the commit (where the tree travelled without .git)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpu_check"))
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -290,11 +315,15 @@ def main() -> None:
     meta["gpu"] = torch.cuda.get_device_name(0) if a.device == "cuda" else "no GPU (dry run)"
     meta["torch"] = torch.__version__
     torch.manual_seed(0)
-    bounds = bounds_part(a.sizes, a.device)
+    bounds = bounds_part(a.sizes, a.device) if "bounds" in a.parts else []
     (out / "gpu_check.json").write_text(json.dumps({**meta, "bounds": bounds}, indent=1))
+    runs = []
     with tempfile.TemporaryDirectory() as d:
-        runs = cli_part(Path(d), a.device)
-    (out / "gpu_check.json").write_text(json.dumps({**meta, "bounds": bounds, "runs": runs}, indent=1))
+        for part, fn in (("cli", cli_part), ("search", search_part)):
+            if part in a.parts:
+                runs += fn(Path(d), a.device)
+                record = {**meta, "bounds": bounds, "runs": runs}
+                (out / "gpu_check.json").write_text(json.dumps(record, indent=1))
     md = [
         f"# Both engines on one GPU ({meta['gpu']}, torch {meta['torch']}), P = 1",
         "",

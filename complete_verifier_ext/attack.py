@@ -91,7 +91,8 @@ def _initial_points(
 ) -> torch.Tensor:
     """Starting points ``(restarts, K, n)``: restart 0 is the box centre, the others uniform in the box."""
     lo64, hi64 = lo.double(), hi.double()
-    u = torch.rand((restarts, n_clauses, lo.numel()), generator=gen, dtype=torch.float64)
+    u = torch.rand((restarts, n_clauses, lo.numel()), generator=gen, dtype=torch.float64, device=gen.device)
+    u = u.to(lo.device)  # drawn on the generator's device: the same points on every device
     u[0] = 0.5
     x = (lo64 + (hi64 - lo64) * u).to(torch.float32)
     return torch.minimum(torch.maximum(x, lo), hi)
@@ -125,7 +126,7 @@ def _diversify(
             xg = x.detach().requires_grad_(True)
             y = _forward_flat(forward, xg, input_shape)
             if w is None:
-                w = torch.rand(y.shape, generator=gen, dtype=torch.float64).to(y.dtype) * 2 - 1
+                w = torch.rand(y.shape, generator=gen, dtype=torch.float64, device=gen.device).to(y) * 2 - 1
                 w[:keep] = 0
             (grad,) = torch.autograd.grad((y * w).sum(), xg, allow_unused=True)
         if grad is None:
@@ -209,7 +210,8 @@ def _pgd_steps(
 ) -> torch.Tensor | None:
     """The PGD loop from the points ``x`` (B, n), point ``i`` attacking clause ``i % K``: the point with
     the lowest non-positive margin seen (the first step's best with early stop), or None."""
-    own = torch.arange(x.shape[0]) % len(clauses)  # clause attacked by each point (layout: restart-major)
+    # clause attacked by each point (layout: restart-major)
+    own = torch.arange(x.shape[0], device=x.device) % len(clauses)
     best_x: torch.Tensor | None = None
     best_margin = math.inf
     stacked: Clauses | None = None
@@ -221,7 +223,7 @@ def _pgd_steps(
             y = _forward_flat(forward, xg, input_shape).double()
             if stacked is None:
                 stacked = Clauses.of(clauses, y.shape[1])
-                attacked = stacked.owner[None, :] == own[:, None]  # (B, S): the rows of each point's clause
+                attacked = stacked.owner.to(x.device)[None, :] == own[:, None]  # (B, S): each point's rows
             rows = stacked.point_rows(y)  # (B, S)
             best_x, best_margin = _keep_best(x, stacked.per_clause(rows.detach()), best_x, best_margin)
             if best_x is not None and pgd.early_stop:
@@ -254,6 +256,7 @@ def pgd_attack(
     *,
     seed: int = 0,
     should_stop: Callable[[], bool] = lambda: False,
+    device: torch.device | str = "cpu",
 ) -> np.ndarray | None:
     """Search for a counterexample of ``region`` with batched sign-gradient PGD.
 
@@ -262,7 +265,8 @@ def pgd_attack(
     together in one forward call of batch size ``restarts * num_clauses`` per step.  Points live in the
     inward-rounded float32 box (:func:`float32_box`) and are projected back after each step.  Step size at
     step ``t`` is ``alpha * cfg.pgd_lr_decay**t``, with ``alpha = (upper - lower) / 4`` for ``"auto"`` or
-    the given number.  Deterministic for a given ``seed`` (a private ``torch.Generator`` is used).
+    the given number.  Deterministic for a given ``seed`` (a private CPU ``torch.Generator`` is used, so
+    the starting points are the same on every ``device``, where the points live and ``forward`` runs).
 
     ``should_stop`` is the only time-based stop (see the module docstring for the exact call pattern).
     Returns a flat float32 counterexample, re-checked by running ``forward`` on exactly that point, or None
@@ -271,7 +275,7 @@ def pgd_attack(
     clauses = tuple(region.clauses)
     if not clauses:
         return None
-    box = lo, hi = _attack_box(region, input_shape)
+    box = lo, hi = tuple(t.to(device) for t in _attack_box(region, input_shape))
     pgd = _PgdSettings.of(cfg)
     gen = torch.Generator().manual_seed(int(seed))
     alpha = _step_sizes(cfg, lo, hi)
@@ -312,17 +316,19 @@ def check_counterexample(
     x: np.ndarray,
     region: Region,
     onnx_path: str | None = None,
+    device: torch.device | str = "cpu",
 ) -> tuple[bool, np.ndarray]:
     """Check that ``x`` is a counterexample of ``region``.
 
     ``x`` (flat, cast to float32) must lie in the inward float32 box (:func:`float32_box`: the real box,
     where a dimension holds no float32 value its nearest one), and some clause must hold, without any
     tolerance, at the torch output and, when ``onnx_path`` is given, at the onnxruntime output too (the
-    same clause for both).  Returns ``(is_counterexample, y)`` with ``y`` the flat float64 torch output.
+    same clause for both).  ``forward`` runs on ``device``.  Returns ``(is_counterexample, y)`` with ``y``
+    the flat float64 torch output.
     """
     x32 = np.asarray(x, dtype=np.float32).reshape(-1)
     with torch.no_grad():
-        y_t = _forward_flat(forward, torch.from_numpy(x32.copy()).reshape(1, -1), input_shape)
+        y_t = _forward_flat(forward, torch.from_numpy(x32.copy()).reshape(1, -1).to(device), input_shape)
     y = y_t.double().cpu().numpy().reshape(-1)
     lo = _as_float64(region.lower, "lower")
     if x32.size != lo.size:

@@ -119,10 +119,11 @@ def attack(graph: Graph, region: Region, cfg: Config, clock: Clock, onnx_path: s
             cfg.attack,
             seed=cfg.general.seed,
             should_stop=clock.expired,
+            device=compute_device(cfg),
         )
     if x is None:
         return None
-    ok, y = check_counterexample(graph, graph.input_shape, x, region, onnx_path=onnx_path)
+    ok, y = check_counterexample(graph, graph.input_shape, x, region, onnx_path, compute_device(cfg))
     ok = comm.all_reduce_flag(ok, "and")
     return format_counterexample(x, y) if ok else None
 
@@ -305,7 +306,7 @@ def output_milp(run: RegionRun, share: float) -> BabResult | None:
     for r in found:
         if r.status == "found":  # within the solver's tolerances: only the network decides
             x = np.clip(r.point, lo, hi).astype(np.float32)
-            ok, _ = check_counterexample(graph, graph.input_shape, x, region)
+            ok, _ = check_counterexample(graph, graph.input_shape, x, region, None, compute_device(run.cfg))
             if comm.all_reduce_flag(ok, "and"):
                 return BabResult("sat", counterexample=x)
     return BabResult("unsat") if run.proven else None
@@ -634,7 +635,8 @@ def verify_region(run: RegionRun, onnx_path: str) -> RegionVerdict:
         res = out.search = complete_region(run)
         verified = res.verdict == "unsat"
         if res.verdict == "sat" and res.counterexample is not None:
-            ok, y = check_counterexample(graph, graph.input_shape, res.counterexample, region, onnx_path)
+            cex, device = res.counterexample, compute_device(cfg)
+            ok, y = check_counterexample(graph, graph.input_shape, cex, region, onnx_path, device)
             if comm.all_reduce_flag(ok, "and"):
                 out.verdict, out.counterexample = "sat", format_counterexample(res.counterexample, y)
                 return out

@@ -75,7 +75,7 @@ def refine_in_order(
         found = solve(k, mine, cur, deadline) if mine else np.zeros(0)
         stats["solves"] += int(np.isfinite(found).sum())
         sizes = [len(range(q, n, P)) for q in range(P)]
-        allv = comm.all_gather_cat(torch.tensor(found, dtype=torch.float64), 0, sizes=sizes).numpy()
+        allv = comm.all_gather_cat(torch.tensor(found, dtype=torch.float64), 0, sizes=sizes).cpu().numpy()
         dealt = [tasks[t] for q in range(P) for t in range(q, n, P)]  # the order of the gathered values
         new_l, new_u = _tightened(l, u, dealt, allv, margin)
         now_stable = int((((new_l >= 0) | (new_u <= 0))[uns]).sum())
