@@ -24,7 +24,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
@@ -118,6 +118,11 @@ class Clauses:
         C64 = torch.from_numpy(C)
         d = torch.from_numpy(np.concatenate(ds) if ds else np.zeros(0))
         return cls(C64.float(), d, torch.from_numpy(owner), len(Cs), C64)
+
+    def to(self, device: torch.device | str) -> Clauses:
+        """The same clauses with ``C``, the matrix that bound propagation bounds, on ``device`` (the
+        rest stays on the host: every method moves what it needs to its argument's device)."""
+        return replace(self, C=self.C.to(device))
 
     def row_margins(self, lb: Tensor) -> Tensor:
         """Lower bounds ``(B, S)`` of ``C y`` -> lower bounds of ``C y − d`` (float64), safe to compare

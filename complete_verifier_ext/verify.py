@@ -145,7 +145,7 @@ class RegionRun:
     work: BabResult = field(default_factory=lambda: BabResult("timeout"))  # what the searches did
 
     def __post_init__(self) -> None:
-        self.clauses = Clauses.of(self.region.clauses)
+        self.clauses = Clauses.of(self.region.clauses).to(compute_device(self.cfg))
         self.box = input_box(self.region, self.graph)
         self.cb = np.full(self.clauses.n_clauses, -np.inf)
 
@@ -288,7 +288,7 @@ def output_milp(run: RegionRun, share: float) -> BabResult | None:
     budget = share * max(0.0, clock.deadline - time.monotonic())
     d, owner = run.clauses.d.numpy(), run.clauses.owner.numpy()
     todo = [int(i) for i in np.argsort(run.cb, kind="stable") if run.cb[i] <= 0]
-    C64 = run.clauses.C.double().numpy()  # the float32 rows that the bounds and the MILPs bound
+    C64 = run.clauses.C.double().cpu().numpy()  # the float32 rows that the bounds and the MILPs bound
     clauses = [(C64[owner == i], d[owner == i]) for i in todo]
     opts = MipOptions(threads=torch.get_num_threads())
     try:
@@ -416,7 +416,7 @@ def complete_clause(
     graph: Graph, region: Region, cfg: Config, clock: Clock, state: CrownState | None
 ) -> BabResult:
     """Branch and bound on one region (ReLU splits, or input splits when enabled)."""
-    problem = Clauses.of(region.clauses)
+    problem = Clauses.of(region.clauses).to(compute_device(cfg))
     C = problem.C
     box = input_box(region, graph)
     opts = bab_options(cfg)

@@ -273,9 +273,9 @@ def _bound_children(
 
 
 def _flat_box(box: tuple[Tensor, Tensor], n: int) -> tuple[Tensor, Tensor]:
-    """The one box of ``n`` inputs as flat float32 CPU tensors (checked)."""
-    lo0 = box[0].detach().reshape(-1).to(torch.float32).cpu()
-    hi0 = box[1].detach().reshape(-1).to(torch.float32).cpu()
+    """The one box of ``n`` inputs as flat float32 tensors on its device (checked)."""
+    lo0 = box[0].detach().reshape(-1).to(torch.float32)
+    hi0 = box[1].detach().reshape(-1).to(torch.float32)
     if lo0.numel() != n or hi0.numel() != n:
         raise ValueError(f"input split needs one box of {n} inputs, got {tuple(box[0].shape)}")
     if not bool((lo0 <= hi0).all()):
