@@ -75,7 +75,7 @@ SENSITIVITY_FLOOR = 0.01  # share of the largest |a_j| added to every |a_j| in t
 
 @dataclass
 class Domains:
-    """Sub-boxes with their clause margins and worst-row input coefficients (all on the CPU)."""
+    """Sub-boxes with their clause margins and worst-row input coefficients (on the compute device)."""
 
     lo: Tensor  # (N, n) float32
     hi: Tensor  # (N, n) float32
@@ -182,8 +182,8 @@ def bound_batch(
 def worst_rows(problem: Clauses, lb: Tensor, margins: Tensor) -> Tensor:
     """For every domain, the spec row that gives the margin of its worst clause (B,)."""
     clause = margins.argmin(1)  # (B,)
-    m = lb.double() - problem.d  # (B, S)
-    mine = problem.owner[None, :] == clause[:, None]
+    m = lb.double() - problem.d.to(lb.device)  # (B, S)
+    mine = problem.owner.to(lb.device)[None, :] == clause[:, None]
     return torch.where(mine, m, torch.full_like(m, -torch.inf)).argmax(1)
 
 
