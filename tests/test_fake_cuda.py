@@ -1,0 +1,108 @@
+"""The native engine with ``general.device: cuda`` keeps every tensor of a computation on one device.
+
+No GPU here: :mod:`fake_cuda` marks what would be on the GPU and raises where CUDA would (a GPU run found
+three such mixes, one stage after another; these tests find them on the CPU). Each case runs once on the
+CPU and once on the fake GPU: same verdict, same bounds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fake_cuda import DeviceMismatch, FakeCuda, on_cuda
+
+from complete_verifier_ext import testing
+from complete_verifier_ext.config_load import load_config
+from complete_verifier_ext.verify import verify_instance
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "benchmarks"
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """The stand-in, with ``torch.cuda``'s memory counters answering as an idle GPU would."""
+    for name, value in (
+        ("synchronize", lambda *a, **k: None),
+        ("reset_peak_memory_stats", lambda *a, **k: None),
+        ("memory_allocated", lambda *a, **k: 0),
+        ("max_memory_allocated", lambda *a, **k: 0),
+        ("mem_get_info", lambda *a, **k: (8 << 30, 8 << 30)),
+    ):
+        monkeypatch.setattr(torch.cuda, name, value)
+    return FakeCuda
+
+
+def test_the_stand_in_raises_where_cuda_would():
+    host = torch.ones(3)
+    with FakeCuda():
+        dev = host.to("cuda")
+        assert on_cuda(dev) and dev.device.type == "cuda" and not on_cuda(host)
+        assert on_cuda(dev * 2 + torch.tensor(1.0))  # a 0-dim CPU tensor passes as a scalar
+        assert on_cuda(dev[torch.tensor([0, 2])])  # CPU indices into a GPU tensor
+        assert on_cuda(torch.zeros(2, device=dev.device)) and not on_cuda(dev.cpu())
+        for bad in (
+            lambda: dev + host,
+            lambda: dev.numpy(),
+            lambda: torch.cat([dev, host]),
+            lambda: torch.rand(3, device="cuda", generator=torch.Generator().manual_seed(0)),
+        ):
+            with pytest.raises(DeviceMismatch):
+                bad()
+        with torch.device("cuda"):
+            made = torch.zeros(3)
+        assert on_cuda(made)
+        with pytest.raises(DeviceMismatch):
+            made + host
+
+
+def _both(cfg_args: list[str], onnx: str, vnnlib: str) -> tuple:
+    cpu_cfg, _ = load_config(None, [*cfg_args, "--general.device", "cpu"])
+    gpu_cfg, _ = load_config(None, [*cfg_args, "--general.device", "cuda"])
+    on_cpu = verify_instance(cpu_cfg, onnx, vnnlib, timeout=120)
+    with FakeCuda():
+        on_gpu = verify_instance(gpu_cfg, onnx, vnnlib, timeout=120)
+    assert on_gpu.verdict == on_cpu.verdict, (on_gpu, on_cpu)
+    for method, values in on_cpu.bounds.items():
+        np.testing.assert_allclose(on_gpu.bounds[method], values, rtol=1e-5, atol=1e-5)
+    return on_cpu, on_gpu
+
+
+def test_relu_bab_and_attack_on_one_device(fake_cuda, tmp_path):
+    """α-CROWN, ReLU BaB and the attack (both verdicts) on a generated MLP."""
+    onnx = testing.mlp_onnx(tmp_path / "m.onnx", [4, 12, 12, 3], seed=3)
+    bab = ["--general.complete_verifier", "bab", "--solver.alpha-crown.iteration", "5"]
+    for eps, label in ((0.05, 0), (0.6, 0)):
+        spec = testing.write_vnnlib(tmp_path / f"p{eps}.vnnlib", [-eps] * 4, [eps] * 4, label, 3)
+        cpu, _ = _both([*bab, "--attack.pgd_order", "before"], onnx, spec)
+        assert cpu.verdict in ("unsat", "sat")
+
+
+def test_refinement_and_output_milp_on_one_device(fake_cuda, tmp_path):
+    onnx = testing.mlp_onnx(tmp_path / "m.onnx", [4, 8, 8, 3], seed=3)
+    spec = testing.write_vnnlib(tmp_path / "p.vnnlib", [-0.3] * 4, [0.3] * 4, 0, 3)
+    args = ["--general.complete_verifier", "bab-refine", "--solver.alpha-crown.iteration", "2"]
+    args += ["--solver.mip.refine_neuron_timeout", "5", "--attack.pgd_order", "skip"]
+    args += ["--solver.mip.quick_bab_percentage", "0", "--solver.mip.refine_method", "split+milp"]
+    _both(args, onnx, spec)
+
+
+def test_the_bundled_example_on_one_device(fake_cuda):
+    ex = REPO / "complete_verifier_ext" / "examples"
+    args = ["--general.complete_verifier", "bab", "--attack.pgd_order", "before"]
+    cpu, _ = _both(args, str(ex / "example.onnx"), str(ex / "example.vnnlib"))
+    assert cpu.verdict == "unsat"
+
+
+@pytest.mark.skipif(not (SHARED / "acasxu").is_dir(), reason="../shared/benchmarks/acasxu is absent")
+@pytest.mark.parametrize(("net", "prop", "expected"), [("1_1", 5, "unsat"), ("1_5", 2, "sat")])
+def test_input_split_on_one_device(fake_cuda, net, prop, expected):
+    acas = SHARED / "acasxu"
+    args = ["--bab.branching.input_split.enable", "true", "--solver.batch_size", "4096"]
+    args += ["--solver.bound_prop_method", "crown", "--attack.pgd_order", "after"]
+    onnx = str(acas / "onnx" / f"ACASXU_run2a_{net}_batch_2000.onnx")
+    cpu, _ = _both(args, onnx, str(acas / "vnnlib" / f"prop_{prop}.vnnlib"))
+    assert cpu.verdict == expected
