@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -146,6 +147,19 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def reused(path: str | None, text: str, divide: int) -> tuple[list[dict], str]:
+    """The rows of an earlier run of the same config and shape, each marked with its commit, and a
+    sentence for the table's header saying which they are."""
+    if not path:
+        return [], ""
+    earlier = json.loads(Path(path).read_text())
+    if earlier.get("config") != text or earlier.get("divide", divide) != divide:
+        sys.exit(f"--reuse {path}: that run had another config or --divide")
+    rows = [{**r, "commit": earlier["commit"]} for r in earlier["rows"]]
+    names = ", ".join(f"{r['run']} {r['mode']} P = {r['P']}".replace("  ", " ") for r in rows)
+    return rows, f" Rows from the run of commit `{earlier['commit']}` (`--reuse`): {names}."
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--divide", type=int, default=8, help="channels and fc width divided by this")
@@ -154,30 +168,35 @@ def main() -> None:
     ap.add_argument("--method", choices=["crown", "alpha-crown"], default="crown")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_resnet_large"))
+    ap.add_argument("--reuse", help="this script's JSON of an earlier run (same config and --divide): its "
+                    "rows are kept and only the runs it lacks are run")  # fmt: skip
     a = ap.parse_args()
     root = checkout()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance()
     text = config(root, plugin=True, method=a.method)
-    rows: list[dict] = []
+    rows, note = reused(a.reuse, text, a.divide)
+    have = {(r["run"], r["P"], r["mode"]) for r in rows}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         onnx_path, spec, layer_mb = instance(tmp, a.divide)
         plain = tmp / "cifar100_unpatched.yaml"
         plain.write_text(config(root, plugin=False, method=a.method))
-        r = run_unpatched({"config": str(plain), "onnx": onnx_path, "vnnlib": spec}, tmp)
-        rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
-        print(json.dumps(rows[-1]), flush=True)
+        if ("unpatched abcrown.py", 1, "") not in have:
+            r = run_unpatched({"config": str(plain), "onnx": onnx_path, "vnnlib": spec}, tmp)
+            rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
+            print(json.dumps(rows[-1]), flush=True)
         passes = config(root, plugin=True, method=a.method, rows=SHARDED_CROWN_BATCH)
         runs = [(PASSES, 1, "", passes), ("plugin", 1, "", text)]
         runs += [("plugin", P, m, text) for m in a.modes for P in a.worlds]
-        for name, P, mode, cfg in runs:
+        for name, P, mode, cfg in (r for r in runs if r[:3] not in have):
             method = "alpha" if a.method == "alpha-crown" else "crown"
             r = run_one("abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", cfg)
             rows.append({**r, "run": name, "P": P, "mode": mode, "layer_mb": layer_mb})
             print(json.dumps(rows[-1])[:300], flush=True)
-            (out / "abcrown_resnet_large.json").write_text(json.dumps({**meta, "config": text, "rows": rows}))
+            record = {**meta, "config": text, "divide": a.divide, "rows": rows}
+            (out / "abcrown_resnet_large.json").write_text(json.dumps(record))
     md = [
         f"# α,β-CROWN's vnncomp24/cifar100.yaml ({a.method}), ResNet-large shape (channels / {a.divide})",
         "",
@@ -191,7 +210,7 @@ def main() -> None:
         "conv layer in one pass. Floor: the same at P = 1 in passes of the rows that the P ranks hold in "
         f"flight together ({PASSES}: `solver.crown.batch_size: {SHARDED_CROWN_BATCH}`; at P > 1 the "
         "plugin's passes are that / P rows for CROWN) / P + the largest layer "
-        f"({layer_mb:.2f} MB; a shard of it under tp). Wall: the whole process.",
+        f"({layer_mb:.2f} MB; a shard of it under tp). Wall: the whole process.{note}",
         "",
         table(rows),
     ]
