@@ -58,6 +58,7 @@ class Shell:
         from .parallel import launch
 
         self.warn(launch.check_world_size(par.world_size))
+        self.warn(launch.check_gpus(par.world_size, device, backend(par, device)))
         return launch.run(
             fn,
             par.world_size,

@@ -148,3 +148,17 @@ def test_rank_killed_by_signal_is_named(tmp_path: Path) -> None:
 def test_bad_world_size() -> None:
     with pytest.raises(ValueError, match="world_size"):
         run(_report, 0, ("x",))
+
+
+def test_gpu_ranks_without_a_gpu_each_are_said_to_run_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from complete_verifier_ext.parallel.launch import check_gpus
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    (warning,) = check_gpus(2, "cuda", "auto")
+    assert "1 GPU(s)" in warning and "CPU under gloo" in warning
+    assert check_gpus(1, "cuda", "auto") == [] and check_gpus(2, "cpu", "auto") == []
+    assert check_gpus(2, "cuda", "gloo") == []  # asked for by name
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_gpus(2, "cuda", "auto") == []

@@ -47,7 +47,7 @@ from ..errors import UserError
 from . import comm
 from .memory import EXACT_MEMORY_ENV, available_mb
 
-__all__ = ["RankFailure", "check_world_size", "is_rank0", "run", "set_threads"]
+__all__ = ["RankFailure", "check_gpus", "check_world_size", "is_rank0", "run", "set_threads"]
 
 T = TypeVar("T")
 
@@ -112,6 +112,20 @@ def check_world_size(world_size: int) -> list[str]:
     if world_size > cores:
         return [f"parallel.world_size {world_size} exceeds the {cores} cores available: ranks share them"]
     return []
+
+
+def check_gpus(world_size: int, device: str, backend: str) -> list[str]:
+    """A warning when ranks asked to run on GPUs will run on the CPU: ``auto`` chooses NCCL only with a
+    GPU for every rank of this host, else gloo, whose ranks compute on the CPU."""
+    if world_size <= 1 or device == "cpu" or backend != "auto" or "RANK" in os.environ:
+        return []
+    if comm.resolve_backend("auto", world_size) == "nccl":
+        return []
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [
+        f"general.device {device} with parallel.world_size {world_size}, but {gpus} GPU(s) here: the ranks "
+        "run on the CPU under gloo (NCCL needs a GPU for every rank)"
+    ]
 
 
 def set_threads(threads: int, world_size: int) -> int:
