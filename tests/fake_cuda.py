@@ -5,9 +5,9 @@ Under :class:`FakeCuda`, ``cuda`` is a label: every tensor that would live on th
 ``device="cuda"`` or under ``torch.device("cuda")``, moved there with ``.to`` / ``.cuda()``, or computed
 from such a tensor) is a CPU tensor marked as on ``cuda:0``, and reports ``cuda:0`` as its ``device``.
 Where CUDA would raise, so does the stand-in: an operator that mixes a marked tensor with an unmarked one
-of at least one dimension (CUDA lets a 0-dim CPU tensor through as a scalar, and indexes a GPU tensor
-with CPU indices), ``numpy()`` of a marked tensor, or a CPU generator drawing on ``cuda``. The values are
-the CPU's, so a run under it gives the CPU's results.
+of at least one dimension (CUDA lets a 0-dim CPU tensor through as a scalar, indexes a GPU tensor
+with CPU indices and ``copy_`` copies across devices), ``numpy()`` of a marked tensor, or a CPU
+generator drawing on ``cuda``. The values are the CPU's, so a run under it gives the CPU's results.
 
     with FakeCuda():
         verify_instance(cfg_with_device_cuda, ...)
@@ -76,6 +76,8 @@ class FakeCuda(TorchFunctionMode):
             raise DeviceMismatch("can't convert cuda:0 device type tensor to numpy (fake cuda)")
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
             return self._move(func, args, kwargs)
+        if func is torch.Tensor.copy_:  # copies across devices, as CUDA does
+            return _mark(func(*args, **kwargs), on_cuda(args[0]))
         return self._op(func, args, kwargs)
 
     def _move(self, func, args: tuple, kwargs: dict):
