@@ -37,7 +37,7 @@ from measure import REPO, provenance
 
 def classify(all_args: dict, mode: str, complete_verifier: Path | None = None) -> str:
     """What the plugin does with a parsed config at P = 2 under ``mode``."""
-    from complete_verifier_ext.abcrown_plugin.bab_split import refused_upstream, unsupported
+    from complete_verifier_ext.abcrown_plugin.search.refusals import refused_upstream, unsupported
 
     general, bab = all_args["general"], all_args["bab"]
     upstream = refused_upstream(all_args, complete_verifier)
@@ -79,9 +79,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_config_coverage"))
     args = ap.parse_args()
     root = checkout()
-    from complete_verifier_ext.abcrown_plugin import locate, runner
+    from complete_verifier_ext.abcrown_plugin import bridge, locate
 
-    arguments = runner._import_abcrown(locate.find(str(root)))
+    arguments = bridge.import_abcrown(locate.find(str(root)))
     configs = root / "complete_verifier" / "exp_configs"
     rows = []
     for path in sorted(configs.rglob("*.yaml")):

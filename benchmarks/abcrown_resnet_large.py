@@ -43,7 +43,7 @@ from abcrown_overhead import run_unpatched
 from abcrown_plugin_memory import rel_diff, run_one
 from measure import REPO, provenance
 
-from complete_verifier_ext.abcrown_plugin.runner import SHARDED_CROWN_BATCH
+from complete_verifier_ext.abcrown_plugin.parent import SHARDED_CROWN_BATCH
 
 VENDOR_CONFIG = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
 

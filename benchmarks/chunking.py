@@ -3,7 +3,7 @@
 
     python benchmarks/chunking.py [--models 2048x4,4096x4] [--chunks 0,1024,256] [--alpha-model 1024x4]
 
-Models: the TP/FSDP paper's wide MLPs 784 -> h^d -> 10 (``memory_scaling.wide_mlp``: He-normal weights,
+Models: the TP/FSDP paper's wide MLPs 784 -> h^d -> 10 (``measure.wide_mlp``: He-normal weights,
 seed 0, ε = 0.02).  Every run is its own process with ``EXACT_MEMORY_ENV`` (RSS follows live
 tensors), P = 1, plus P = 2 (fsdp) for the last model with the smallest chunk.  Chunk 0 is one pass.
 Writes ``chunking.json``, ``chunking.md`` (with the commit and the command) and ``chunking.png`` into
@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from measure import max_rel_diff, provenance, spawn_json
-from memory_scaling import wide_mlp
+from measure import max_rel_diff, provenance, spawn_json, wide_mlp
 
 REPO = Path(__file__).resolve().parents[1]
 

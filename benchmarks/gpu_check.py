@@ -7,7 +7,7 @@ Made to run as one short script on a lent GPU machine (no network there: ``../sh
 that α,β-CROWN imports travel with it). Three parts, each of which records an error instead of
 stopping the others:
 
-1. **Bounds and memory** on the TP/FSDP paper's MLPs 784 -> h^4 -> 10 (``memory_scaling.wide_mlp``,
+1. **Bounds and memory** on the TP/FSDP paper's MLPs 784 -> h^4 -> 10 (``measure.wide_mlp``,
    ε = 0.02, 9 clauses): our CROWN and α-CROWN (20 iterations, lr 0.1, no early stop) on ``cuda`` and
    on the CPU, and auto_LiRPA (the copy α,β-CROWN pins) on the same GPU with the same weights, box,
    rows and iterations. Peak: ``torch.cuda.max_memory_allocated`` above the level after loading
@@ -87,7 +87,7 @@ def _timed(fn):
 
 
 def ours(h: int, method: str, device: str) -> dict:
-    from memory_scaling import wide_mlp
+    from measure import wide_mlp
 
     from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
     from complete_verifier_ext.bounds.crown import crown
@@ -117,13 +117,13 @@ def auto_lirpa(h: int, method: str, device: str) -> dict:
     if "auto_LiRPA" not in sys.modules:
         locate.activate(locate.find())
     from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
-    from memory_scaling import wide_mlp
-    from scale import _torch_model
+    from measure import wide_mlp
+    from scale import torch_model
 
     from complete_verifier_ext.parallel.memory import PeakMemory
 
     g, box, C = wide_mlp(h, 4)
-    model = _torch_model(g, None).to(device)
+    model = torch_model(g, None).to(device)
     box, C = (box[0].to(device), box[1].to(device)), C.to(device)
     opts = {"optimize_bound_args": {"iteration": ITERS, "lr_alpha": LR, "early_stop_patience": ITERS + 1}}
     bm = BoundedModule(model, torch.zeros_like(box[0]), bound_opts={**opts, "verbosity": 0}, device=device)
@@ -138,11 +138,11 @@ def auto_lirpa(h: int, method: str, device: str) -> dict:
 def sampled_violations(h: int, lb: list[float], device: str, n: int = 100_000) -> dict:
     """Random points of the box through the model on the GPU: the smallest value of each clause, and
     how many clauses fall below their lower bound."""
-    from memory_scaling import wide_mlp
-    from scale import _torch_model
+    from measure import wide_mlp
+    from scale import torch_model
 
     g, box, C = wide_mlp(h, 4)
-    model = _torch_model(g, None).to(device)
+    model = torch_model(g, None).to(device)
     lo, hi = box[0].to(device), box[1].to(device)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():

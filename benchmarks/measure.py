@@ -57,7 +57,6 @@ def warm_up(method: str, mode: str, world: int) -> None:
     that torch's code pages for it are resident before the measurement starts (``PeakMemory`` leaves out
     code paged in during it, which reads low only for code paged in after the peak)."""
     import torch
-    from memory_scaling import wide_mlp
 
     from complete_verifier_ext.bounds.alpha import AlphaOptions, alpha_crown
     from complete_verifier_ext.bounds.crown import crown
@@ -69,3 +68,27 @@ def warm_up(method: str, mode: str, world: int) -> None:
     if method == "alpha":
         alpha_crown(g, box, C, state, AlphaOptions(iteration=2, early_stop=False))
     del g, lb, state, torch
+
+
+def wide_mlp(h: int, d: int):
+    """The TP/FSDP paper's MLP 784 -> h^d -> 10 (He-normal weights, seed 0), an input box of
+    half-width 0.02 and the 9 margins of label 0: ``(graph, (lower, upper), C)``."""
+    import torch
+
+    from complete_verifier_ext.bounds.graph import Graph
+    from complete_verifier_ext.bounds.ops import Input, Linear, Relu
+
+    gen = torch.Generator().manual_seed(0)
+    g = Graph(source=f"mlp784-{h}x{d}")
+    g.add("input", Input(), (), (784,))
+    sizes = [784] + [h] * d + [10]
+    for i in range(len(sizes) - 1):
+        W = torch.randn(sizes[i + 1], sizes[i], generator=gen) * (2.0 / sizes[i]) ** 0.5
+        g.add(f"fc{i}", Linear(W, torch.zeros(sizes[i + 1])), (len(g.nodes) - 1,), (sizes[i + 1],))
+        del W
+        if i < len(sizes) - 2:
+            g.add(f"relu{i}", Relu(), (len(g.nodes) - 1,), (sizes[i + 1],))
+    x0 = torch.rand(1, 784, generator=gen)
+    box = (x0 - 0.02, x0 + 0.02)
+    C = torch.stack([torch.eye(10)[0] - torch.eye(10)[j] for j in range(1, 10)])
+    return g, box, C

@@ -25,30 +25,10 @@ import time
 from pathlib import Path
 
 import torch
-from measure import max_rel_diff, provenance, spawn_json, warm_up
+from measure import max_rel_diff, provenance, spawn_json, warm_up, wide_mlp
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-
-
-def wide_mlp(h: int, d: int):
-    from complete_verifier_ext.bounds.graph import Graph
-    from complete_verifier_ext.bounds.ops import Input, Linear, Relu
-
-    gen = torch.Generator().manual_seed(0)
-    g = Graph(source=f"mlp784-{h}x{d}")
-    g.add("input", Input(), (), (784,))
-    sizes = [784] + [h] * d + [10]
-    for i in range(len(sizes) - 1):
-        W = torch.randn(sizes[i + 1], sizes[i], generator=gen) * (2.0 / sizes[i]) ** 0.5
-        g.add(f"fc{i}", Linear(W, torch.zeros(sizes[i + 1])), (len(g.nodes) - 1,), (sizes[i + 1],))
-        del W
-        if i < len(sizes) - 2:
-            g.add(f"relu{i}", Relu(), (len(g.nodes) - 1,), (sizes[i + 1],))
-    x0 = torch.rand(1, 784, generator=gen)
-    box = (x0 - 0.02, x0 + 0.02)
-    C = torch.stack([torch.eye(10)[0] - torch.eye(10)[j] for j in range(1, 10)])
-    return g, box, C
 
 
 def mnist_256x6():

@@ -21,7 +21,7 @@ that ``solver.crown.batch_size: 0`` picks from the memory available (recorded). 
 runs past ``--timeout`` is in the table as such. Writes ``scale.json``, ``scale.md`` (commit, command,
 machine) and ``scale.png`` into ``--out``.
 
-Models: ``mlpHxD`` is 784 -> H^D -> 10 (``memory_scaling.wide_mlp``, the TP/FSDP paper's shape, ε = 0.02);
+Models: ``mlpHxD`` is 784 -> H^D -> 10 (``measure.wide_mlp``, the TP/FSDP paper's shape, ε = 0.02);
 ``oval21`` and ``sri_resnet_a`` are the first two instances of each folder in ``../shared/benchmarks``;
 ``resnet_large`` is ``resnet_large.py``'s model with its first spec (ε = 1/255).
 """
@@ -70,7 +70,7 @@ def problem(name: str):
     import numpy as np
 
     if name.startswith("mlp"):
-        from memory_scaling import wide_mlp
+        from measure import wide_mlp
 
         h, d = map(int, name[3:].split("x"))
         g, box, C = wide_mlp(h, d)
@@ -134,7 +134,7 @@ def _auto_lirpa(name: str, method: str, chunk: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     g, box, C, onnx_path = problem(name)
-    model = _torch_model(g, onnx_path)
+    model = torch_model(g, onnx_path)
     chunk = _chunk(g, onnx_path, chunk)
     del g
     x0 = (box[0] + box[1]) / 2
@@ -156,7 +156,7 @@ def _auto_lirpa(name: str, method: str, chunk: int, threads: int) -> dict:
     return {"peak_mb": [pm.peak_mb()], "time_s": elapsed, "lb": lb[0].tolist(), "chunk": chunk}
 
 
-def _torch_model(g, onnx_path: str | None) -> torch.nn.Module:
+def torch_model(g, onnx_path: str | None) -> torch.nn.Module:
     if onnx_path is not None:
         import onnx
         import onnx2pytorch

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .spec import Clauses, _as_float64, float32_box
+from .spec import Clauses, as_float64, float32_box
 
 if TYPE_CHECKING:
     from complete_verifier_ext.spec import Clause, Region
@@ -300,11 +300,22 @@ def _ort_input(session: Any, x: np.ndarray, input_shape: tuple[int, ...]) -> tup
     return inp.name, x.astype(dtype).reshape(shape)
 
 
-def _ort_output(onnx_path: str, x: np.ndarray, input_shape: tuple[int, ...]) -> np.ndarray:
-    """Run the ONNX model on ``x`` with onnxruntime (CPU) and return its first output, flat float64."""
+def ort_session(onnx_path: str):
+    """An onnxruntime session (CPU) of the ONNX file ``onnx_path`` (``.gz`` too)."""
+    import gzip
+
     import onnxruntime as ort
 
-    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    source: str | bytes = onnx_path
+    if onnx_path.endswith(".gz"):
+        with gzip.open(onnx_path, "rb") as f:
+            source = f.read()
+    return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+
+
+def ort_output(onnx_path: str, x: np.ndarray, input_shape: tuple[int, ...]) -> np.ndarray:
+    """Run the ONNX model on ``x`` with onnxruntime (CPU) and return its first output, flat float64."""
+    session = ort_session(onnx_path)
     name, feed = _ort_input(session, x, input_shape)
     out = session.run(None, {name: feed})[0]
     return np.asarray(out, dtype=np.float64).reshape(-1)
@@ -330,7 +341,7 @@ def check_counterexample(
     with torch.no_grad():
         y_t = _forward_flat(forward, torch.from_numpy(x32.copy()).reshape(1, -1).to(device), input_shape)
     y = y_t.double().cpu().numpy().reshape(-1)
-    lo = _as_float64(region.lower, "lower")
+    lo = as_float64(region.lower, "lower")
     if x32.size != lo.size:
         return False, y
     lo32, hi32 = float32_box(lo, region.upper, inward=True)
@@ -338,7 +349,7 @@ def check_counterexample(
         return False, y
     holds = clause_margins(y, region.clauses) <= 0.0
     if onnx_path is not None and holds.any():
-        holds &= clause_margins(_ort_output(onnx_path, x32, input_shape), region.clauses) <= 0.0
+        holds &= clause_margins(ort_output(onnx_path, x32, input_shape), region.clauses) <= 0.0
     return bool(holds.any()), y
 
 

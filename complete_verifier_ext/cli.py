@@ -23,8 +23,8 @@ from . import clock, shell
 from .config import Config, ConfigError
 from .config_load import flag_value, key_table, load_config
 from .errors import UserError, end_cleanly_on_signals
-from .networks_arg import label, map_paths
 from .results import check_writable, write_atomic
+from .spec.networks import label, map_paths
 
 if TYPE_CHECKING:
     from .verify import InstanceResult
@@ -305,11 +305,11 @@ def engine_of(config: str | None, overrides: list[str]) -> str:
 
 def _abcrown_help() -> int:
     """``--help`` with ``general.engine abcrown``: the command's options, then the user's α,β-CROWN keys."""
-    from .abcrown_plugin import locate, runner
+    from . import abcrown_plugin
 
     usage = parse_args.__doc__ or ""
     try:
-        keys = runner.keys_help(locate.find())
+        keys = abcrown_plugin.keys_help()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         return _abcrown_help()
     args, overrides = parse_args(raw)
     if engine_of(args.config, overrides) == "abcrown":
-        from .abcrown_plugin.runner import main as abcrown_main
+        from .abcrown_plugin import main as abcrown_main
 
         started_wall = clock.started_wall() if argv is None else None
         return abcrown_main(args.config, overrides, args.summary, args.quiet, started_wall)

@@ -42,7 +42,7 @@ from .config import (
     ConfigError,
     ParallelConfig,
 )
-from .networks_arg import map_paths
+from .spec.networks import map_paths
 
 __all__ = [
     "COMMAND_LINE",

@@ -1,11 +1,14 @@
-"""Writing the results file: atomically, and ``error`` with one line on stderr for a user's mistake
-(shared by the command line and the α,β-CROWN plugin)."""
+"""What a run writes, the same on both engines (the command line and the α,β-CROWN plugin): the results
+file (atomically; ``error`` with one line on stderr for a user's mistake) and the ``--summary`` record
+of an instance (:func:`summary_record`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
@@ -62,4 +65,42 @@ def bab_record(
         "rounds": rounds,
         "max_queue": max_queue,
         "time_s": None if time_s is None else round(time_s, 3),
+    }
+
+
+def json_number(v: float) -> float | str:
+    """A float for strict JSON: a value that is not finite is the string ``"-inf"``, ``"inf"`` or
+    ``"nan"`` (``float()`` reads each back)."""
+    v = float(v)
+    return v if math.isfinite(v) else str(v)
+
+
+def summary_record(
+    *,
+    engine: str,
+    verdict: str,
+    time_s: float,
+    bounds: dict[str, list[float]],
+    peak_mb: list[float],
+    peak_mb_exact: bool,
+    crown_batch_size: int,
+    message: str = "",
+    bab: dict | None = None,
+    **extra: Any,
+) -> dict:
+    """The ``--summary`` record of one instance, one schema for both engines: the engine, the verdict,
+    its time, the output bounds of each method (strict JSON numbers), the per-rank peak memory (MiB)
+    and whether it was measured exactly, the CROWN pass size, a message, the :func:`bab_record`
+    where BaB ran, then what only this engine knows (``extra``)."""
+    return {
+        "engine": engine,
+        "verdict": verdict,
+        "time_s": round(time_s, 4),
+        "bounds": {k: [json_number(v) for v in vals] for k, vals in bounds.items()},
+        "peak_mb": [round(p, 2) for p in peak_mb],
+        "peak_mb_exact": peak_mb_exact,
+        "crown_batch_size": crown_batch_size,
+        "message": message,
+        **({"bab": bab} if bab else {}),
+        **extra,
     }

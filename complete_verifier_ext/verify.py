@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import joint, witness
 from .attack import check_counterexample, format_counterexample, pgd_attack
 from .bab.common import BabOptions, BabResult
 from .bab.relu_split import relu_split_bab
@@ -32,12 +31,13 @@ from .bounds.split_refine import SplitOptions
 from .bounds.walk import Bounds, back_substitute
 from .config import Config
 from .errors import UserError
+from .model import joint
 from .model.onnx_loader import load_model
 from .parallel import comm
 from .parallel.memory import PeakMemory, available_mb
 from .parallel.sharded import release_gather_buffers
-from .results import bab_record
-from .spec import Clauses, Region, Spec, float32_box, load_vnnlib
+from .results import bab_record, summary_record
+from .spec import Clauses, Region, Spec, float32_box, load_vnnlib, witness
 
 
 @dataclass
@@ -53,23 +53,18 @@ class InstanceResult:
     crown_batch_size: int = 0  # neurons per CROWN back-substitution pass (solver.crown.batch_size, resolved)
 
     def to_json(self) -> dict:
-        """Strict JSON: a bound that is not finite is written as the string ``"-inf"``, ``"inf"`` or
-        ``"nan"`` (``float()`` reads each back)."""
-        return {
-            "engine": "native",
-            "verdict": self.verdict,
-            "time_s": round(self.time_s, 4),
-            "bounds": {k: [json_number(v) for v in vals] for k, vals in self.bounds.items()},
-            "peak_mb": [round(p, 2) for p in self.peak_mb],
-            "peak_mb_exact": self.peak_exact,
-            "crown_batch_size": self.crown_batch_size,
-            "message": self.message,
-            **({"bab": self.bab} if self.bab else {}),
-        }
-
-
-def json_number(v: float) -> float | str:
-    return v if np.isfinite(v) else str(float(v))
+        """The summary record (:func:`~complete_verifier_ext.results.summary_record`)."""
+        return summary_record(
+            engine="native",
+            verdict=self.verdict,
+            time_s=self.time_s,
+            bounds=self.bounds,
+            peak_mb=self.peak_mb,
+            peak_mb_exact=self.peak_exact,
+            crown_batch_size=self.crown_batch_size,
+            message=self.message,
+            bab=self.bab or None,
+        )
 
 
 def box_overflows(region: Region) -> bool:
@@ -534,7 +529,7 @@ def compute_device(cfg: Config) -> torch.device:
 @dataclass
 class Loaded:
     """An instance as it is verified: the graph (this rank's shards), the spec, the ONNX file the
-    graph was read from (a VNN-LIB 2.0 instance's joint model, :mod:`~complete_verifier_ext.joint`)
+    graph was read from (a VNN-LIB 2.0 instance's joint model, :mod:`~complete_verifier_ext.model.joint`)
     and, for a 2.0 spec, each network's own file."""
 
     graph: Graph

@@ -103,3 +103,11 @@ def python(code: str, timeout: float = 60, **extra_env: str) -> subprocess.Compl
     """``python -c code`` with the plugin's environment (a fresh process imports α,β-CROWN)."""
     cmd, env = [sys.executable, "-c", code], plugin_env(**extra_env)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_jobs(*jobs) -> list[dict]:
+    """A rank function (``launch.run``): the plugin's rank on each job in turn, in this one process, as
+    a process that verifies several instances does."""
+    from complete_verifier_ext.abcrown_plugin.rank import rank_main
+
+    return [rank_main(job) for job in jobs]

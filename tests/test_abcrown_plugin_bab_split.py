@@ -1,4 +1,5 @@
-"""``abcrown_plugin/bab_split.py``: α,β-CROWN's BaB with the domain list split over the ranks."""
+"""``abcrown_plugin/search/`` (``rounds``, ``activation``): α,β-CROWN's BaB with the domain list split over
+the ranks."""
 
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ def test_bab_with_domains_split_over_ranks(tmp_path, mode, P):
 MOVE = """
 import sys, types
 import torch
-from complete_verifier_ext.abcrown_plugin import bab_split, locate, runner
-runner._import_abcrown(locate.find({vendor!r}))
+from complete_verifier_ext.abcrown_plugin import bridge, locate
+from complete_verifier_ext.abcrown_plugin.search import activation
+bridge.import_abcrown(locate.find({vendor!r}))
 import arguments
 sys.argv = ["abcrown"]
 arguments.Config.parse_config()
@@ -84,25 +86,44 @@ def domains(n, first, unstable=True):
     )
 
 a, b = domains(5, 0), domains(0, 100, unstable=False)  # b: a rank that never added children
-whole = {{k: s.tensor().clone() for k, s in bab_split._storages(a).items()}}
-moved = bab_split.take(a, 2)  # the top of the stack, as pick_out takes it
+whole = {{k: s.tensor().clone() for k, s in activation.storages(a).items()}}
+moved = activation.take(a, 2)  # the top of the stack, as pick_out takes it
 assert a.num_domains == 3 and [h["h"] for h in a.histories] == [0, 1, 2]
-bab_split.put(b, moved)
+activation.put(b, moved)
 assert b.num_domains == 2 and [h["h"] for h in b.histories] == [3, 4] and b.all_betas == ["b3", "b4"]
-for key, s in bab_split._storages(b).items():
+for key, s in activation.storages(b).items():
     dim = 2 if key[0] == "alpha" else 0
     assert torch.equal(s.tensor(), whole[key].narrow(dim, 3, 2)), key
-for key, s in bab_split._storages(a).items():
+for key, s in activation.storages(a).items():
     dim = 2 if key[0] == "alpha" else 0
     assert torch.equal(s.tensor(), whole[key].narrow(dim, 0, 3)), key
-back = bab_split.take(b, 2)
-bab_split.put(a, back[:1])  # and back in two slices (a rebalancing receiver's part): the list as it was
-bab_split.put(a, back[1:])
-for key, s in bab_split._storages(a).items():
+back = activation.take(b, 2)
+activation.put(a, back[:1])  # and back in two slices (a rebalancing receiver's part): the list as it was
+activation.put(a, back[1:])
+for key, s in activation.storages(a).items():
     assert torch.equal(s.tensor(), whole[key]), key
 assert [h["h"] for h in a.histories] == [0, 1, 2, 3, 4] and a.num_domains == 5
+# the initial domains (the bottom 2 of 5) carry no stored bounds of unstable neurons: α,β-CROWN creates
+# those storages at its first add; a domain moved from there gets the static ones, and a list that
+# stores them gets the static ones for domains from a rank that never added children
+c = domains(5, 0)
+c.unstable_interm_bounds = {{"l": [S(torch.full((3, 2), 7.0)), S(torch.full((3, 2), 8.0))]}}
+c.static_lb = {{"l": torch.tensor([[-1.0, -2.0, -3.0]])}}
+c.static_ub = {{"l": torch.tensor([[1.0, 2.0, 3.0]])}}
+c.unstable_mask = {{"l": torch.tensor([[True, False, True]])}}
+part = activation.take(c, 4)
+assert part.tensors[("unstable", "l", 0)].tolist() == [[-1.0, -3.0]] + [[7.0, 7.0]] * 3
+assert part.tensors[("unstable", "l", 1)].tolist() == [[1.0, 3.0]] + [[8.0, 8.0]] * 3
+assert len(c.unstable_interm_bounds["l"][0]) == 0 and c.num_domains == 1
+d = domains(0, 200, unstable=False)
+d.static_lb, d.static_ub, d.unstable_mask = c.static_lb, c.static_ub, c.unstable_mask
+activation.put(d, part)
+assert d.unstable_interm_bounds["l"][0].tensor().tolist() == [[-1.0, -3.0]] + [[7.0, 7.0]] * 3
+plain = activation.take(domains(2, 300, unstable=False), 2)  # from a rank that never added children
+activation.put(d, plain)
+assert d.num_domains == 6 and d.unstable_interm_bounds["l"][1].tensor()[4:].tolist() == [[1.0, 3.0]] * 2
 try:
-    bab_split.take(a, 6)
+    activation.take(a, 6)
 except RuntimeError as e:
     print("refused:", e)
 """
@@ -112,7 +133,10 @@ except RuntimeError as e:
 def test_domains_move_between_lists_whole_and_in_order(tmp_path):
     """The rebalancer's take/put on α,β-CROWN's own TensorStorages: every per-domain tensor and list
     moves (the α with the batch in dim 2, the intermediate bounds created on a rank that had none),
-    in order, and a round trip restores the list; asking for more domains than held is an error."""
+    in order, and a round trip restores the list; the initial domains, which α,β-CROWN stores no
+    unstable-neuron bounds for, move with their static ones, so every stored entry stays its own
+    domain's (before: a refusal, ``RuntimeError`` on 256x4 prop_1_0.03 at P = 2); asking for more
+    domains than held is an error."""
     code = MOVE.format(vendor=str(VENDOR))
     out = subprocess.run(
         [sys.executable, "-c", code], env=plugin_env(), capture_output=True, text=True, timeout=60
@@ -142,7 +166,7 @@ def test_bab_features_not_split_yet_are_refused(tmp_path, change, mode, named):
 def test_worst_domain_over_the_ranks_treats_nan_as_worst():
     import torch
 
-    from complete_verifier_ext.abcrown_plugin.bab_split import worst_over_ranks
+    from complete_verifier_ext.abcrown_plugin.search.rounds import worst_over_ranks
 
     nan = torch.tensor([float("nan"), -1.0])
     assert worst_over_ranks([torch.tensor([0.5]), None, nan]) is nan  # NaN proves nothing: never the best

@@ -21,8 +21,8 @@ from plugin_support import (
 def test_config_keys_registered_and_dumped(tmp_path):
     code = f"""
 import sys
-from complete_verifier_ext.abcrown_plugin import locate, runner
-arguments = runner._import_abcrown(locate.find({str(VENDOR)!r}))
+from complete_verifier_ext.abcrown_plugin import bridge, locate
+arguments = bridge.import_abcrown(locate.find({str(VENDOR)!r}))
 open({str(tmp_path / "c.yaml")!r}, "w").write("parallel:\\n  mode: fsdp\\n  world_size: 4\\n")
 args = ["--config", {str(tmp_path / "c.yaml")!r}, "--parallel_world_size", "3"]
 arguments.Config.parse_config(args, verbose=False)

@@ -1,4 +1,4 @@
-"""``abcrown_plugin/cuts_split.py``: BICCOS cuts with the BaB domain list split over the ranks."""
+"""``abcrown_plugin/cuts.py``: BICCOS cuts with the BaB domain list split over the ranks."""
 
 from __future__ import annotations
 
@@ -60,10 +60,11 @@ class _Biccos:
 def _agree(vendor: str) -> list:
     import sys
 
-    from complete_verifier_ext.abcrown_plugin import cuts_split, locate, runner
+    from complete_verifier_ext.abcrown_plugin import bridge, locate
+    from complete_verifier_ext.abcrown_plugin.search import cuts
     from complete_verifier_ext.parallel import comm
 
-    runner._import_abcrown(locate.find(vendor))
+    bridge.import_abcrown(locate.find(vendor))
     import arguments
 
     sys.argv = ["abcrown"]
@@ -77,12 +78,12 @@ def _agree(vendor: str) -> list:
     net = types.SimpleNamespace(
         biccos=_Biccos([{"a": 0}]), cutter=cutter, net=types.SimpleNamespace(relus=[relu])
     )
-    cuts_split.begin_round(net)
+    cuts.begin_round(net)
     net.biccos.biccos_cuts = [{"a": 0}, {"r": comm.rank()}, {"shared": 1}]  # what this rank's share inferred
-    cuts_split.agree(net, comm.all_gather_object(cuts_split.mine(net)))
+    cuts.agree(net, comm.all_gather_object(cuts.mine(net)))
     first = (net.biccos.biccos_cuts, built[-1], relu.cut_module)
-    cuts_split.begin_round(net)  # a round with nothing new anywhere: no rebuild
-    cuts_split.agree(net, comm.all_gather_object(cuts_split.mine(net)))
+    cuts.begin_round(net)  # a round with nothing new anywhere: no rebuild
+    cuts.agree(net, comm.all_gather_object(cuts.mine(net)))
     return comm.all_gather_object((first, len(built)))
 
 

@@ -93,10 +93,13 @@ def _ids_consistent(picked) -> list[int]:
 def _worker(vendor: str, tmp: str) -> dict:
     import torch
 
-    from complete_verifier_ext.abcrown_plugin import bab_split, input_bab, locate, runner
+    from complete_verifier_ext.abcrown_plugin import bridge, locate
+    from complete_verifier_ext.abcrown_plugin.run import Run
+    from complete_verifier_ext.abcrown_plugin.search import input_split, rounds
+    from complete_verifier_ext.config import ParallelConfig
     from complete_verifier_ext.parallel import comm
 
-    runner._import_abcrown(locate.find(vendor))
+    bridge.import_abcrown(locate.find(vendor))
     import arguments
 
     sys.argv = ["abcrown"]
@@ -111,7 +114,7 @@ def _worker(vendor: str, tmp: str) -> dict:
     constraints = (torch.zeros(n, 2, 3), b["threshold"].clone())
     dl.add(**b, constraints=constraints, check_dm_lbs=False, check_input_boxes=False)
     volume = dl.volume
-    counts = bab_split.even_out(bab_split.ListQueue(dl, input_bab.take, input_bab.put), [7, 2])
+    counts = rounds.even_out(rounds.ListQueue(dl, input_split.take, input_split.put), [7, 2])
     out["counts"], out["volume"] = counts, (volume, dl.volume)
     out["ids"] = _ids_consistent(dl.pick_out_batch(len(dl), device="cpu"))
     # one list per number of ANDs: boxes with 2 and with 1 clause(s), padded when picked together
@@ -122,7 +125,7 @@ def _worker(vendor: str, tmp: str) -> dict:
         b = _boxes(n, 100 * me)
         spec_sizes = torch.tensor([2, 1] * (n // 2))
         ml.add(**b, spec_sizes=spec_sizes, check_dm_lbs=False, check_input_boxes=False)
-    bab_split.even_out(bab_split.ListQueue(ml, input_bab.take, input_bab.put), [6, 0])
+    rounds.even_out(rounds.ListQueue(ml, input_split.take, input_split.put), [6, 0])
     picked = ml.pick_out_batch(len(ml), device="cpu")
     out["multi"] = (_ids_consistent(picked), picked[7].tolist())
     # the attack: rank 1 alone finds a counterexample; rank 0 (the user's file) gets it
@@ -134,12 +137,13 @@ def _worker(vendor: str, tmp: str) -> dict:
                 f.write("((X_0 1.5))")
         return me == 1
 
-    wrapped = input_bab.wrap_pgd_attack_on_domains(attack, weights_sharded=False)
+    run = Run(ParallelConfig(mode="fsdp", world_size=2), 2, tmp, 0.0)
+    wrapped = input_split.pgd_attack_on_domains(run, attack)
     dl.add(**_boxes(1, 5), check_dm_lbs=False, check_input_boxes=False)
     dl._split = True
     out["found"] = wrapped(None, dl, "bab", None)
     out["cex"] = (Path(tmp) / f"cex{me}.txt").read_text()
-    out["none"] = input_bab.wrap_pgd_attack_on_domains(lambda *a: False, False)(None, dl, "bab", None)
+    out["none"] = input_split.pgd_attack_on_domains(run, lambda *a: False)(None, dl, "bab", None)
     return comm.all_gather_object(out)
 
 

@@ -10,9 +10,9 @@ pytest.importorskip("vnnlib", reason="the reference VNN-LIB 2.0 parser (pip inst
 
 SAME = """
 import shutil, sys, numpy as np
-from complete_verifier_ext.abcrown_plugin import inputs, locate, runner
+from complete_verifier_ext.abcrown_plugin import bridge, inputs, locate
 from complete_verifier_ext.spec import load_vnnlib
-runner._import_abcrown(locate.find({vendor!r}))
+bridge.import_abcrown(locate.find({vendor!r}))
 import arguments, read_vnnlib
 arguments.Config.parse_config([], verbose=False)
 for prop in ("prop_1", "prop_2"):
@@ -54,4 +54,4 @@ def test_a_file_that_is_not_text_is_left_to_abcrowns_reader(tmp_path):
     (tmp_path / "bad.vnnlib.gz").write_bytes(b"\x1f\x8b not really gzip")
     (tmp_path / "cut.vnnlib.gz").write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03" + b"\xff" * 20)
     for name in ("bad.vnnlib", "bad.vnnlib.gz", "cut.vnnlib.gz"):
-        assert inputs._spec2(str(tmp_path / name)) is None
+        assert inputs.spec2(str(tmp_path / name)) is None

@@ -86,7 +86,7 @@ def test_wait_patiently_outlasts_the_collective_timeout(tmp_path):
 
 
 def _dealt(tmp: str) -> list:
-    from complete_verifier_ext.abcrown_plugin.mip_split import DealtPool
+    from complete_verifier_ext.abcrown_plugin.search.mip import DealtPool
 
     with DealtPool(4) as pool:
         return pool.starmap(pow, [(i, 2) for i in range(7)])

@@ -128,7 +128,7 @@ def test_bab_cut_short_by_max_iterations_is_no_proof(tmp_path):
 def test_bab_proved_treats_nan_as_not_proven():
     import torch
 
-    from complete_verifier_ext.abcrown_plugin.patches import bab_proved
+    from complete_verifier_ext.abcrown_plugin.probe import bab_proved
 
     assert bab_proved(torch.tensor(0.0)) and bab_proved(float("inf")) and bab_proved(0.3)
     assert not bab_proved(float("nan")) and not bab_proved(-1e-9) and not bab_proved(float("-inf"))

@@ -22,12 +22,13 @@ def test_the_patch_table_is_every_change_and_undo_restores_all(tmp_path):
     code = f"""
 import sys, inspect
 from pathlib import Path
-from complete_verifier_ext.abcrown_plugin import locate, patches, runner, table
+from complete_verifier_ext.abcrown_plugin import bridge, locate, patcher, table
+from complete_verifier_ext.abcrown_plugin.run import Run
 from complete_verifier_ext.config import ParallelConfig
 checkout = locate.find({str(VENDOR)!r})
-runner._import_abcrown(checkout)
+bridge.import_abcrown(checkout)
 import abcrown
-roots = [str(checkout.root.resolve()), str(Path(patches.__file__).parent)]
+roots = [str(checkout.root.resolve()), str(Path(table.__file__).parent)]
 def ours(mod):
     f = getattr(mod, "__file__", None) or ""
     return any(str(Path(f).resolve()).startswith(r) for r in roots)
@@ -43,20 +44,19 @@ def snapshot():
                     out[f"{{name}}.{{attr}}.{{a}}"] = v
     return out
 def canonical(target):  # the snapshot's key of a table target: the class by its defining module
-    owner, name = patches.resolve(target)
+    owner, name = patcher.resolve(target)
     where = f"{{owner.__module__}}.{{owner.__qualname__}}" if inspect.isclass(owner) else owner.__name__
     return f"{{where}}.{{name}}"
 before = snapshot()
 counts = []
 for mode, world in (("none", 1), ("fsdp", 2), ("tp", 2)):
-    setup = table.Setup(ParallelConfig(mode=mode, world_size=world), world, patches.Probe(),
-                        {str(tmp_path / "cache")!r}, 0.0)
-    p = patches.Patcher()
-    table.install(p, setup)
+    run = Run(ParallelConfig(mode=mode, world_size=world), world, {str(tmp_path / "cache")!r}, 0.0)
+    p = patcher.Patcher()
+    table.install(p, run)
     during = snapshot()
     missing = object()  # a key on one side only: a method set on a class that inherited it
     changed = {{k for k in set(before) | set(during) if before.get(k, missing) is not during.get(k, missing)}}
-    expected = {{canonical(t) for t in table.targets(setup)}}
+    expected = {{canonical(t) for t in table.targets(run)}}
     assert changed == expected, (sorted(changed - expected), sorted(expected - changed))
     p.undo()
     after = snapshot()
@@ -71,3 +71,22 @@ print(*counts)
     assert out.returncode == 0, out.stderr[-3000:]
     always, fsdp, tp = map(int, out.stdout.split()[-3:])
     assert always < tp < fsdp  # fsdp also wraps MatMul
+
+
+def test_every_row_is_made_by_its_owner_with_one_contract():
+    """No adapters in ``table.py``: every row's ``make`` is a function of the module that owns the
+    replacement, taking ``(run, orig)``; rows that name one attribute agree on its parameters."""
+    import inspect
+
+    from complete_verifier_ext.abcrown_plugin import table
+
+    plugin = "complete_verifier_ext.abcrown_plugin."
+    params: dict[str, tuple] = {}
+    for row in table.TABLE:
+        assert inspect.isfunction(row.make), row
+        assert row.by != "table" and row.make.__module__.startswith(plugin), row
+        assert list(inspect.signature(row.make).parameters) == ["run", "orig"], row
+        assert params.setdefault(row.target, row.params) == row.params, row.target
+    owners = {row.by for row in table.TABLE}
+    assert {"inputs", "clocks", "probe", "weights.rows", "weights.fsdp", "weights.tp"} <= owners
+    assert {"search.activation", "search.input_split", "search.mip", "search.cuts"} <= owners

@@ -62,8 +62,9 @@ def test_tp_conv_layers(tmp_path):
 
 
 WHOLE = """
-from complete_verifier_ext.abcrown_plugin import locate, runner, tp
-runner._import_abcrown(locate.find({vendor!r}))
+from complete_verifier_ext.abcrown_plugin import bridge, locate
+from complete_verifier_ext.abcrown_plugin.weights import tp
+bridge.import_abcrown(locate.find({vendor!r}))
 from auto_LiRPA.operators import BoundConv, BoundLinear, BoundMatMul
 
 conv = object.__new__(BoundConv)

@@ -1,4 +1,5 @@
-"""``abcrown_plugin/witness.py``: a ``sat`` stands only when onnxruntime confirms its counterexample."""
+"""``spec/witness.py``'s re-check of α,β-CROWN's ``sat``: it stands only when onnxruntime confirms its
+counterexample."""
 
 from __future__ import annotations
 
@@ -19,16 +20,15 @@ def test_a_sat_that_does_not_check_becomes_unknown(tmp_path):
     back in and kept."""
     import numpy as np
 
-    from complete_verifier_ext.abcrown_plugin import witness
     from complete_verifier_ext.attack import format_counterexample
-    from complete_verifier_ext.spec import load_vnnlib
+    from complete_verifier_ext.spec import load_vnnlib, witness
 
     onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
     region = load_vnnlib(spec).regions[0]
     results = tmp_path / "results.txt"
     centre = (region.lower + region.upper) / 2
     results.write_text(f"sat\n{format_counterexample(centre, np.zeros(10))}\n")
-    assert "does not check" in witness.recheck(str(results), onnx, spec)
+    assert "does not check" in witness.recheck_results_file(str(results), onnx, spec, "alpha-beta-CROWN")
     assert results.read_text() == "unknown\n"
 
     # the plugin's own sat on this instance (test_vnncomp_route_runs_abcrowns_config_sharded) is a real one
@@ -43,6 +43,6 @@ def test_a_sat_that_does_not_check_becomes_unknown(tmp_path):
     assert at_upper.any()
     outside = np.where(at_upper, region.upper + 1e-9, x)  # a bound rounded outward
     results.write_text(f"sat\n{format_counterexample(outside, np.zeros(10))}\n")
-    assert witness.recheck(str(results), onnx, spec) is None
+    assert witness.recheck_results_file(str(results), onnx, spec, "alpha-beta-CROWN") is None
     kept = witness.read_inputs(results.read_text())
     assert results.read_text().startswith("sat\n") and np.all(kept <= region.upper)

@@ -17,9 +17,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from plugin_support import LIMIT_S, needs_abcrown, plugin_env
 
-from complete_verifier_ext import joint, testing
+from complete_verifier_ext import testing
 from complete_verifier_ext.bounds.crown import crown
 from complete_verifier_ext.errors import UserError
+from complete_verifier_ext.model import joint
 from complete_verifier_ext.model.onnx_loader import load_model
 from complete_verifier_ext.spec import load_vnnlib
 
@@ -207,7 +208,7 @@ def test_gzipped_specs_and_networks(two_nets, tmp_path):
     path, nets = joint.model_for(repr([("f", zipped[f]), ("g", zipped[g])]), spec)
     z = ((spec.regions[0].lower + spec.regions[0].upper) / 2).astype(np.float32)
     y_joint = ort.InferenceSession(path).run(None, {joint.JOINT_INPUT: z[None]})[0][0]
-    from complete_verifier_ext import witness
+    from complete_verifier_ext.spec import witness
 
     np.testing.assert_allclose(witness.run_networks(z, spec, nets), y_joint, rtol=0, atol=1e-6)
 

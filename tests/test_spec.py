@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from complete_verifier_ext import spec as spec_module
 from complete_verifier_ext.spec import Clause, Clauses, Region, Spec, SpecError, load_vnnlib
+from complete_verifier_ext.spec import load as spec_module
 
 
 @pytest.fixture(autouse=True)
@@ -307,7 +307,7 @@ def test_memory_and_disk_cache(tmp_path: Path, isolated_cache: Path, monkeypatch
     assert len(cache_files) == 1 and cache_files[0].suffix == ".npz"
 
     monkeypatch.setattr(spec_module, "_MEMORY", spec_module._MemoryCache(8))
-    monkeypatch.setattr(spec_module, "_build_spec", None)  # must come from disk now
+    monkeypatch.setattr(spec_module, "build_spec", None)  # must come from disk now
     from_disk = load_vnnlib(path)
     assert from_disk is not first
     assert (from_disk.path, from_disk.n_inputs, from_disk.n_outputs) == (first.path, 2, 3)

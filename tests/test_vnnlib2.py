@@ -1,4 +1,4 @@
-"""VNN-LIB 2.0 (``complete_verifier_ext.vnnlib2``): the joint input/output layout, ties, every
+"""VNN-LIB 2.0 (``complete_verifier_ext.spec.v2``): the joint input/output layout, ties, every
 comparison form, the 1.x forms of the same properties, and one-line errors naming the line."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from complete_verifier_ext.spec import SpecError, load_vnnlib
-from complete_verifier_ext.vnnlib2 import is_vnnlib2
+from complete_verifier_ext.spec.v2 import is_vnnlib2
 
 pytest.importorskip("vnnlib", reason="the reference VNN-LIB 2.0 parser (pip install vnnlib)")
 

@@ -9,10 +9,12 @@ typo); its flat flags (``--device cpu``, ``--onnx_path X``) pass through unchang
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import yaml
 
 from ..config import ParallelConfig
 from ..config_load import flag_value
+from . import locate
 from .locate import PluginError
 
 ENGINE_KEY = (
@@ -57,7 +60,7 @@ def _parallel_keys() -> list[tuple[str, list[str], dict]]:
 
 
 # (flag, hierarchy, argparse keywords) of our keys inside α,β-CROWN's config
-OUR_KEYS: list[tuple[str, list[str], dict]] = [ENGINE_KEY, *_parallel_keys()]
+OUR_KEYS: tuple[tuple[str, list[str], dict], ...] = (ENGINE_KEY, *_parallel_keys())
 
 
 def register(config) -> None:
@@ -67,6 +70,16 @@ def register(config) -> None:
             continue
         config.add_argument(flag, hierarchy=hierarchy, **copy.deepcopy(kw))
     config.default_args = vars(config.defaults_parser.parse_args([]))
+
+
+def import_abcrown(checkout: locate.Checkout):
+    """Activate the checkout and import its ``arguments`` with our keys registered (α,β-CROWN prints a
+    line on import; it goes to stderr here). Returns the ``arguments`` module."""
+    locate.activate(checkout)
+    with contextlib.redirect_stdout(sys.stderr):
+        import arguments
+    register(arguments.Config)
+    return arguments
 
 
 def _set(d: dict, keys: list[str], value) -> None:

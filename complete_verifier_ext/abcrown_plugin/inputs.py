@@ -11,10 +11,13 @@ are raised, in the two loading stages, and only when a check of the file itself 
 * ``load_model_onnx``: a file ``onnx`` cannot parse, or a model whose input does not have the spec's
   number of inputs.
 
+α,β-CROWN caches a parsed VNN-LIB file as ``<spec>.compiled`` beside the spec; each rank reads a copy
+in its own cache folder instead (inputs may be read-only, and P ranks would race on one file).
+
 A VNN-LIB 2.0 spec (VNN-COMP 2026), which α,β-CROWN's reader does not know, is read by ours
-(:mod:`complete_verifier_ext.vnnlib2`) and handed to α,β-CROWN in its own structure, exactly (the same
+(:mod:`complete_verifier_ext.spec.v2`) and handed to α,β-CROWN in its own structure, exactly (the same
 float64 box and ``C y <= d`` rows); its networks, given as a list, are one joint model
-(:mod:`complete_verifier_ext.joint`) that α,β-CROWN's ONNX loader reads like any other.
+(:mod:`complete_verifier_ext.model.joint`) that α,β-CROWN's ONNX loader reads like any other.
 
 Anything else is re-raised unchanged: a bug keeps its traceback.
 """
@@ -22,8 +25,10 @@ Anything else is re-raised unchanged: a bug keeps its traceback.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import math
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..networks_arg import is_network_list, map_paths
+from ..spec.networks import is_network_list, map_paths
 from .locate import PluginError
+from .run import Run
 
 _SHORT = 160  # characters of α,β-CROWN's own message kept in ours (its spec errors hold the whole file)
 
@@ -98,10 +104,10 @@ def model_problem(path: str, x: Any) -> str | None:
     return None
 
 
-def _spec2(path: str) -> Any:
+def spec2(path: str) -> Any:
     """Our reading of ``path`` when it is VNN-LIB 2.0, else None (a 1.x file is α,β-CROWN's to read)."""
     from ..spec import load_vnnlib, read_text
-    from ..vnnlib2 import is_vnnlib2
+    from ..spec.v2 import is_vnnlib2
 
     try:
         text = read_text(str(path))
@@ -127,15 +133,33 @@ def abcrown_form(spec: Any) -> list:
     ]
 
 
-def checked_read_vnnlib(orig: Callable) -> Callable:
+def _cached(orig: Callable, cache_dir: str) -> Callable:
+    """α,β-CROWN's ``read_vnnlib`` (``orig``) reading a copy of the spec in ``cache_dir`` (named by its
+    content), where its ``.compiled`` cache then lives too."""
+
+    def read_vnnlib(vnnlib_filename, regression=False):
+        data = Path(vnnlib_filename).read_bytes()
+        os.makedirs(cache_dir, exist_ok=True)
+        copy = os.path.join(cache_dir, hashlib.sha256(data).hexdigest()[:32] + ".vnnlib")
+        if not os.path.exists(copy):
+            tmp = f"{copy}.{os.getpid()}.tmp"
+            shutil.copyfile(vnnlib_filename, tmp)
+            os.replace(tmp, copy)
+        return orig(copy, regression)
+
+    return read_vnnlib
+
+
+def read_vnnlib(run: Run, orig: Callable) -> Callable:
     """``read_vnnlib`` whose bad-input failures are one line (see the module docstring), reading a
-    VNN-LIB 2.0 file itself. ``orig`` may read a cached copy; ``vnnlib_filename`` is the user's path,
-    the one named."""
+    VNN-LIB 2.0 file itself, and α,β-CROWN's own reader reading the rank's cached copy
+    (``run.spec_cache``); ``vnnlib_filename`` is the user's path, the one named."""
+    orig = _cached(orig, run.spec_cache)
 
     def read_vnnlib(vnnlib_filename, regression=False):
         if not Path(vnnlib_filename).is_file():
             raise PluginError(f"{vnnlib_filename}: VNN-LIB file not found")
-        spec = None if regression else _spec2(vnnlib_filename)
+        spec = None if regression else spec2(vnnlib_filename)
         if spec is not None:
             return abcrown_form(spec)
         try:
@@ -153,17 +177,17 @@ def checked_read_vnnlib(orig: Callable) -> Callable:
     return read_vnnlib
 
 
-def joint_loader(orig: Callable) -> Callable:
+def default_onnx_and_vnnlib_loader(run: Run, orig: Callable) -> Callable:
     """α,β-CROWN's ``default_onnx_and_vnnlib_loader`` given a VNN-LIB 2.0 instance's joint model in
     place of its ONNX argument (a path, or the VNN-COMP 2026 network list)."""
 
     def default_onnx_and_vnnlib_loader(file_root, onnx_path, vnnlib_path):
-        spec = _spec2(os.path.join(file_root, vnnlib_path))
+        spec = spec2(os.path.join(file_root, vnnlib_path))
         if spec is None:
             if is_network_list(onnx_path):  # our reader says what is wrong with the spec, if anything
                 raise PluginError(spec_problem(os.path.join(file_root, vnnlib_path), None))
             return orig(file_root, onnx_path, vnnlib_path)
-        from .. import joint
+        from ..model import joint
 
         arg = map_paths(onnx_path, lambda p: os.path.join(file_root, p))
         try:
@@ -175,7 +199,7 @@ def joint_loader(orig: Callable) -> Callable:
     return default_onnx_and_vnnlib_loader
 
 
-def checked_load_model_onnx(orig: Callable) -> Callable:
+def load_model_onnx(run: Run, orig: Callable) -> Callable:
     """``load_model_onnx`` whose failures on a bad file are one line naming it."""
 
     def load_model_onnx(path, quirks=None, x=None):

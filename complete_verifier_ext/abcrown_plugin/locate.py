@@ -119,15 +119,15 @@ def _torchvision_or_stand_in() -> bool:
     return False
 
 
-_ACTIVE: Checkout | None = None
+_ACTIVE: Checkout | None = None  # the checkout loaded in this process (process-wide: see __init__)
 
 
 def activate(checkout: Checkout) -> None:
     """Make α,β-CROWN's modules importable here (they are top-level names: ``arguments``, ``bab``, …) and
     check the versions. Idempotent; one checkout per process."""
     global _ACTIVE
-    if _ACTIVE is not None:
-        if _ACTIVE != checkout:
+    if _ACTIVE is not None:  # the same checkout found again (its helpers may be importable by now)
+        if _ACTIVE.complete_verifier.resolve() != checkout.complete_verifier.resolve():
             raise PluginError(f"another alpha-beta-CROWN ({_ACTIVE.root}) is already loaded in this process")
         return
     version = _version_of(checkout.complete_verifier / "__init__.py")

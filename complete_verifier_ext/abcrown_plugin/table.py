@@ -1,13 +1,15 @@
 """Every attribute of α,β-CROWN and auto_LiRPA that the plugin changes: one row each, in install order.
 
 A row names the upstream attribute, when it is set (``always``; ``P>1``; ``fsdp`` / ``tp``: that mode
-at P > 1; ``sharded``: either), the plugin module whose code replaces it, and how its replacement is
-made from the original (``make(setup, original)``). :func:`install` walks the table in order, after
-checking every signature it relies on (``patches.SIGNATURES``: an unknown upstream is refused before
-anything is set); :meth:`patches.Patcher.undo` puts every original back in reverse order. Where two rows
-name the same attribute, the later one wraps the earlier (``general_bab``: the domain split inside, the
-probe outside, so that the BaB phase's peak includes the weights that ``bab_weights: replicated``
-gathers for the search).
+at P > 1; ``sharded``: either), the function that makes its replacement from the run and the original
+(``make(run, original)``: one contract for every row; the plugin module that owns the replacement is
+``make``'s), why, and the parameter names of the original that the replacement was written against
+(``None`` for a module attribute that is not a callable). :func:`install` checks the parameters of
+every row and of :data:`CALLED` before anything is set (an unknown upstream is refused with one line),
+then walks the table in order; :meth:`.patcher.Patcher.undo` puts every original back in reverse
+order. Where two rows name the same attribute, the later one wraps the earlier (``general_bab``: the
+domain split inside, the probe outside, so that the BaB phase's peak includes the weights that
+``bab_weights: replicated`` gathers for the search).
 
 What the rows' code then changes at run time on objects that α,β-CROWN creates per instance is listed
 in :data:`RUNTIME`, with its lifetime: those objects are dropped with the instance, not restored.
@@ -16,117 +18,43 @@ in :data:`RUNTIME`, with its lifetime: those objects are dropped with the instan
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..config import ParallelConfig
-from . import bab_split, customized, cuts_split, fsdp, input_bab, inputs, mip_split, patches, rows, tp
+from . import clocks, inputs, probe
+from .patcher import Patcher, check_signature
+from .run import Run
+from .search import activation, customized, cuts, input_split, mip, rounds
+from .weights import fsdp, rows, tp
 
-
-@dataclass
-class Setup:
-    """What one rank's replacements are made from."""
-
-    par: ParallelConfig
-    world: int
-    probe: patches.Probe
-    spec_cache: str  # this rank's folder for VNN-LIB copies and their α,β-CROWN cache
-    started_wall: float  # the verifier's start (time.time()): the first instance's clock
-    first_clock: patches.FirstInstanceClock = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.first_clock = patches.FirstInstanceClock(self.started_wall)
-
-    @property
-    def weights_sharded(self) -> bool:
-        return self.par.bab_weights_resolved == "sharded"
-
-
-Make = Callable[[Setup, Any], Any]
+Make = Callable[[Run, Any], Any]
+"""``make(run, original) -> replacement``: every row's one contract."""
 
 
 @dataclass(frozen=True)
 class Patch:
     target: str  # "module.attr" or "module.Class.attr" (the module is imported to resolve it)
     when: str  # always | P>1 | fsdp | tp | sharded
-    by: str  # the plugin module whose code is the replacement
-    make: Make  # (setup, original) -> replacement
+    make: Make
     why: str
+    params: tuple[str, ...] | None  # the original's parameter names (None: not a callable)
+
+    @property
+    def by(self) -> str:
+        """The plugin module that owns the replacement (``make``'s)."""
+        return self.make.__module__.removeprefix(f"{__package__}.")
 
 
-WHEN: dict[str, Callable[[Setup], bool]] = {
-    "always": lambda s: True,
-    "P>1": lambda s: s.world > 1,
-    "fsdp": lambda s: s.world > 1 and s.par.mode == "fsdp",
-    "tp": lambda s: s.world > 1 and s.par.mode == "tp",
-    "sharded": lambda s: s.world > 1 and s.par.mode in ("fsdp", "tp"),
-}
-
-
-def _wrap(factory: Callable[[Any], Any]) -> Make:
-    return lambda setup, orig: factory(orig)
-
-
-def _read_vnnlib(setup: Setup, orig: Any) -> Any:
-    return inputs.checked_read_vnnlib(patches.cached_read_vnnlib(orig, setup.spec_cache))
-
-
-def _act_split_round(setup: Setup, orig: Any) -> Any:
-    import bab
-
-    return bab_split.wrap_act_split_round(bab.split_domain, bab.check_worst_domain, setup.weights_sharded)
-
-
-def _synced_time(setup: Setup, orig: Any) -> Any:
-    return patches.synced_time(orig)
-
-
-def _synced_optim(setup: Setup, orig: Any) -> Any:
-    return rows.synced_optim(orig)
-
-
-def _rows_active(setup: Setup, orig: Any) -> bool:
-    return True
-
-
-def _first_start(setup: Setup, orig: Any) -> Any:
-    return setup.first_clock.wrap_start(orig)
-
-
-def _first_timeout(setup: Setup, orig: Any) -> Any:
-    return setup.first_clock.wrap_timeout(orig)
-
-
-def _bab_weights(setup: Setup, orig: Any) -> Any:
-    return bab_split.wrap_general_bab(orig, setup.weights_sharded)
-
-
-def _multi_tree(setup: Setup, orig: Any) -> Any:
-    return cuts_split.wrap_multi_tree_bab(orig, setup.weights_sharded)
-
-
-def _input_round(setup: Setup, orig: Any) -> Any:
-    return input_bab.wrap_input_split_round(orig, setup.weights_sharded)
-
-
-def _input_attack(setup: Setup, orig: Any) -> Any:
-    return input_bab.wrap_pgd_attack_on_domains(orig, setup.weights_sharded)
-
-
-def _input_bab(setup: Setup, orig: Any) -> Any:
-    return input_bab.wrap_input_bab_parallel(orig, setup.weights_sharded)
-
-
-def _shard_on_build(setup: Setup, orig: Any) -> Any:
-    return fsdp.wrap_lirpanet_init(setup.par.mode == "tp")(orig)
-
-
-def _input_probe(probe: patches.Probe) -> Callable[[Any], Any]:
-    return patches.probe_general_bab(probe, input_split=True)
-
-
-def _probe(factory: Callable[[patches.Probe], Callable[[Any], Any]]) -> Make:
-    return lambda setup, orig: factory(setup.probe)(orig)
+def applies(patch: Patch, run: Run) -> bool:
+    if patch.when == "always":
+        return True
+    if patch.when == "P>1":
+        return run.world > 1
+    if patch.when == "sharded":
+        return run.sharded
+    if patch.when in ("fsdp", "tp"):
+        return run.world > 1 and run.par.mode == patch.when
+    raise ValueError(f"unknown row condition {patch.when!r}")
 
 
 _SPEC = "bad VNN-LIB input is one line naming the file and line; each rank reads its own cached copy"
@@ -134,124 +62,199 @@ _ONNX = "a bad ONNX file (unreadable, input size not the spec's) is one line nam
 _CLOCK = "the maximum of the ranks' clocks, so that every time-limit decision is the same on every rank"
 _GATHER = "the weight gathered for the call, freed after"
 _RING = "column-parallel forward and IBP, A @ W around a ring of shards"
-_AV, _BM, _RELU = "auto_LiRPA.BoundedModule", "auto_LiRPA.optimized_bounds", "auto_LiRPA.operators.BoundRelu"
+_LEN = "len(domains) between rounds counts every rank's"
+_AV, _BM, _OPS = "auto_LiRPA.BoundedModule", "auto_LiRPA.optimized_bounds", "auto_LiRPA.operators"
 _IBB = "input_split.batch_branch_and_bound"
-_FIRST = "the first instance's clock starts at the verifier's start"
-_OUT_OF_TIME = "a single instance out of time before it starts ends timeout at once"
+_BUILD = "beta_CROWN_solver.LiRPANet"
+
+# the parameter names of the originals, where several rows share one
+_READ_VNNLIB = ("vnnlib_filename", "regression")
+_LOAD_ONNX = ("path", "quirks", "x")
+_GENERAL_BAB = ("net", "x", "c", "rhs", "reference_dict", "timeout", "max_iterations")
+_INPUT_BAB = ("net", "x", "c", "rhs", "or_spec_size", "reference_dict", "timeout", "max_iterations", "vnnlib",
+              "return_domains", "index")  # fmt: skip
+_LIRPANET_INIT = ("self", "model_ori", "in_size", "c", "device")
+_LINEAR_FORWARD, _MATMUL_FORWARD, _CONV_FORWARD = ("self", "x", "w", "b"), ("self", "x", "y"), ("self", "x")
+_LINEAR_BACKWARD = ("self", "last_lA", "last_uA", "x", "start_node", "reduce_bias", "kwargs")
+_CONV_BACKWARD = ("self", "last_lA", "last_uA", "x", "kwargs")
+_LINEAR_IBP, _IBP = ("self", "v", "C", "w"), ("self", "v", "C")
+_SOLVER = ("self", "v", "model", "C", "model_type", "solver_pkg")
 
 # fmt: off
 TABLE: tuple[Patch, ...] = (
-    # the user's files (inputs.py, patches.py)
-    *(Patch(f"{m}.read_vnnlib", "always", "inputs", _read_vnnlib, _SPEC)
+    # the user's files (inputs.py)
+    *(Patch(f"{m}.read_vnnlib", "always", inputs.read_vnnlib, _SPEC, _READ_VNNLIB)
       for m in ("read_vnnlib", "loading", "abcrown")),  # each module holds its own reference
-    *(Patch(f"{m}.load_model_onnx", "always", "inputs", _wrap(inputs.checked_load_model_onnx), _ONNX)
+    *(Patch(f"{m}.load_model_onnx", "always", inputs.load_model_onnx, _ONNX, _LOAD_ONNX)
       for m in ("load_model", "loading")),
-    Patch("loading.default_onnx_and_vnnlib_loader", "always", "inputs", _wrap(inputs.joint_loader),
-          "a VNN-LIB 2.0 instance's networks (a list, VNN-COMP 2026) loaded as one joint model"),
-    # the instance clock (patches.py)
-    Patch("utils.Logger.record_start_time", "always", "patches", _first_start, _FIRST),
-    Patch("utils.Logger.update_timeout", "always", "patches", _first_timeout, _OUT_OF_TIME),
-    *(Patch(f"{m}.time", "P>1", "patches", _synced_time, _CLOCK) for m in patches.CLOCK_MODULES),
-    # the rows of A-matrices and their α dealt over the ranks (rows.py)
-    Patch(f"{_AV}.batched_backward", "P>1", "rows", _wrap(rows.wrap_batched_backward),
-          "each rank back-substitutes its block of row passes; the bounds are all-gathered"),
-    Patch(f"{_AV}.get_sparse_C", "P>1", "rows", _wrap(rows.wrap_get_sparse_C),
-          "a patches-mode residual sum's unstable rows bounded in passes too (to be dealt)"),
-    Patch(f"{_AV}._compute_bounds_main", "P>1", "rows", _wrap(rows.wrap_compute_bounds_main),
-          "the bounds' gradient counted once over the ranks"),
-    Patch(f"{_RELU}.init_opt_parameters", "P>1", "rows", _wrap(rows.wrap_init_opt_parameters),
-          "each rank keeps the α of its own rows"),
-    Patch(f"{_RELU}.select_alpha_by_idx", "P>1", "rows", _wrap(rows.wrap_select_alpha_by_idx),
-          "a rank reads its local α rows"),
-    Patch(f"{_BM}.optim", "P>1", "rows", _synced_optim,
-          "Adam and SGD sum every gradient over the ranks before their step"),
-    Patch("complete_verifier_ext.abcrown_plugin.rows._active", "P>1", "rows", _rows_active,
-          "the row dealing is on (ours: read by the wrappers above)"),
-    # the BaB domain list split over the ranks (bab_split.py)
-    Patch("bab.act_split_round", "P>1", "bab_split", _act_split_round,
-          "each rank splits and bounds its share of the domains; one agreement a round"),
-    Patch("bab.get_split_depth", "P>1", "bab_split", _wrap(bab_split.wrap_get_split_depth),
-          "the split depth from the round's total batch"),
-    Patch("branching_domains.BatchedDomainList.__len__", "P>1", "bab_split", _wrap(bab_split.wrap_len),
-          "len(domains) between rounds counts every rank's"),
-    Patch("complete_verifier_func.general_bab", "P>1", "bab_split", _bab_weights,
-          "BaB with the weights replicated (bab_weights: replicated) and the rows not dealt"),
-    Patch("bab.multi_tree_bab", "P>1", "cuts_split", _multi_tree,
-          "BICCOS multi-tree branching on rank 0 alone; its cuts, domains and settings every rank's"),
-    Patch("abcrown.Customized", "P>1", "customized", _wrap(customized.wrap_customized),
-          "a Customized verifier runs once, on rank 0 alone; its result every rank's"),
-    # the input-split BaB box list split over the ranks (input_bab.py)
-    Patch(f"{_IBB}.batch_verification_input_split", "P>1", "input_bab", _input_round,
-          "each rank splits and bounds its share of the boxes; one agreement a round"),
-    Patch("input_split.split.get_split_depth", "P>1", "input_bab", _wrap(input_bab.wrap_get_split_depth),
-          "the split depth from the round's boxes on all ranks"),
-    Patch(f"{_IBB}.pgd_attack_on_domains", "P>1", "input_bab", _input_attack,
-          "the attack on each rank's own boxes; any rank's counterexample is every rank's"),
-    *(Patch(f"input_split.branching_domains.{cls}.__len__", "P>1", "input_bab", _wrap(bab_split.wrap_len),
-            "len(domains) between rounds counts every rank's")
+    Patch("loading.default_onnx_and_vnnlib_loader", "always", inputs.default_onnx_and_vnnlib_loader,
+          "a VNN-LIB 2.0 instance's networks (a list, VNN-COMP 2026) loaded as one joint model",
+          ("file_root", "onnx_path", "vnnlib_path")),
+    # the instance clock (clocks.py)
+    Patch("utils.Logger.record_start_time", "always", clocks.record_start_time,
+          "the first instance's clock starts at the verifier's start", ("self",)),
+    Patch("utils.Logger.update_timeout", "always", clocks.update_timeout,
+          "a single instance out of time before it starts ends timeout at once", ("self", "timeout")),
+    *(Patch(f"{m}.time", "P>1", clocks.synced_time, _CLOCK, None) for m in clocks.CLOCK_MODULES),
+    # the rows of A-matrices and their α dealt over the ranks (weights/rows.py)
+    Patch(f"{_AV}.batched_backward", "P>1", rows.batched_backward,
+          "each rank back-substitutes its block of row passes; the bounds are all-gathered",
+          ("self", "node", "C", "unstable_idx", "batch_size", "bound_lower", "bound_upper", "return_A")),
+    Patch(f"{_AV}.get_sparse_C", "P>1", rows.get_sparse_C,
+          "a patches-mode residual sum's unstable rows bounded in passes too (to be dealt)",
+          ("self", "node", "ref_intermediate")),
+    Patch(f"{_AV}._compute_bounds_main", "P>1", rows.compute_bounds_main,
+          "the bounds' gradient counted once over the ranks",
+          ("self", "C", "method", "IBP", "bound_lower", "bound_upper", "reuse_ibp", "reuse_alpha",
+           "average_A", "alpha_idx", "need_A_only", "update_mask")),
+    Patch(f"{_OPS}.BoundRelu.init_opt_parameters", "P>1", rows.init_opt_parameters,
+          "each rank keeps the α of its own rows", ("self", "start_nodes")),
+    Patch(f"{_OPS}.BoundRelu.select_alpha_by_idx", "P>1", rows.select_alpha_by_idx,
+          "a rank reads its local α rows", ("self", "last_lA", "last_uA", "unstable_idx", "start_node")),
+    Patch(f"{_BM}.optim", "P>1", rows.optim,
+          "Adam and SGD sum every gradient over the ranks before their step", None),
+    # the BaB domain list split over the ranks (search/)
+    Patch("bab.act_split_round", "P>1", activation.act_split_round,
+          "each rank splits and bounds its share of the domains; one agreement a round",
+          ("domains", "net", "batch", "iter_idx", "stats", "branching_heuristic")),
+    Patch("bab.get_split_depth", "P>1", activation.get_split_depth,
+          "the split depth from the round's total batch", ("batch_size", "min_batch_size", "min_depth")),
+    Patch("branching_domains.BatchedDomainList.__len__", "P>1", rounds.list_len, _LEN, ("self",)),
+    Patch("complete_verifier_func.general_bab", "P>1", activation.general_bab,
+          "BaB with the weights replicated (bab_weights: replicated) and the rows not dealt", _GENERAL_BAB),
+    Patch("bab.multi_tree_bab", "P>1", cuts.multi_tree_bab,
+          "BICCOS multi-tree branching on rank 0 alone; its cuts, domains and settings every rank's",
+          ("net", "domains", "batch", "stop_criterion_func", "biccos_args", "stats", "start_time",
+           "initial_bs_ratio")),
+    Patch("abcrown.Customized", "P>1", customized.Customized,
+          "a Customized verifier runs once, on rank 0 alone; its result every rank's",
+          ("def_file", "callable_name", "args", "kwargs")),
+    # the input-split BaB box list split over the ranks (search/input_split.py)
+    Patch(f"{_IBB}.batch_verification_input_split", "P>1", input_split.batch_verification_input_split,
+          "each rank splits and bounds its share of the boxes; one agreement a round",
+          ("d", "net", "batch", "num_iter", "decision_thresh", "shape", "bounding_method", "branching_method",
+           "stop_criterion", "split_partitions", "use_reordered_bab", "stats")),
+    Patch("input_split.split.get_split_depth", "P>1", input_split.get_split_depth,
+          "the split depth from the round's boxes on all ranks", ("current_domain_num", "split_partitions")),
+    Patch(f"{_IBB}.pgd_attack_on_domains", "P>1", input_split.pgd_attack_on_domains,
+          "the attack on each rank's own boxes; any rank's counterexample is every rank's",
+          ("model_ori", "domains", "stage", "vnnlib")),
+    *(Patch(f"input_split.branching_domains.{cls}.__len__", "P>1", rounds.list_len, _LEN, ("self",))
       for cls in ("UnsortedInputDomainList", "UnsortedMultiSpecInputDomainList")),
-    Patch("complete_verifier_func.input_bab_parallel", "P>1", "input_bab", _input_bab,
-          "input BaB with the weights replicated (bab_weights: replicated), the rows not dealt, α whole"),
-    # MIP solves dealt over the ranks (mip_split.py)
-    Patch("lp_mip_solver.utils.handle_gurobi_error", "P>1", "mip_split",
-          _wrap(mip_split.gurobi_error_as_one_line), "Gurobi's refusal is one line at every P"),
-    *(Patch(f"{m}.multiprocessing", "P>1", "mip_split", _wrap(mip_split.dealt_multiprocessing),
-            "the pool solves this rank's share of the problems; the results gathered in order")
+    Patch("complete_verifier_func.input_bab_parallel", "P>1", input_split.input_bab_parallel,
+          "input BaB with the weights replicated (bab_weights: replicated), the rows not dealt, α whole",
+          _INPUT_BAB),
+    # MIP solves dealt over the ranks (search/mip.py)
+    Patch("lp_mip_solver.utils.handle_gurobi_error", "P>1", mip.handle_gurobi_error,
+          "Gurobi's refusal is one line at every P", ("message",)),
+    *(Patch(f"{m}.multiprocessing", "P>1", mip.multiprocessing,
+            "the pool solves this rank's share of the problems; the results gathered in order", None)
       for m in ("lp_mip_solver", "lp_mip_solver.refine_core")),
-    Patch("lp_mip_solver.mip_solver_lb_ub_and", "P>1", "mip_split", _wrap(mip_split.on_rank0),
-          "an AND spec's one MIP solved on rank 0, the result broadcast"),
-    # sharded weights inside auto_LiRPA (fsdp.py: gathered per call; tp.py: never whole)
-    *(Patch(d, "fsdp", "fsdp", _wrap(f), _GATHER) for d, f in fsdp.WRAPPED.items()),
-    *(Patch(d, "tp", "tp", _wrap(f), _RING) for d, f in tp.WRAPPED.items()),
-    Patch("beta_CROWN_solver.LiRPANet.__init__", "sharded", "fsdp", _shard_on_build,
-          "built on the whole model, then its weights sharded (RUNTIME)"),
-    # the probe, outermost (patches.py): what α,β-CROWN computed, for --summary
-    Patch("utils.Logger.summarize_results", "always", "patches", _probe(patches.probe_summarize),
-          "records the verdict and time"),
-    Patch("complete_verifier_func.general_bab", "always", "patches", _probe(patches.probe_general_bab),
-          "the BaB phase's time, domains and peak; a 'safe' it did not prove is unknown"),
-    Patch("complete_verifier_func.input_bab_parallel", "always", "patches", _probe(_input_probe),
-          "the input BaB phase's time, domains and peak"),
-    Patch(f"{_AV}.init_alpha", "always", "patches", _probe(patches.probe_init_alpha),
-          "records the initial CROWN bounds"),
-    Patch(f"{_AV}._get_optimized_bounds", "always", "patches", _probe(patches.probe_optimized),
-          "notes that α-CROWN ran, and its α count"),
-    Patch("beta_CROWN_solver.LiRPANet.build", "always", "patches", _probe(patches.probe_build),
-          "the incomplete phase's bounds and peak"),
+    Patch("lp_mip_solver.mip_solver_lb_ub_and", "P>1", mip.mip_solver_lb_ub_and,
+          "an AND spec's one MIP solved on rank 0, the result broadcast", ("candidate", "save_adv", "rhs")),
+    # sharded weights inside auto_LiRPA (weights/fsdp.py: gathered per call; weights/tp.py: never whole)
+    Patch(f"{_OPS}.BoundLinear.forward", "fsdp", fsdp.positional, _GATHER, _LINEAR_FORWARD),
+    Patch(f"{_OPS}.BoundLinear.bound_backward", "fsdp", fsdp.node_args, _GATHER, _LINEAR_BACKWARD),
+    Patch(f"{_OPS}.BoundLinear.interval_propagate", "fsdp", fsdp.interval, _GATHER, _LINEAR_IBP),
+    Patch(f"{_OPS}.BoundLinear.build_solver", "fsdp", fsdp.positional, _GATHER, _SOLVER),
+    Patch(f"{_OPS}.BoundMatMul.forward", "fsdp", fsdp.positional, _GATHER, _MATMUL_FORWARD),
+    Patch(f"{_OPS}.BoundMatMul.bound_backward", "fsdp", fsdp.node_args, _GATHER,
+          ("self", "last_lA", "last_uA", "x", "start_node", "kwargs")),
+    Patch(f"{_OPS}.BoundMatMul.interval_propagate", "fsdp", fsdp.interval, _GATHER, _IBP),
+    Patch(f"{_OPS}.BoundConv.forward", "fsdp", fsdp.positional, _GATHER, _CONV_FORWARD),
+    Patch(f"{_OPS}.BoundConv.bound_backward", "fsdp", fsdp.node_args, _GATHER, _CONV_BACKWARD),
+    Patch(f"{_OPS}.BoundConv.interval_propagate", "fsdp", fsdp.interval, _GATHER, _IBP),
+    Patch(f"{_OPS}.BoundConv.build_solver", "fsdp", fsdp.positional, _GATHER, _SOLVER),
+    Patch(f"{_OPS}.BoundLinear.forward", "tp", tp.forward, _RING, _LINEAR_FORWARD),
+    Patch(f"{_OPS}.BoundLinear.bound_backward", "tp", tp.bound_backward, _RING, _LINEAR_BACKWARD),
+    Patch(f"{_OPS}.BoundLinear.interval_propagate", "tp", tp.interval_propagate, _RING, _LINEAR_IBP),
+    Patch(f"{_OPS}.BoundLinear.build_solver", "tp", tp.build_solver, _RING, _SOLVER),
+    Patch(f"{_OPS}.BoundConv.forward", "tp", tp.conv_forward, _RING, _CONV_FORWARD),
+    Patch(f"{_OPS}.BoundConv.interval_propagate", "tp", tp.conv_interval_propagate, _RING, _IBP),
+    Patch(f"{_OPS}.BoundConv.bound_backward", "tp", tp.conv_bound_backward, _RING, _CONV_BACKWARD),
+    Patch(f"{_OPS}.BoundConv.build_solver", "tp", tp.build_solver, _RING, _SOLVER),
+    Patch(f"{_BUILD}.__init__", "fsdp", fsdp.lirpanet_init,
+          "built on the whole model, then its weights sharded (RUNTIME)", _LIRPANET_INIT),
+    Patch(f"{_BUILD}.__init__", "tp", tp.lirpanet_init,
+          "built on the whole model, then its weights sharded (RUNTIME)", _LIRPANET_INIT),
+    # the probe, outermost (probe.py): what α,β-CROWN computed, for --summary
+    Patch("utils.Logger.summarize_results", "always", probe.summarize_results, "records the verdict and time",
+          ("self", "verified_status", "index")),
+    Patch("complete_verifier_func.general_bab", "always", probe.general_bab,
+          "the BaB phase's time, domains and peak; a 'safe' it did not prove is unknown", _GENERAL_BAB),
+    Patch("complete_verifier_func.input_bab_parallel", "always", probe.input_bab_parallel,
+          "the input BaB phase's time, domains and peak", _INPUT_BAB),
+    Patch(f"{_AV}.init_alpha", "always", probe.init_alpha, "records the initial CROWN bounds",
+          ("self", "x", "share_alphas", "method", "c", "bound_lower", "bound_upper", "final_node_name",
+           "interm_bounds", "reference_alphas", "skip_bound_compute")),
+    Patch(f"{_AV}._get_optimized_bounds", "always", probe.get_optimized_bounds,
+          "notes that α-CROWN ran, and its α count",
+          ("self", "x", "aux", "C", "IBP", "forward", "method", "bound_side", "reuse_ibp", "return_A",
+           "average_A", "final_node_name", "interm_bounds", "reference_bounds", "aux_reference_bounds",
+           "needed_A_dict", "cutter", "decision_thresh", "epsilon_over_decision_thresh")),
+    Patch(f"{_BUILD}.build", "always", probe.build, "the incomplete phase's bounds and peak",
+          ("self", "x", "c", "rhs", "stop_criterion", "bounding_method", "vnnlib_handler", "interm_bounds",
+           "return_A", "or_spec_size", "full_alpha_info")),
+)
+
+# upstream callables the rows' code calls with their parameters by name without patching them
+CALLED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (f"{_AV}.check_optimized_variable_sparsity", ("self", "node")),
+    (f"{_AV}.get_unstable_locations", ("self", "ref_intermediate_lb", "ref_intermediate_ub", "conv",
+                                       "channel_only")),
+    (f"{_AV}.backward_general", ("self", "bound_node", "C", "start_backpropagation_at_node", "bound_lower",
+                                 "bound_upper", "average_A", "need_A_only", "unstable_idx", "update_mask",
+                                 "apply_output_constraints_to", "initial_As", "initial_lb", "initial_ub")),
+    ("bab.split_domain", ("net", "domains", "d", "batch", "stats", "set_init_alpha", "fix_interm_bounds",
+                          "branching_heuristic", "iter_idx")),
+    ("bab.check_worst_domain", ("d",)),
+    ("branching_domains.BatchedDomainList.pick_out", ("self", "batch", "device")),
+    ("tensor_storage.get_tensor_storage", ("full_shape", "initial_size", "switching_size", "dtype", "device",
+                                           "concat_dim")),
+    ("input_split.branching_domains.UnsortedInputDomainList.pick_out_batch",
+     ("self", "batch_size", "device")),
+    ("input_split.branching_domains.UnsortedInputDomainList.add",
+     ("self", "lb", "dm_l", "dm_u", "alpha", "cs", "threshold", "constraints", "split_idx", "remaining_index",
+      "check_dm_lbs", "check_input_boxes", "kwargs")),
 )
 
 # changes that the rows' code makes at run time to objects α,β-CROWN creates for each instance:
 # (what, made by, lifetime)
 RUNTIME: tuple[tuple[str, str, str], ...] = (
     ("the model's Linear/MatMul/Conv weight tensors (and buffers copying them) hold 1/P row shards "
-     "(tensor.data)", "fsdp.shard_net, at each LiRPANet build (sharded)",
+     "(tensor.data)", "weights.shards.shard_net, at each LiRPANet build (sharded)",
      "the model is α,β-CROWN's per-instance object, dropped when the instance ends; not regathered "
      "(that would cost a collective and the whole weights' memory)"),
-    ("the BoundParams of every sharded weight hold the shard (param.data)", "fsdp.shard_net (sharded)",
+    ("the BoundParams of every sharded weight hold the shard (param.data)", "weights.shards.shard_net",
      "the LiRPANet is per instance; dropped with it"),
     ("model_ori.forward runs with the weights gathered (torch.func.functional_call)",
-     "fsdp._gather_on_forward (fsdp)", "an instance attribute of the per-instance model; dropped with it"),
-    ("the model's nn.Linear / nn.Conv2d forward is column-parallel", "tp.column_parallel_forward (tp)",
+     "weights.fsdp.gather_on_forward (fsdp)",
+     "an instance attribute of the per-instance model; dropped with it"),
+    ("the model's nn.Linear / nn.Conv2d forward is column-parallel",
+     "weights.tp.column_parallel_forward (tp)",
      "instance attributes of the per-instance model; dropped with it"),
-    ("replicated(): every shard's tensor holds the whole weight during BaB", "shards.replicated (fsdp)",
-     "put back when the search ends"),
+    ("a domain or box list's global count between rounds (_global_len, _split)", "search.rounds",
+     "attributes of the per-instance list; dropped with it"),
+    ("BICCOS's agreed cut list (_cve_agreed)", "search.cuts",
+     "an attribute of the per-instance BICCOS object"),
+    ("replicated(): every shard's tensor holds the whole weight during BaB",
+     "weights.shards.replicated (fsdp)", "put back when the search ends"),
 )
 # fmt: on
 
 
-def applies(patch: Patch, setup: Setup) -> bool:
-    return WHEN[patch.when](setup)
-
-
-def install(p: patches.Patcher, setup: Setup) -> None:
+def install(p: Patcher, run: Run) -> None:
     """Set every row that applies, in order, after checking every signature (never half-patched)."""
-    for dotted in patches.SIGNATURES:
-        patches.check_signature(dotted)
     for patch in TABLE:
-        if applies(patch, setup):
-            p.wrap(patch.target, lambda orig, patch=patch: patch.make(setup, orig))
+        if patch.params is not None:
+            check_signature(patch.target, patch.params)
+    for dotted, params in CALLED:
+        check_signature(dotted, params)
+    for patch in TABLE:
+        if applies(patch, run):
+            p.wrap(patch.target, lambda orig, patch=patch: patch.make(run, orig))
 
 
-def targets(setup: Setup) -> list[str]:
-    """The attributes that :func:`install` sets for ``setup`` (each once)."""
-    return list(dict.fromkeys(t.target for t in TABLE if applies(t, setup)))
+def targets(run: Run) -> list[str]:
+    """The attributes that :func:`install` sets for ``run`` (each once)."""
+    return list(dict.fromkeys(t.target for t in TABLE if applies(t, run)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 from .. import clock
 from ..errors import end_cleanly_on_signals
@@ -24,28 +25,32 @@ USAGE = "vnncomp CATEGORY ONNX VNNLIB RESULTS TIMEOUT [--ours CONFIG] [abcrown f
 # The fallback table (VNN-COMP 2021/2022 names, which α,β-CROWN's current ``vnncomp_main.py`` no longer
 # lists, and the 2026 VNN-LIB 2.0 ACAS Xu categories, which it does not know yet): category -> config
 # under complete_verifier/exp_configs; a callable picks by the ONNX argument (a path or a network list).
-CONFIGS = {
-    "acasxu": "vnncomp21/acasxu.yaml",
-    "acas_xu_vnnlib2": "vnncomp21/acasxu.yaml",
-    "isomorphic_acasxu": "vnncomp21/acasxu.yaml",
-    "monotonic_acasxu": "vnncomp21/acasxu.yaml",
-    "cifar2020": "vnncomp22/cifar2020_2_255.yaml",
-    "cifar_biasfield": "vnncomp22/cifar_biasfield.yaml",
-    "collins_rul_cnn": "vnncomp22/collins-rul-cnn.yaml",
-    "mnist_fc": lambda onnx: "vnncomp22/mnistfc_small.yaml" if "256x2" in onnx else "vnncomp22/mnistfc.yaml",
-    "oval21": "vnncomp22/oval22.yaml",
-    "sri_resnet_a": "vnncomp22/resnet_A.yaml",
-    "sri_resnet_b": "vnncomp22/resnet_B.yaml",
-    "tllverifybench": "vnncomp22/tllVerifyBench.yaml",
-    "vggnet16_2022": "vnncomp22/vggnet16.yaml",
-}
-ALIASES = {"mnistfc": "mnist_fc", "collins-rul-cnn": "collins_rul_cnn"}
+CONFIGS = MappingProxyType(
+    {
+        "acasxu": "vnncomp21/acasxu.yaml",
+        "acas_xu_vnnlib2": "vnncomp21/acasxu.yaml",
+        "isomorphic_acasxu": "vnncomp21/acasxu.yaml",
+        "monotonic_acasxu": "vnncomp21/acasxu.yaml",
+        "cifar2020": "vnncomp22/cifar2020_2_255.yaml",
+        "cifar_biasfield": "vnncomp22/cifar_biasfield.yaml",
+        "collins_rul_cnn": "vnncomp22/collins-rul-cnn.yaml",
+        "mnist_fc": lambda onnx: (
+            "vnncomp22/mnistfc_small.yaml" if "256x2" in onnx else "vnncomp22/mnistfc.yaml"
+        ),
+        "oval21": "vnncomp22/oval22.yaml",
+        "sri_resnet_a": "vnncomp22/resnet_A.yaml",
+        "sri_resnet_b": "vnncomp22/resnet_B.yaml",
+        "tllverifybench": "vnncomp22/tllVerifyBench.yaml",
+        "vggnet16_2022": "vnncomp22/vggnet16.yaml",
+    }
+)
+ALIASES = MappingProxyType({"mnistfc": "mnist_fc", "collins-rul-cnn": "collins_rul_cnn"})
 
 # ``elif args.CATEGORY == "NAME":`` followed by ``cmd += "exp_configs/REL"`` in vnncomp_main.py
 _CHOICE = re.compile(r'args\.CATEGORY\s*==\s*"([^"]+)"\s*:\s*\n\s*cmd\s*\+=\s*"exp_configs/([^"]+)"')
 _YEAR = re.compile(r"_20\d\d$")
 # vnncomp_main.py's own special cases: VNN-COMP's test instances, whatever the category
-TEST_SPECS = {f"test_{size}.vnnlib" for size in ("nano", "tiny", "small")}
+TEST_SPECS = frozenset(f"test_{size}.vnnlib" for size in ("nano", "tiny", "small"))
 
 
 def checkout_choices(complete_verifier: Path) -> dict[str, str]:
@@ -137,7 +142,7 @@ def main(argv: list[str]) -> int:
 
     from ..errors import UserError
     from ..results import report_error
-    from .runner import main as run
+    from .parent import main as run
 
     ours = None
     if "--ours" in argv:

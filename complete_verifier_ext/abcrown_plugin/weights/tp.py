@@ -1,9 +1,9 @@
 """TP weights inside auto_LiRPA: no rank ever builds a whole Linear or Conv weight.
 
-The weights are sharded as under FSDP (:func:`.fsdp.shard_net`: 1/P of the output rows of every
-``BoundLinear`` and ``BoundConv`` weight and of its copies in ``model_ori``), each held as the native
-engine's :class:`~complete_verifier_ext.parallel.sharded.ShardedWeight` (mode ``tp``). The op
-wrappers compute with the shards only:
+The weights are sharded as under FSDP (:func:`.shards.shard_net` with :data:`TP`: 1/P of the output
+rows of every ``BoundLinear`` and ``BoundConv`` weight and of its copies in ``model_ori``), each held
+as the native engine's :class:`~complete_verifier_ext.parallel.sharded.ShardedWeight` (mode ``tp``).
+The op wrappers compute with the shards only:
 
 * ``forward`` and ``interval_propagate``: column-parallel. Each rank computes its own output slice
   (its rows of W, its slice of the bias) and one ``all_gather`` assembles the small output. When
@@ -43,10 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..parallel import comm, serve
-from ..parallel.sharded import conv_output_padding
+from ...parallel import comm, serve
+from ...parallel.sharded import conv_output_padding
+from ..locate import PluginError
+from ..run import Run, Shards
 from . import shards
-from .locate import PluginError
 
 
 def whole_reason(node) -> str | None:
@@ -65,9 +66,9 @@ def whole_reason(node) -> str | None:
     return None
 
 
-def _sharded(op):
+def _sharded(reg: Shards, op):
     """The ``ShardedWeight`` of ``op``'s weight, or None (not sharded)."""
-    _, sw = shards.weight_of(op)
+    _, sw = shards.weight_of(reg, op)
     return sw
 
 
@@ -81,9 +82,11 @@ def _no_grad_through(*ts: Any) -> None:
         raise RuntimeError("tp: a BoundLinear forward/IBP needs a gradient; not supported")
 
 
-def wrap_forward(orig):
+def forward(run: Run, orig):
+    reg = run.shards
+
     def forward(self, x, w, b=None):
-        sw = _sharded(self)
+        sw = _sharded(reg, self)
         if sw is None:
             return orig(self, x, w, b)
         _no_grad_through(x)
@@ -95,11 +98,13 @@ def wrap_forward(orig):
     return forward
 
 
-def wrap_interval(orig):
+def interval_propagate(run: Run, orig):
+    reg = run.shards
+
     def interval_propagate(self, *v, C=None, w=None):
         from auto_LiRPA.operators.base import Interval
 
-        sw = _sharded(self)
+        sw = _sharded(reg, self)
         if sw is None or w is not None:
             return orig(self, *v, C=C, w=w)
         _no_grad_through(v[0][0], v[0][1], C)
@@ -149,9 +154,11 @@ def _dense(A: Any, dtype: torch.dtype) -> Any:
     raise RuntimeError(f"tp: unexpected A-matrix type {type(A).__name__}")
 
 
-def wrap_bound_backward(orig):
+def bound_backward(run: Run, orig):
+    reg = run.shards
+
     def bound_backward(self, last_lA, last_uA, *x, start_node=None, reduce_bias=True, **kwargs):
-        sw = _sharded(self)
+        sw = _sharded(reg, self)
         if sw is None:
             return orig(self, last_lA, last_uA, *x, start_node=start_node, reduce_bias=reduce_bias, **kwargs)
         plain = not any(self.is_input_perturbed(i) for i in range(1, len(x)))
@@ -176,13 +183,14 @@ def wrap_bound_backward(orig):
     return bound_backward
 
 
-def wrap_build_solver(orig):
+def build_solver(run: Run, orig):
     """MIP/LP model building (``build_solver(self, *v, ...)``, ``v[1]`` the weight): a Gurobi model
     holds every layer whole as its coefficients, so the weight is gathered for the call and dropped
     after (in lockstep: every rank builds the same model)."""
+    reg = run.shards
 
     def build_solver(self, *v, **kwargs):
-        sw = _sharded(self)
+        sw = _sharded(reg, self)
         if sw is None or len(v) < 2:
             return orig(self, *v, **kwargs)
         return orig(self, v[0], sw.fresh(), *v[2:], **kwargs)
@@ -191,11 +199,12 @@ def wrap_build_solver(orig):
     return build_solver
 
 
-def wrap_conv_forward(orig):
+def conv_forward(run: Run, orig):
     """``BoundConv.forward(x, w, b)``: the rank's output channels, then one all-gather."""
+    reg = run.shards
 
     def forward(self, *x):
-        sw = _sharded(self)
+        sw = _sharded(reg, self)
         if sw is None:
             return orig(self, *x)
         _no_grad_through(x[0])
@@ -205,11 +214,13 @@ def wrap_conv_forward(orig):
     return forward
 
 
-def wrap_conv_interval(orig):
+def conv_interval_propagate(run: Run, orig):
+    reg = run.shards
+
     def interval_propagate(self, *v, C=None):
         from auto_LiRPA.operators.base import Interval
 
-        sw = _sharded(self)
+        sw = _sharded(reg, self)
         if sw is None:
             return orig(self, *v, C=C)
         _no_grad_through(v[0][0], v[0][1])
@@ -338,12 +349,13 @@ def _matrix_side(self, A, x, sw):
     return nxt, (torch.einsum("sbc...,c->sb", A, bias) if bias is not None else 0)
 
 
-def wrap_conv_bound_backward(orig):
+def conv_bound_backward(run: Run, orig):
     """``A @ W`` of a conv with its output channels sharded: matrix mode by :func:`_matrix_side`,
     patches mode by :func:`_patches_side`."""
+    reg = run.shards
 
     def bound_backward(self, last_lA, last_uA, *x, **kwargs):
-        sw = _sharded(self)
+        sw = _sharded(reg, self)
         if sw is None:
             return orig(self, last_lA, last_uA, *x, **kwargs)
         return _patches_bound_backward(self, orig, last_lA, last_uA, x, sw)
@@ -352,16 +364,9 @@ def wrap_conv_bound_backward(orig):
     return bound_backward
 
 
-WRAPPED = {
-    "auto_LiRPA.operators.BoundLinear.forward": wrap_forward,
-    "auto_LiRPA.operators.BoundLinear.bound_backward": wrap_bound_backward,
-    "auto_LiRPA.operators.BoundLinear.interval_propagate": wrap_interval,
-    "auto_LiRPA.operators.BoundLinear.build_solver": wrap_build_solver,
-    "auto_LiRPA.operators.BoundConv.forward": wrap_conv_forward,
-    "auto_LiRPA.operators.BoundConv.interval_propagate": wrap_conv_interval,
-    "auto_LiRPA.operators.BoundConv.bound_backward": wrap_conv_bound_backward,
-    "auto_LiRPA.operators.BoundConv.build_solver": wrap_build_solver,
-}
+def lirpanet_init(run: Run, orig):
+    """``LiRPANet.__init__``: built on the whole model, then its weights sharded (tp)."""
+    return shards.lirpanet_init(run, orig, TP)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -369,9 +374,9 @@ WRAPPED = {
 # ---------------------------------------------------------------------------------------------------------
 
 
-def column_parallel_forward(model: nn.Module, table: dict[str, tuple[Any, bool]]) -> None:
+def column_parallel_forward(reg: Shards, model: nn.Module, table: dict[str, tuple[Any, bool]]) -> None:
     """Every ``nn.Linear`` of ``model`` whose weight is sharded computes its own output columns;
-    ``table``: the model's sharded tensors by name (``shards.by_model[model]``)."""
+    ``table``: the model's sharded tensors by name (``reg.by_model[model]``)."""
     modules = dict(model.named_modules())
     for name, (shard, transposed) in table.items():
         owner, _, attr = name.rpartition(".")
@@ -404,3 +409,6 @@ def _conv_forward(m: nn.Conv2d, sw):
         return comm.all_gather_cat_same_loss(with_bias(y, sw.rows), 1, sizes=sw.sizes)
 
     return forward
+
+
+TP = shards.Strategy("tp", whole_reason=whole_reason, model_forward=column_parallel_forward)

@@ -27,10 +27,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .errors import UserError
-from .model.onnx_loader import ModelError, read_onnx
-from .networks_arg import is_network_list, parse_networks
-from .spec import Layout, NetworkSlots, Slot, Spec, cache_root
+from ..errors import UserError
+from ..spec import Layout, NetworkSlots, Slot, Spec, cache_root
+from ..spec.networks import is_network_list, parse_networks
+from .onnx_loader import ModelError, read_onnx
 
 __all__ = ["Networks", "compose", "model_for", "network_paths"]
 

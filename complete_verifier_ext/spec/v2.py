@@ -14,7 +14,7 @@ file, over one *joint* model:
 
 The spec's :class:`~complete_verifier_ext.spec.Layout` says where each declared tensor sits in that
 joint input and output; :mod:`complete_verifier_ext.model.compose` builds the joint model from it and
-:mod:`complete_verifier_ext.witness` writes a counterexample in the 2.0 form. What the joint model cannot
+:mod:`.witness` writes a counterexample in the 2.0 form. What the joint model cannot
 express (a constraint relating inputs to outputs, or two inputs other than by equality, ``!=``, hidden
 tensors, non-real tensors) is a :class:`SpecError` naming the line.
 """
@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .vnnlib_common import Dnf, Layout, NetworkSlots, Row, Slot, Source, SpecError
+from .common import Dnf, Layout, NetworkSlots, Row, Slot, Source, SpecError
 
 __all__ = ["Query", "is_vnnlib2", "read"]
 

@@ -1,13 +1,13 @@
-"""What both VNN-LIB readers (1.x in :mod:`complete_verifier_ext.spec`, 2.0 in
-:mod:`complete_verifier_ext.vnnlib2`) produce before a :class:`~complete_verifier_ext.spec.Spec` is
-assembled: located errors, linear rows in disjunctive normal form, and a 2.0 query's layout."""
+"""What both VNN-LIB readers (1.x in :mod:`.v1`, 2.0 in :mod:`.v2`) produce before a
+:class:`~.model.Spec` is assembled: located errors, linear rows in disjunctive normal form, and a 2.0
+query's layout."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .errors import UserError
+from ..errors import UserError
 
 __all__ = ["Dnf", "Layout", "NetworkSlots", "Row", "Slot", "Source", "SpecError", "Var"]
 

@@ -6,19 +6,28 @@ network in declaration order, each input then each output as a line ``NAME TYPE 
 its values, one per line, row-major. :func:`vnnlib2_witness` builds it from a point of the joint input
 by running every network on its own ONNX file with onnxruntime (not the joint model the bounds were
 computed on), and returns it only if the spec holds at those outputs, without tolerance.
+
+:func:`recheck_results_file` re-checks a ``sat`` that another verifier wrote (α,β-CROWN, through the
+plugin) before it stands: its counterexample is rounded into the float32 points of the spec's input box
+(α,β-CROWN clamps its attack in float32, which may round a coordinate just outside a real bound) and
+run on onnxruntime; if some clause holds there, the results file gets that point and its output (for a
+VNN-LIB 2.0 spec: the 2.0 witness, every network run on its own file); if not, the verdict becomes
+``unknown`` (never a wrong ``sat``), with one line saying why.
 """
 
 from __future__ import annotations
 
-import gzip
 import re
 
 import numpy as np
 
-from .attack import clause_margins
-from .spec import Region, Slot, Spec, float32_box
+from ..attack import clause_margins, format_counterexample, ort_output, ort_session
+from ..results import write_atomic
+from .boxes import float32_box
+from .common import Slot
+from .model import Region, Spec
 
-__all__ = ["read_inputs", "vnnlib2_witness"]
+__all__ = ["read_inputs", "recheck_results_file", "vnnlib2_witness"]
 
 _X = re.compile(r"\(\s*X_(\d+)\s+([^\s()]+)\s*\)")
 
@@ -29,16 +38,6 @@ def read_inputs(text: str) -> np.ndarray | None:
     if not found or sorted(found) != list(range(len(found))):
         return None
     return np.array([found[i] for i in range(len(found))], dtype=np.float64)
-
-
-def _session(path: str):
-    import onnxruntime as ort
-
-    source: str | bytes = path
-    if path.endswith(".gz"):
-        with gzip.open(path, "rb") as f:
-            source = f.read()
-    return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
 
 
 def _feed_shape(value, n: int) -> list[int]:
@@ -55,7 +54,7 @@ def run_networks(x: np.ndarray, spec: Spec, networks: dict[str, str]) -> np.ndar
     """The joint output at the joint input ``x`` (float32), each network run on its own file."""
     y = np.zeros(spec.n_outputs, dtype=np.float64)
     for net in spec.layout.networks:
-        session = _session(networks[net.name])
+        session = ort_session(networks[net.name])
         inputs = _ordered(net.inputs, session.get_inputs())
         feeds = {
             v.name: x[list(s.index)].astype(np.float32).reshape(_feed_shape(v, len(s.index)))
@@ -96,3 +95,48 @@ def vnnlib2_witness(x: np.ndarray, spec: Spec, networks: dict[str, str]) -> str 
         for s in net.outputs:
             lines += _block(s, y[list(s.index)])
     return "\n".join(lines)
+
+
+def _in_box(x: np.ndarray, region: Region) -> np.ndarray | None:
+    """``x`` rounded into the region's inward float32 box, or None when it is not a rounding of it."""
+    if x.size != region.lower.size:
+        return None
+    lo, hi = float32_box(region.lower, region.upper, inward=True)
+    x32 = np.clip(x.astype(np.float32), lo, hi)
+    if np.abs(x32.astype(np.float64) - x).max() > 1e-6 * max(1.0, float(np.abs(x).max())):
+        return None  # not a rounding of this region's box: another region's point
+    return x32
+
+
+def recheck_results_file(results_file: str, onnx_arg: str, vnnlib_path: str, who: str) -> str | None:
+    """Re-check a ``sat`` results file (written by ``who``) in place; ``onnx_arg``: a path or a network
+    list. Returns a warning when the verdict was changed."""
+    from ..model import joint
+    from .load import load_vnnlib
+
+    with open(results_file) as f:
+        text = f.read()
+    if text.split("\n", 1)[0].strip() != "sat":
+        return None
+    x = read_inputs(text)
+    if x is None:
+        write_atomic(results_file, "unknown\n")
+        return f"{who} said sat without a counterexample: unknown"
+    spec = load_vnnlib(vnnlib_path)
+    onnx_path, networks = joint.model_for(onnx_arg, spec)
+    for region in spec.regions:
+        x32 = _in_box(x, region)
+        if x32 is None:
+            continue
+        if networks is not None:  # VNN-LIB 2.0: every network on its own file
+            witness = vnnlib2_witness(x32, spec, networks)
+            if witness is not None:
+                write_atomic(results_file, f"sat\n{witness}\n")
+                return None
+            continue
+        y = ort_output(onnx_path, x32, (x32.size,))
+        if (clause_margins(y, region.clauses) <= 0.0).any():
+            write_atomic(results_file, f"sat\n{format_counterexample(x32, y)}\n")
+            return None
+    write_atomic(results_file, "unknown\n")
+    return f"{who}'s counterexample does not check on onnxruntime in the spec's box: unknown"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 
-from .errors import UserError
+from ..errors import UserError
 
 __all__ = ["is_network_list", "label", "map_paths", "parse_networks"]
 

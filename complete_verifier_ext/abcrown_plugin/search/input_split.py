@@ -7,7 +7,7 @@ numbers of ANDs), optionally tighten the spec's threshold with an attack, split 
 dimensions chosen per box: ``naive``, ``sb``, ``brute-force``), bound the halves with CROWN or α-CROWN,
 drop the verified ones, clip the rest (``bab.clip_n_verify.clip_input_domain``: each box shrunk by the
 linear bounds of its own spec) and add them back. Under P > 1 each rank keeps its own share of the
-list, and a round becomes, as in activation BaB (``bab_split``):
+list, and a round becomes, as in activation BaB (:mod:`.rounds`):
 
 1. one ``all_gather_object`` of (boxes held, batch size): the batch is the smallest over the ranks and a
    rank's share of it ⌈B / P⌉;
@@ -38,18 +38,17 @@ from typing import Any
 
 import torch
 
-from ..parallel import comm
-from . import bab_split
-
-_picked: tuple[int, int] | None = None  # (this rank's picks, all ranks' picks) inside a round
-
+from ...parallel import comm
+from ..clocks import local_clock
+from ..run import Run
+from .rounds import ListQueue, Moved, deal_round, fetched, lockstep_calls, searching, to_cpu, worst_over_ranks
 
 # ----------------------------------------------------------------------------------------------------------
 # Moving boxes between the ranks' lists
 # ----------------------------------------------------------------------------------------------------------
 
 
-def take(dl, k: int) -> bab_split.Moved:
+def take(dl, k: int) -> Moved:
     """Remove the ``k`` boxes ``pick_out_batch`` would take next, with all the list keeps per box."""
     picked = dl.pick_out_batch(k, device="cpu")
     alpha, lb, dm_l, dm_u, cs, threshold, constraints, spec_sizes, split_idx = picked
@@ -64,10 +63,10 @@ def take(dl, k: int) -> bab_split.Moved:
         for k1, t in per_start.items():
             tensors[("alpha", k0, k1)] = t  # (2, spec, boxes, ...): the boxes on dim 2
     dims = {key: 2 if isinstance(key, tuple) else 0 for key in tensors}
-    return bab_split.Moved(bab_split.to_cpu({k: t.detach().clone() for k, t in tensors.items()}), dims, {})
+    return Moved(to_cpu({k: t.detach().clone() for k, t in tensors.items()}), dims, {})
 
 
-def put(dl, moved: bab_split.Moved) -> None:
+def put(dl, moved: Moved) -> None:
     """Add boxes taken from another rank's list by :func:`take` (as α,β-CROWN adds children)."""
     t = moved.tensors
     alpha: dict[str, dict[str, torch.Tensor]] = {}
@@ -99,31 +98,27 @@ def _local_worst(dl) -> torch.Tensor | None:
         return None
     skip = arguments.Config["bab"]["branching"]["input_split"]["skip_getting_worst_domain"]
     box = dl[0 if skip else dl.get_topk_indices()]
-    return bab_split.to_cpu(box[0] - box[-2])
+    return to_cpu(box[0] - box[-2])
 
 
-def wrap_input_split_round(orig, weights_sharded: bool):
-    """``orig``: α,β-CROWN's ``batch_verification_input_split``; ``weights_sharded``: whether BaB keeps
-    the weights sharded (``parallel.bab_weights`` resolved)."""
+def batch_verification_input_split(run: Run, orig):
+    """α,β-CROWN's round (``orig``) on this rank's share of the boxes; one agreement a round."""
 
     def batch_verification_input_split(d, net, batch, *args, **kwargs):
-        global _picked
-        from . import patches
-
-        me, calls, stats = comm.rank(), bab_split.lockstep_calls(), kwargs["stats"]
-        picks, _ = bab_split.deal_round(bab_split.ListQueue(d, take, put), batch)
+        me, calls, stats = comm.rank(), lockstep_calls(), kwargs["stats"]
+        picks, _ = deal_round(ListQueue(d, take, put), batch)
         visited = stats.visited
-        with patches.local_clock(), bab_split.fetched(weights_sharded):
+        with local_clock(run), fetched(run):
             if picks[me] > 0:
-                _picked = (picks[me], sum(picks))
+                run.rounds.picked = (picks[me], sum(picks))
                 try:
                     orig(d, net, picks[me], *args, **kwargs)
                 finally:
-                    _picked = None
+                    run.rounds.picked = None
             worst = _local_worst(d)
         threshold = kwargs.get("decision_thresh", args[1] if len(args) > 1 else None)
         global_lb = _agree(d, stats, worst, visited, threshold)
-        bab_split.round_collectives.append(bab_split.lockstep_calls() - calls)
+        run.rounds.collectives.append(lockstep_calls() - calls)
         return global_lb
 
     return batch_verification_input_split
@@ -145,7 +140,7 @@ def _agree(d, stats, worst: torch.Tensor | None, visited: int, decision_thresh) 
     if d._global_len == 0:
         print("No domains left on any rank, verification finished!")
         return (decision_thresh.max() + 1e-7).to(device)
-    global_lb = bab_split.worst_over_ranks([e[1] for e in every])
+    global_lb = worst_over_ranks([e[1] for e in every])
     print(f"Current (lb-rhs): {global_lb.max().item()}")
     total = getattr(d, "all_volume", None)
     if arguments.Config["bab"]["branching"]["input_split"]["show_progress"] and total:
@@ -153,31 +148,29 @@ def _agree(d, stats, worst: torch.Tensor | None, visited: int, decision_thresh) 
     return global_lb.to(device)
 
 
-def wrap_get_split_depth(orig):
+def get_split_depth(run: Run, orig):
     """``input_split.split.get_split_depth`` from the round's boxes on all ranks (scaled from this
     rank's count, which after ``reorder_bab``'s filtering is its unverified boxes)."""
 
     def get_split_depth(current_domain_num, split_partitions=2):
-        if _picked is not None and current_domain_num > 0:
-            mine, total = _picked
+        if run.rounds.picked is not None and current_domain_num > 0:
+            mine, total = run.rounds.picked
             current_domain_num = max(1, round(current_domain_num * total / mine))
         return orig(current_domain_num, split_partitions)
 
     return get_split_depth
 
 
-def wrap_pgd_attack_on_domains(orig, weights_sharded: bool):
+def pgd_attack_on_domains(run: Run, orig):
     """The attack on the boxes where they are; any rank's counterexample is every rank's."""
 
     def pgd_attack_on_domains(model_ori, domains, stage, vnnlib):
         import arguments
 
-        from . import patches
-
         saved, domains._global_len = domains.__dict__.get("_global_len"), None  # the rank's own boxes
         try:
             attack_here = (domains.__dict__.get("_split", False) or comm.rank() == 0) and len(domains) > 0
-            with patches.local_clock(), bab_split.fetched(weights_sharded):
+            with local_clock(run), fetched(run):
                 found = bool(orig(model_ori, domains, stage, vnnlib)) if attack_here else False
         finally:
             domains._global_len = saved
@@ -202,12 +195,12 @@ def _read(path: str) -> str | None:
         return f.read()
 
 
-def wrap_input_bab_parallel(orig, weights_sharded: bool):
-    """``input_bab_parallel`` inside :func:`.bab_split.searching` (the initial α whole on every rank:
+def input_bab_parallel(run: Run, orig):
+    """``input_bab_parallel`` inside :func:`.rounds.searching` (the initial α whole on every rank:
     input BaB stores every layer's α per box)."""
 
     def input_bab_parallel(*args, **kwargs):
-        with bab_split.searching(kwargs.get("reference_dict"), weights_sharded):
+        with searching(run, kwargs.get("reference_dict")):
             return orig(*args, **kwargs)
 
     return input_bab_parallel

@@ -44,20 +44,15 @@ whose rows are dealt) are split; the output node's α (one row per spec) stays r
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import math
 import types
-import weakref
 
 import torch
 from torch import Tensor
 
-from ..parallel import comm
-
-_active = False  # rows are sharded only inside the patched run
-_dealing: list[str] = []  # the start nodes whose rows batched_backward is dealing now (innermost last)
-dealt: collections.Counter[str] = collections.Counter()  # rows this rank bounded, by start-node operator
+from ...parallel import comm
+from ..run import Rows, Run
 
 
 def _unstable_size(idx) -> int:
@@ -85,12 +80,12 @@ def pass_rows(U: int, batch: int, world: int | None = None) -> int:
     return -(-U // (P * k))
 
 
-def _owners(module, node, idx, c: int) -> Tensor:
+def _owners(state: Rows, module, node, idx, c: int) -> Tensor:
     """The rank that bounds each of the U rows: where the start node's α is kept by row, its owner;
     else the pass blocks."""
     if isinstance(idx, Tensor):
         for relu in getattr(module, "relus", ()):
-            layout = _ALPHA.get(relu, {}).get(node.name)
+            layout = state.alpha.get(relu, {}).get(node.name)
             if layout is not None:
                 return layout.owners_of(idx)
     return pass_blocks(_unstable_size(idx), c)
@@ -105,7 +100,11 @@ def _local_rows(owners: Tensor, q: int, c: int, passes: int) -> Tensor:
     return torch.cat([mine[:full], dummies, mine[full:]])
 
 
-def wrap_batched_backward(orig):
+def batched_backward(run: Run, orig):
+    """``BoundedModule.batched_backward``: each rank back-substitutes its block of row passes; the
+    bounds are all-gathered (see the module docstring)."""
+    state = run.rows
+
     def batched_backward(
         self, node, C, unstable_idx, batch_size, bound_lower=True, bound_upper=True, return_A=None
     ):
@@ -117,11 +116,11 @@ def wrap_batched_backward(orig):
             dim *= int(s)
         idx = torch.arange(dim, device=self.device) if dense else unstable_idx
         U = _unstable_size(idx)
-        if not _active or P == 1 or want_A or U < P:
+        if not state.active or P == 1 or want_A or U < P:
             return orig(self, node, C, unstable_idx, batch_size, bound_lower, bound_upper, return_A)
         opts = self.bound_opts
         c = pass_rows(U, int(opts["crown_batch_size"]))
-        owners = _owners(self, node, idx, c).cpu()
+        owners = _owners(state, self, node, idx, c).cpu()
         passes = max(-(-int((owners == q).sum()) // c) for q in range(P))
         every = [_local_rows(owners, q, c, passes) for q in range(P)]
         rows = every[comm.rank()]
@@ -130,7 +129,7 @@ def wrap_batched_backward(orig):
         saved = {k: opts.get(k) for k in ("batched_crown_max_vram_ratio", "crown_batch_size")}
         opts["batched_crown_max_vram_ratio"] = 0.0  # never enlarge a pass on one rank only
         opts["crown_batch_size"] = c
-        _dealing.append(node.name)
+        state.dealing.append(node.name)
         try:
             if patches_sum(node):
                 lb, ub = _sum_passes(self, node, local, c, batch_size, bound_lower, bound_upper)
@@ -138,8 +137,8 @@ def wrap_batched_backward(orig):
                 lb, ub = orig(self, node, C, local, batch_size, bound_lower, bound_upper, False)[:2]
         finally:
             opts.update(saved)
-            _dealing.pop()
-        dealt[type(node).__name__] += int((rows >= 0).sum())
+            state.dealing.pop()
+        state.dealt[type(node).__name__] += int((rows >= 0).sum())
         sizes = [r.numel() for r in every]
         flat = torch.cat(every)  # the row of each gathered column (-1: dummy)
         take = torch.empty(U, dtype=torch.long)
@@ -167,16 +166,16 @@ def patches_sum(node) -> bool:
     return isinstance(node, (BoundAdd, BoundSub)) and node.mode == "patches" and len(node.output_shape) >= 4
 
 
-def wrap_get_sparse_C(orig):
-    """A patches-mode residual sum is bounded in passes (to be dealt), as auto_LiRPA bounds a conv
-    layer's unstable neurons, over the neurons auto_LiRPA itself would bound in its one pass: the
-    unstable ones where it uses a sum's sparse C (a sparse-spec α, or no α and at most
-    ``minimum_sparsity`` of them unstable), else every neuron (its dense C: with a dense α of its own,
-    bounding only the unstable ones moved α-CROWN's result)."""
+def get_sparse_C(run: Run, orig):
+    """``BoundedModule.get_sparse_C``: a patches-mode residual sum is bounded in passes (to be dealt),
+    as auto_LiRPA bounds a conv layer's unstable neurons, over the neurons auto_LiRPA itself would
+    bound in its one pass: the unstable ones where it uses a sum's sparse C (a sparse-spec α, or no α
+    and at most ``minimum_sparsity`` of them unstable), else every neuron (its dense C: with a dense α
+    of its own, bounding only the unstable ones moved α-CROWN's result)."""
 
     def get_sparse_C(self, node, ref_intermediate):
         sparse, ref_lb, ref_ub = ref_intermediate
-        if _active and comm.world_size() > 1 and sparse and patches_sum(node):
+        if run.rows.active and comm.world_size() > 1 and sparse and patches_sum(node):
             from auto_LiRPA.utils import BatchedCrownC
 
             opts = self.bound_opts
@@ -235,13 +234,15 @@ class _GradScale(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def wrap_compute_bounds_main(orig):
-    """The bounds it returns carry their gradient on rank 0 alone (a factor 0 elsewhere): what every
-    rank computes identically is then counted once in the sums over the ranks, exactly."""
+def compute_bounds_main(run: Run, orig):
+    """``BoundedModule._compute_bounds_main``: the bounds it returns carry their gradient on rank 0
+    alone (a factor 0 elsewhere): what every rank computes identically is then counted once in the
+    sums over the ranks, exactly."""
 
     def _compute_bounds_main(self, *args, **kwargs):
         ret = orig(self, *args, **kwargs)
-        if not _active or comm.world_size() == 1 or not torch.is_grad_enabled() or not isinstance(ret, tuple):
+        active = run.rows.active and comm.world_size() > 1
+        if not active or not torch.is_grad_enabled() or not isinstance(ret, tuple):
             return ret
         scale = 1.0 if comm.rank() == 0 else 0.0
 
@@ -308,9 +309,6 @@ class RowAlpha:
         return full.index_copy(1, self.idx, rows)
 
 
-_ALPHA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BoundRelu -> {start name: RowAlpha}
-
-
 def _dealt(relu, start) -> RowAlpha | None:
     """The row layout of ``relu.alpha[start]`` if ``batched_backward`` deals that start node's rows."""
     name, out_shape, unstable_idx, final = start[:4]
@@ -332,10 +330,13 @@ def _dealt(relu, start) -> RowAlpha | None:
     return RowAlpha(unstable_idx, size_s, lookup, relu.alpha[name].shape[1], c)
 
 
-def wrap_init_opt_parameters(orig):
+def init_opt_parameters(run: Run, orig):
+    """``BoundRelu.init_opt_parameters``: each rank keeps the α of its own rows."""
+    state = run.rows
+
     def init_opt_parameters(self, start_nodes):
         orig(self, start_nodes)
-        if not _active or comm.world_size() == 1:
+        if not state.active or comm.world_size() == 1:
             return
         table = {}
         for start in start_nodes:  # (the list can name a start node more than once)
@@ -345,19 +346,27 @@ def wrap_init_opt_parameters(orig):
             if layout is not None:
                 self.alpha[start[0]] = layout.split(self.alpha[start[0]])
                 table[start[0]] = layout
-        _ALPHA[self] = table
+        state.alpha[self] = table
 
     return init_opt_parameters
 
 
-def wrap_select_alpha_by_idx(orig):
+def select_alpha_by_idx(run: Run, orig):
+    """``BoundRelu.select_alpha_by_idx``: a rank reads its local α rows."""
+    state = run.rows
+
     def select_alpha_by_idx(self, last_lA, last_uA, unstable_idx, start_node):
         name = start_node.name
-        layout = _ALPHA.get(self, {}).get(name)
+        layout = state.alpha.get(self, {}).get(name)
         local = self.alpha.get(name) if layout is not None else None
         if local is None or not layout.owns(local):
             return orig(self, last_lA, last_uA, unstable_idx, start_node)
-        if _dealing and _dealing[-1] == name and isinstance(unstable_idx, Tensor) and unstable_idx.ndim == 1:
+        if (
+            state.dealing
+            and state.dealing[-1] == name
+            and isinstance(unstable_idx, Tensor)
+            and unstable_idx.ndim == 1
+        ):
             return self.non_deter_index_select(local, index=layout.lookup[unstable_idx], dim=1), None
         self.alpha[name] = layout.whole(local)  # every rank bounds these rows: the whole α everywhere
         try:
@@ -368,13 +377,13 @@ def wrap_select_alpha_by_idx(orig):
     return select_alpha_by_idx
 
 
-def whole_alphas(reference: dict | None) -> None:
+def whole_alphas(state: Rows, reference: dict | None) -> None:
     """The α that α,β-CROWN saved after α-CROWN (``reference["alphas"]``: ``{relu: {start: α}}``, or
     ``{relu: {"alpha": {start: α}, ...}}`` as ``dump_alpha`` lays it out) made whole where it was kept by
     row, in place, before BaB stores it per domain (input BaB, ``enable_opt_interm_bounds``). Collective:
     call it on every rank, before :func:`inactive`."""
     saved = (reference or {}).get("alphas") or {}
-    for relu, table in list(_ALPHA.items()):  # the same order on every rank
+    for relu, table in list(state.alpha.items()):  # the same order on every rank
         entry = saved.get(relu.name)
         if entry is None:
             continue
@@ -387,27 +396,26 @@ def whole_alphas(reference: dict | None) -> None:
 
 
 @contextlib.contextmanager
-def inactive():
+def inactive(state: Rows):
     """Rows not dealt while inside (a rank's share of a BaB round is rank-local work). On entry the α
     kept by row become whole again on every rank (collective)."""
-    global _active
-    for relu, table in list(_ALPHA.items()):  # the same order on every rank
+    for relu, table in list(state.alpha.items()):  # the same order on every rank
         for name, layout in table.items():
             a = relu.alpha.get(name) if relu.alpha else None
             if a is not None and layout.owns(a):
                 relu.alpha[name] = layout.whole(a).detach().requires_grad_(a.requires_grad)
-    _ALPHA.clear()
-    was, _active = _active, False
+    state.alpha.clear()
+    was, state.active = state.active, False
     try:
         yield
     finally:
-        _active = was
+        state.active = was
 
 
-def _row_alphas() -> set[int]:
+def _row_alphas(state: Rows) -> set[int]:
     """ids of the α tensors that are kept by row now (their owner has their rows' whole gradient)."""
     out = set()
-    for relu, table in list(_ALPHA.items()):
+    for relu, table in list(state.alpha.items()):
         for name, layout in table.items():
             t = relu.alpha.get(name) if relu.alpha else None
             if t is not None and layout.owns(t):
@@ -415,10 +423,10 @@ def _row_alphas() -> set[int]:
     return out
 
 
-def _sum_grads(params) -> None:
+def _sum_grads(state: Rows, params) -> None:
     """Sum every gradient over the ranks, except the rows of an α kept by row (whole on their owner):
     of those only the shared slot 0."""
-    by_row = _row_alphas()
+    by_row = _row_alphas(state)
     for group in params:
         for p in group["params"]:
             if p.grad is None:
@@ -429,22 +437,22 @@ def _sum_grads(params) -> None:
                 p.grad.copy_(comm.all_reduce(p.grad, "sum"))
 
 
-def _synced(cls):
+def _synced(state: Rows, cls):
     class Synced(cls):
         def step(self, *args, **kwargs):
-            if _active and comm.world_size() > 1:
-                _sum_grads(self.param_groups)
+            if state.active and comm.world_size() > 1:
+                _sum_grads(state, self.param_groups)
             return super().step(*args, **kwargs)
 
     Synced.__name__ = Synced.__qualname__ = f"Synced{cls.__name__}"
     return Synced
 
 
-def synced_optim(orig: types.ModuleType) -> types.ModuleType:
+def optim(run: Run, orig: types.ModuleType) -> types.ModuleType:
     """The ``optim`` that auto_LiRPA's ``optimized_bounds`` sees: ``torch.optim`` (``orig``) with Adam and
     SGD summing every gradient over the ranks before their step."""
-    optim = types.ModuleType("optim")
-    optim.__dict__.update(orig.__dict__)
-    optim.Adam = _synced(orig.Adam)  # type: ignore[attr-defined]
-    optim.SGD = _synced(orig.SGD)  # type: ignore[attr-defined]
-    return optim
+    synced = types.ModuleType("optim")
+    synced.__dict__.update(orig.__dict__)
+    synced.Adam = _synced(run.rows, orig.Adam)  # type: ignore[attr-defined]
+    synced.SGD = _synced(run.rows, orig.SGD)  # type: ignore[attr-defined]
+    return synced

@@ -25,7 +25,10 @@ import multiprocessing as _mp
 import types
 from typing import Any
 
-from ..parallel import comm
+from ...parallel import comm
+from ..clocks import local_clock
+from ..locate import PluginError
+from ..run import Run
 
 
 class _Dealt:
@@ -77,7 +80,7 @@ class DealtPool:
         self.pool.join()
 
 
-def dealt_multiprocessing(orig: types.ModuleType) -> types.ModuleType:
+def multiprocessing(run: Run, orig: types.ModuleType) -> types.ModuleType:
     """A stand-in for the ``multiprocessing`` module (``orig``) of α,β-CROWN's MIP modules: ``Pool`` is
     :class:`DealtPool`, everything else the module's own."""
 
@@ -90,15 +93,13 @@ def dealt_multiprocessing(orig: types.ModuleType) -> types.ModuleType:
     return Dealt("multiprocessing")
 
 
-def on_rank0(orig):
+def mip_solver_lb_ub_and(run: Run, orig):
     """One problem (``mip`` with an AND spec): solved on rank 0, the others wait, the result is every
     rank's."""
 
     def solve(*args: Any, **kwargs: Any) -> Any:
-        from .patches import local_clock
-
         def compute():
-            with local_clock():
+            with local_clock(run):
                 return orig(*args, **kwargs)
 
         return comm.from_rank0(compute)
@@ -106,14 +107,12 @@ def on_rank0(orig):
     return solve
 
 
-def gurobi_error_as_one_line(orig):
+def handle_gurobi_error(run: Run, orig):
     """``lp_mip_solver.utils.handle_gurobi_error`` (in a solver process or the rank): Gurobi's refusal
     (a size-limited licence, a missing one) becomes one line and ``error`` at every P. Unpatched
     α,β-CROWN prints it and then fails re-raising it across its pool (a ``TypeError`` traceback)."""
 
     def handle_gurobi_error(message):
-        from .locate import PluginError
-
         raise PluginError(f"Gurobi: {message} (solver.mip needs a Gurobi licence that accepts this model)")
 
     return handle_gurobi_error

@@ -11,7 +11,7 @@ every round (:func:`agree`, carried by the round's agreement all-gather):
 
 Multi-tree branching (``multi_tree_branching``, which ``auto_param`` switches on when fewer than three
 OR clauses are left) is one search over a few trees, ending in a choice of the best tree: it runs on
-rank 0 alone (:func:`wrap_multi_tree_bab`, with the weights replicated) while the others wait, and its
+rank 0 alone (:func:`multi_tree_bab`, with the weights replicated) while the others wait, and its
 cuts, domain count and settings are then every rank's; the regular rounds after it are split.
 GCP-CROWN's CPLEX cuts are not split (refused at P > 1).
 """
@@ -21,7 +21,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..parallel import comm
+from ...parallel import comm
+from ..clocks import local_clock
+from ..locate import PluginError
+from ..run import Run
 
 
 def _key(cut: dict) -> str:
@@ -75,7 +78,7 @@ def _rebuild(net, biccos) -> None:
         relu.cut_module = module
 
 
-def wrap_multi_tree_bab(orig, weights_sharded: bool):
+def multi_tree_bab(run: Run, orig):
     """Multi-tree branching on rank 0 alone; its outcome (cuts, domains left, visited, the batch-size
     ratio it may reset) every rank's. Ranks other than 0 keep their copy of the initial domain, which
     the first regular round empties."""
@@ -83,17 +86,14 @@ def wrap_multi_tree_bab(orig, weights_sharded: bool):
     def multi_tree_bab(net, domains, batch, stop_criterion_func, biccos_args, stats, *rest):
         import arguments
 
-        from .locate import PluginError
-        from .patches import local_clock
-
-        if weights_sharded:
+        if run.weights_sharded:
             raise PluginError(
                 "bab.cut.biccos.multi_tree_branching needs the weights whole during its search: "
                 "use parallel.bab_weights: replicated (parallel.mode: fsdp)"
             )
 
         def search():
-            with local_clock():
+            with local_clock(run):
                 global_lb = orig(net, domains, batch, stop_criterion_func, biccos_args, stats, *rest)
             biccos = _biccos(net)
             return (global_lb.cpu(), len(domains), stats.visited,

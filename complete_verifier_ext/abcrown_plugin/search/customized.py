@@ -11,27 +11,27 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..parallel import comm
+from ...parallel import comm
+from ..clocks import local_clock
+from ..run import Run
+from ..weights import shards
 
 
-def wrap_customized(orig):
+def Customized(run: Run, orig):
     """``abcrown.Customized`` (what ``general.complete_verifier`` is evaluated with)."""
 
     def Customized(def_file, callable_name, *args: Any, **kwargs: Any):
         verify = orig(def_file, callable_name, *args, **kwargs)
 
         def on_rank0(*a: Any, **kw: Any) -> Any:
-            from . import shards
-            from .patches import local_clock
-
             def compute():
                 name = f"{def_file}:{callable_name}"
                 print(f"warning: the Customized verifier {name} is not split: it runs on rank 0 alone "
                       "while the other ranks wait", file=sys.stderr)  # fmt: skip
-                with local_clock():
+                with local_clock(run):
                     return verify(*a, **kw)
 
-            with shards.replicated():  # collective on entry: the weights whole on every rank
+            with shards.replicated(run.shards):  # collective on entry: the weights whole on every rank
                 return comm.from_rank0(compute)
 
         return on_rank0

@@ -1,0 +1,128 @@
+"""One rank's run of α,β-CROWN with the plugin: every piece of state the replacements share, in one
+object built once per rank and ``ABCROWN(args).main()`` call (:func:`.rank.rank_main`).
+
+Each replacement is made from it (``make(run, original)``, one row of :mod:`.table`) and finds it in
+its closure, never through a module global; code that runs beside a replacement gets the part it
+needs as an argument (the shard registry, the row-dealing state). Nothing of a run outlives it: the
+next call in the same process (a csv's next ``main()``, or an instance forked from a resident worker)
+builds a new ``Run``, so nothing of one instance is visible to the next.
+
+The parts, each owned by one concern:
+
+* :class:`Probe` (``probe.py``): what α,β-CROWN computed, per instance, for our ``--summary``;
+* :class:`Clocks` (``clocks.py``): the first instance's clock, the rank-local clock switch;
+* :class:`Shards` (``weights/``): which auto_LiRPA weights are sharded, and whether they are whole now;
+* :class:`Rows` (``weights/rows.py``): the row dealing of each bound pass, its α kept by row;
+* :class:`Rounds` (``search/``): what one BaB round hands to the patches inside it, and its collectives.
+
+The plugin's one piece of process-wide state is :mod:`.locate`'s loaded checkout: α,β-CROWN's modules
+are top-level names in ``sys.modules``, so a process holds one checkout for its lifetime.
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..config import ParallelConfig
+
+
+@dataclass
+class Record:
+    """What α,β-CROWN computed for one instance, as it computed it."""
+
+    verdict: str = "unknown"
+    time_s: float = 0.0
+    crown: list[float] = field(default_factory=list)
+    alpha_crown: list[float] = field(default_factory=list)
+    bab_domains: int = 0  # domains visited by BaB
+    bab_s: float = 0.0
+
+
+@dataclass
+class Probe:
+    """The records of the run's instances (``current``: the one running)."""
+
+    records: list[Record] = field(default_factory=list)
+    current: Record = field(default_factory=Record)
+    optimized: bool = False  # α-CROWN ran since the last init_alpha
+    alpha_elements: int = 0  # the most α elements this rank optimised in one α-CROWN run
+    # called with ("bounds", True/False) at the start and end of LiRPANet.build, ("bab", ...) of BaB
+    on_phase: Callable[[str, bool], None] | None = None
+
+    def next_instance(self, verdict: str, time_s: float) -> None:
+        self.current.verdict, self.current.time_s = verdict, time_s
+        self.records.append(self.current)
+        self.current = Record()
+
+    def phase(self, name: str, started: bool) -> None:
+        """Tell ``on_phase`` (if any) that phase ``name`` starts or ends."""
+        if self.on_phase:
+            self.on_phase(name, started)
+
+
+@dataclass
+class Clocks:
+    started_wall: float  # the verifier's start (time.time()): the first instance's clock
+    first: bool = True  # no instance has started yet
+    check: bool = False  # the first instance's time is still to be checked once its timeout is known
+    local: bool = False  # the rank's own clock, not the ranks' maximum (rank-local work)
+
+
+@dataclass
+class Shards:
+    """The weights of auto_LiRPA and of ``model_ori`` that hold 1/P row shards (native
+    :class:`~complete_verifier_ext.parallel.sharded.ShardedWeight`)."""
+
+    by_param: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # BoundParams ->
+    by_model: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # model_ori -> {
+    #   tensor name: (ShardedWeight, transposed)}
+    whole_layers: dict[str, str] = field(default_factory=dict)  # tp: layers it cannot shard (why)
+    replicated: bool = False  # every weight whole for a while (BaB): the op wrappers pass through
+
+
+@dataclass
+class Rows:
+    active: bool  # the rows of each bound pass are dealt (P > 1, outside a BaB search)
+    dealing: list[str] = field(default_factory=list)  # start nodes being dealt now (innermost last)
+    dealt: collections.Counter[str] = field(default_factory=collections.Counter)  # rows by operator
+    alpha: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # BoundRelu ->
+    #   {start name: RowAlpha}, the α kept by row
+
+
+@dataclass
+class Rounds:
+    picked: tuple[int, int] | None = None  # inside a round: (this rank's picks, all ranks' picks)
+    collectives: list[int] = field(default_factory=list)  # lockstep collectives of each round here
+
+
+@dataclass
+class Run:
+    """One rank's run: its settings (the source of P for the plugin is ``world``) and state."""
+
+    par: ParallelConfig
+    world: int
+    spec_cache: str  # this rank's folder for VNN-LIB copies and their α,β-CROWN cache
+    started_wall: float
+    probe: Probe = field(default_factory=Probe)
+    clock: Clocks = field(init=False)
+    shards: Shards = field(default_factory=Shards)
+    rows: Rows = field(init=False)
+    rounds: Rounds = field(default_factory=Rounds)
+    served_at_start: dict[str, int] = field(default_factory=dict)  # weight fetches before the run
+
+    def __post_init__(self) -> None:
+        self.clock = Clocks(self.started_wall)
+        self.rows = Rows(active=self.world > 1)
+
+    @property
+    def sharded(self) -> bool:
+        """The weights are sharded (P > 1 under fsdp or tp)."""
+        return self.world > 1 and self.par.mode in ("fsdp", "tp")
+
+    @property
+    def weights_sharded(self) -> bool:
+        """BaB keeps the weights sharded (``parallel.bab_weights`` resolved: ``tp`` always)."""
+        return self.par.bab_weights_resolved == "sharded"
