@@ -1,5 +1,5 @@
 """The command shell both engines run inside (``cli.main`` for the native engine,
-``abcrown_plugin.runner.main`` for α,β-CROWN): the ranks started by ``launch.run`` from the
+``abcrown_plugin.parent.main`` for α,β-CROWN): the ranks started by ``launch.run`` from the
 ``parallel`` settings, warnings printed by the reporting rank only, and one error ladder:
 
 * a user mistake (:data:`USER_ERRORS`: config, model, spec, a missing path), raised here or re-raised

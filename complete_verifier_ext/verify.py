@@ -242,8 +242,7 @@ def refine_region(run: RegionRun) -> bool:
     checked = None
     if m.refine_method in ("split", "split+milp"):
         split_opts = split_options(cfg)
-        replicate = comm.world_size() > 1 and cfg.parallel.mode == "fsdp"
-        with graph.replicated() if replicate else contextlib.nullcontext():
+        with whole_weights(graph, cfg, shards_usable=False):
             refined, _ = split_refine.refine_bounds(graph, box, refined, split_opts, deadline, log, weight)
     if m.refine_method == "split+milp":  # split's bounds may do already: then no MILP
         checked = recheck(refined)
@@ -440,8 +439,7 @@ def complete_clause(
         rate = domains / max(1e-9, now - t0)
         clock.say(f"BaB round {rounds}: {left} domains left, worst {worst:+.5f}, {rate:.0f} domains/s")
 
-    replicate = cfg.parallel.bab_weights_resolved == "replicated" and cfg.parallel.mode == "fsdp"
-    with graph.replicated() if replicate else contextlib.nullcontext():
+    with whole_weights(graph, cfg, shards_usable=True):
         return relu_split_bab(
             graph,
             box,
@@ -519,6 +517,18 @@ def complete_region(run: RegionRun) -> BabResult:
     raise AssertionError("the last stage always decides")
 
 
+def whole_weights(graph: Graph, cfg: Config, *, shards_usable: bool):
+    """The one rule for a search's weights: every sharded weight whole on every rank for the search
+    (``Graph.replicated``: gathered once) under ``fsdp`` at P > 1, unless the search can use the shards
+    (``shards_usable``: ReLU BaB, which fetches them) and ``parallel.bab_weights`` resolves to
+    ``sharded``; the split refinement cannot (its back-substitutions are rank-local and issue no
+    collective). ``tp`` never holds a whole layer (the refinement is refused under it)."""
+    replicate = comm.world_size() > 1 and cfg.parallel.mode == "fsdp"
+    if shards_usable and cfg.parallel.bab_weights_resolved == "sharded":
+        replicate = False
+    return graph.replicated() if replicate else contextlib.nullcontext()
+
+
 def compute_device(cfg: Config) -> torch.device:
     """This rank's device: its GPU under NCCL, else ``general.device`` for one process, else the CPU."""
     if comm.world_size() > 1:
@@ -551,7 +561,7 @@ def load_instance(cfg: Config, onnx_arg: str, vnnlib_path: str) -> Loaded:
         raise UserError(
             f"{vnnlib_path}: declares {spec.n_outputs} outputs, but {onnx_path} has {graph.output_size}"
         )
-    if cfg.parallel.world_size > 1:
+    if comm.world_size() > 1:
         graph.shard(cfg.parallel.mode)
     device = compute_device(cfg)
     if device.type != "cpu":

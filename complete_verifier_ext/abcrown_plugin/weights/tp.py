@@ -29,10 +29,11 @@ weight itself, gets each shard's rows). Any other layer (a MatMul, another Gemm 
 conv) stays whole on every rank, with one warning line and the summary's ``whole_layers``. MIP/LP
 building gathers each weight for the call (a Gurobi model holds every layer whole).
 
-In a BaB round each rank bounds its own domains (:mod:`.bab_split`), so the column-parallel form, which
-needs every rank's input, does not apply: inside :func:`~complete_verifier_ext.parallel.serve.serving`
-``ShardedWeight.columns`` / ``row_sum`` / ``linear_t`` fetch the other ranks' shards one at a time and
-compute every block here (still no whole weight on any rank).
+In a BaB round each rank bounds its own domains (:mod:`..search.activation`), so the column-parallel
+form, which needs every rank's input, does not apply: inside
+:func:`~complete_verifier_ext.parallel.serve.serving` ``ShardedWeight.columns`` / ``row_sum`` /
+``linear_t`` fetch the other ranks' shards one at a time and compute every block here (still no whole
+weight on any rank).
 """
 
 from __future__ import annotations
