@@ -1,4 +1,5 @@
-"""``abcrown_plugin/input_bab.py``: α,β-CROWN's input-split BaB with the box list split over the ranks."""
+"""``abcrown_plugin/search/input_split.py``: α,β-CROWN's input-split BaB with the box list split over the
+ranks."""
 
 from __future__ import annotations
 

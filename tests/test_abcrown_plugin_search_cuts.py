@@ -1,4 +1,4 @@
-"""``abcrown_plugin/cuts.py``: BICCOS cuts with the BaB domain list split over the ranks."""
+"""``abcrown_plugin/search/cuts.py``: BICCOS cuts with the BaB domain list split over the ranks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``abcrown_plugin/tp.py``: no whole weight on any rank (column-parallel forward, IBP and PGD, ``A @ W``
-around a ring of shards), Linear and Conv layers."""
+"""``abcrown_plugin/weights/tp.py``: no whole weight on any rank (column-parallel forward, IBP and PGD, ``A
+@ W`` around a ring of shards), Linear and Conv layers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``abcrown_plugin/customized.py``: a ``Customized`` verifier runs once, on rank 0 alone."""
+"""``abcrown_plugin/search/customized.py``: a ``Customized`` verifier runs once, on rank 0 alone."""
 
 from __future__ import annotations
 

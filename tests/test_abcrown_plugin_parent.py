@@ -1,5 +1,6 @@
-"""``abcrown_plugin/runner.py`` with the launcher: a rank killed mid-α-CROWN or mid-BaB ends the run with
-``error`` within 30 s and no process left; the synced clock keeps the ranks in lockstep."""
+"""``abcrown_plugin/parent.py`` and ``rank.py`` with the launcher: a rank killed mid-α-CROWN or mid-BaB
+ends the run with ``error`` within 30 s and no process left; the synced clock keeps the ranks in
+lockstep."""
 
 from __future__ import annotations
 

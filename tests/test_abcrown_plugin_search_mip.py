@@ -1,4 +1,4 @@
-"""``abcrown_plugin/mip_split.py``: α,β-CROWN's MIP with the solves dealt over the ranks."""
+"""``abcrown_plugin/search/mip.py``: α,β-CROWN's MIP with the solves dealt over the ranks."""
 
 from __future__ import annotations
 

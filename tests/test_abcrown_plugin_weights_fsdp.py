@@ -1,5 +1,5 @@
-"""``abcrown_plugin/fsdp.py`` and ``shards.py``: weights as 1/P row shards inside auto_LiRPA, gathered per
-call; bitwise α,β-CROWN's bounds when only the weights are sharded."""
+"""``abcrown_plugin/weights/fsdp.py`` and ``shards.py``: weights as 1/P row shards inside auto_LiRPA,
+gathered per call; bitwise α,β-CROWN's bounds when only the weights are sharded."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``abcrown_plugin/rows.py``: the rows of each bounded layer (and their α) dealt over the ranks, under
-``fsdp`` and ``tp``: the bounds are unpatched α,β-CROWN's."""
+"""``abcrown_plugin/weights/rows.py``: the rows of each bounded layer (and their α) dealt over the ranks,
+under ``fsdp`` and ``tp``: the bounds are unpatched α,β-CROWN's."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_pass_rows_give_every_rank_as_many_passes(P):
     """Passes of at most ``crown.batch_size`` rows, k on every rank (k = ⌈U / (P · batch)⌉), so a rank
     holds at most U / P + k rows in flight: a layer of 1000 rows at P = 4 with 512-row passes is four
     passes of 250, not two of 512 and two idle ranks."""
-    from complete_verifier_ext.abcrown_plugin.rows import pass_blocks, pass_rows
+    from complete_verifier_ext.abcrown_plugin.weights.rows import pass_blocks, pass_rows
 
     assert [pass_rows(U, 512, 4) for U in (1000, 2048, 3000)] == [250, 512, 375]
     for U in [*range(P, 40), 255, 256, 1000, 1024, 3001]:
