@@ -27,7 +27,7 @@ MEAN = torch.tensor([0.507, 0.487, 0.441]).view(1, 3, 1, 1)  # CIFAR-100's chann
 STD = torch.tensor([0.267, 0.256, 0.276]).view(1, 3, 1, 1)
 
 
-class _Builder:
+class Builder:
     """ONNX nodes and initialisers, with each conv's BatchNorm folded from a calibration batch."""
 
     def __init__(self, seed: int):
@@ -83,7 +83,7 @@ class _Builder:
 
 
 def _block(
-    m: _Builder, name: str, x: str, xv: torch.Tensor, c_out: int, stride: int
+    m: Builder, name: str, x: str, xv: torch.Tensor, c_out: int, stride: int
 ) -> tuple[str, torch.Tensor]:
     """BasicBlock: relu(bn(conv(relu(bn(conv(x))))) + shortcut(x))."""
     h, hv = m.relu(*m.conv(f"{name}.conv1", x, xv, c_out, 3, stride))
@@ -110,7 +110,7 @@ def build(
     as the model's first nodes (``Sub``, ``Div``), or none."""
     shape = (3, side, side)
     calib = torch.rand(64, *shape, generator=torch.Generator().manual_seed(seed + 1))
-    m = _Builder(seed)
+    m = Builder(seed)
     if normalise:
         m.nodes += [
             helper.make_node("Sub", ["x", m._const("mean", MEAN)], ["centred"], name="sub_mean"),
