@@ -18,22 +18,34 @@ from support import relative_error as rel
 
 
 @pytest.mark.parametrize("P", [2, 3, 4, 8])
-def test_pass_rows_give_every_rank_as_many_passes(P):
-    """Passes of at most ``crown.batch_size`` rows, k on every rank (k = ⌈U / (P · batch)⌉), so a rank
-    holds at most U / P + k rows in flight: a layer of 1000 rows at P = 4 with 512-row passes is four
-    passes of 250, not two of 512 and two idle ranks."""
-    from complete_verifier_ext.abcrown_plugin.weights.rows import pass_blocks, pass_rows
+def test_rows_dealt_evenly_in_as_many_passes_on_every_rank(P):
+    """A start node's rows go to the ranks in contiguous blocks of ⌊U / P⌋ or ⌈U / P⌉ (or whole
+    channels, about U / P rows each, where α is per channel), and every rank runs the same number of
+    passes of at most ``crown.batch_size`` rows, near-equal in size (an empty one: a one-row dummy)."""
+    from complete_verifier_ext.abcrown_plugin.weights.rows import (
+        channel_blocks,
+        even_blocks,
+        passes_per_rank,
+        split_passes,
+    )
 
-    assert [pass_rows(U, 512, 4) for U in (1000, 2048, 3000)] == [250, 512, 375]
-    for U in [*range(P, 40), 255, 256, 1000, 1024, 3001]:
-        for batch in (1, 2, 3, 7, 64, 171, 512, U, 10**9):
-            b = min(batch, U)
-            c, k = pass_rows(U, b, P), -(-U // (P * b))
-            assert 1 <= c <= b and c * k <= U / P + k
-            passes = torch.bincount(pass_blocks(U, c, P)[::c], minlength=P)  # the passes of each rank
-            assert int(passes.sum()) == -(-U // c) and int(passes.max()) == k, (U, batch, c)
-            if U >= P * P:  # fewer rows can leave a rank without a pass (9 rows at P = 4: 3 of 3)
-                assert int(passes.min()) >= 1, (U, batch, c)
+    for U in [*range(1, 40), 255, 1000, 3001]:
+        owners = even_blocks(U, P)
+        counts = torch.bincount(owners, minlength=P)
+        assert bool((owners[1:] >= owners[:-1]).all()) and int(counts.max() - counts.min()) <= 1
+        for batch in (1, 7, 64, 512, 10**9):
+            k = passes_per_rank(counts.tolist(), batch)
+            for q in range(P):
+                parts = split_passes((owners == q).nonzero().squeeze(1), k)
+                sizes = [int((p >= 0).sum()) for p in parts]
+                assert len(parts) == k and sum(sizes) == int(counts[q]) and max(sizes) <= batch
+                assert max(sizes) - min(sizes) <= 1 and all(p.numel() >= 1 for p in parts)
+    gen = torch.Generator().manual_seed(P)
+    channels = torch.randint(0, 64, (5000,), generator=gen).sort().values  # rows sorted by channel
+    of_channel = channel_blocks(channels, 64, P)
+    assert bool((of_channel[1:] >= of_channel[:-1]).all())  # contiguous blocks of channels
+    rows = torch.bincount(of_channel[channels], minlength=P)
+    assert int(rows.max()) <= 5000 / P + int(torch.bincount(channels).max())
 
 
 @needs_abcrown

@@ -25,6 +25,7 @@ import collections
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import ParallelConfig
 
@@ -89,7 +90,9 @@ class Rows:
     dealing: list[str] = field(default_factory=list)  # start nodes being dealt now (innermost last)
     dealt: collections.Counter[str] = field(default_factory=collections.Counter)  # rows by operator
     alpha: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # BoundRelu ->
-    #   {start name: RowAlpha}, the α kept by row
+    #   {start name: AlphaLayout}, the α kept by row
+    owners: dict[str, Any] = field(default_factory=dict)  # start node -> the rank of each of its neurons
+    module: Any = None  # weakref to the BoundedModule whose rows are dealt (set by its get_sparse_C)
 
 
 @dataclass

@@ -1,15 +1,16 @@
 """Row-sharded A-matrices inside auto_LiRPA: the neurons of the layer being bounded are dealt over the
-ranks, so each rank back-substitutes (and holds the A-matrices of) only its rows.
+ranks, so each rank back-substitutes (and holds the A-matrices and autograd state of) only its rows.
 
-auto_LiRPA already bounds the unstable neurons of a layer in passes of ``solver.crown.batch_size``
-rows (``BoundedModule.batched_backward``). The wrapper deals such passes: k on every rank, of c rows
-(:func:`pass_rows`: c ≤ ``crown.batch_size``, k = ⌈U / (P · crown.batch_size)⌉, so a layer of 1000
-rows at P = 4 is four passes of 250, not two of 512 and two idle ranks); rank r takes the contiguous
-block ``shard_range(K)`` of the K = ⌈U / c⌉ passes. Ranks with fewer passes add dummy full passes
-(dropped) so that every rank runs the same number (and so the same collectives under FSDP); the one
-partial pass stays last. The ``(batch, rows)`` bounds are all-gathered and put back in row order. A
-row's bound does not depend on the other rows of its pass, so CROWN's bounds are one process's to
-rounding.
+auto_LiRPA bounds the unstable neurons of a layer in one pass, or in passes of
+``solver.crown.batch_size`` rows when there are more (``BoundedModule.batched_backward``). At P > 1
+every intermediate layer goes through passes (:func:`get_sparse_C`), however few its unstable neurons:
+certified-trained nets, whose layers have few, are the common case. Each rank bounds its own rows
+(:func:`start_owners`: a contiguous block of about U / P of them, or whole channels where the start
+node's α is shared by a channel's rows), in k passes of at most ``crown.batch_size`` rows, k the same
+on every rank (a rank with fewer rows runs one-row dummy passes, dropped, so that every rank issues the
+same collectives under FSDP and TP). The ``(batch, rows)`` bounds are all-gathered and put back in row
+order. A row's bound does not depend on the other rows of its pass (each pass's C is the one auto_LiRPA
+builds for those rows), so CROWN's bounds are one process's to rounding.
 
 α-CROWN optimises through these bounds, so the gather is differentiable (``all_gather_cat_grad``: its
 backward, one reduce-scatter, sums the gradient over the ranks and keeps the rank's block), and the
@@ -22,24 +23,23 @@ gradient protocol makes the result that of one process:
 * the optimiser (``torch.optim.Adam``/``SGD`` as auto_LiRPA's ``optimized_bounds`` sees them) sums
   every parameter's gradient over the ranks before its step (an α kept by row: only its slot 0). The
   parameters stay equal on every rank, and so do all the decisions made from the bounds (early stop,
-  best bounds, lr decay). With the passes dealt whole, the bounds are one process's up to the order of
-  these sums.
+  best bounds, lr decay). The bounds are one process's up to the order of these sums.
 
-``return_A`` calls (which merge per-chunk A dictionaries) and layers with fewer rows than ranks run
-unsharded.
+``return_A`` calls (which merge per-chunk A dictionaries) run unsharded.
 
 **Row-sharded α.** A ReLU's α for an intermediate start node (auto_LiRPA's ``alpha[start]``,
-``(2, S, batch, *relu_shape)``: one slope set per start-node row) is used row by row, and the rows
-that ``batched_backward`` deals to rank r are used only there. So right after
-``BoundRelu.init_opt_parameters`` creates it, each rank keeps only its own rows, plus one default slot
-(row 0, the initial slope): ``(2, 1 + own rows, batch, *relu_shape)``. Adam's state follows (it is
-created from these tensors). While rank r deals a start node's rows, ``select_alpha_by_idx`` reads
-its local α through a neuron → local-row table. Any other use of that α (every rank bounding the same
-rows, e.g. below ``solver.crown.batch_size``) gets the whole α, all-gathered with autograd, so the
-ranks stay identical. A row's slopes get their whole gradient on their owner, so the optimiser sums
-only the shared slot 0. The rows are kept in the blocks of passes that ``batched_backward`` deals. Only
-fully connected start nodes (1-D rows) with more unstable neurons than ``crown.batch_size`` (the ones
-whose rows are dealt) are split; the output node's α (one row per spec) stays replicated.
+``(2, R, batch, *relu_shape)``) has one slope set per start-node row, or, for a conv start node with
+``full_conv_alpha`` off or more than ``use_full_conv_alpha_thresh`` unstable neurons, one per channel,
+shared by the channel's rows. Every start row is bounded on one rank, and every α row is used only by
+rows of one rank (a channel's rows are dealt together where α is per channel). So right after
+``BoundRelu.init_opt_parameters`` creates it, each rank keeps only the α rows its own start rows use,
+plus one default slot (row 0, the initial slope): ``(2, 1 + held, batch, *relu_shape)``
+(:class:`AlphaLayout`). Adam's state follows (it is created from these tensors). While rank r deals a
+start node's rows, ``select_alpha_by_idx`` hands auto_LiRPA its local α with a local lookup table (in
+patches mode auto_LiRPA unfolds the whole α it is given, so this also shrinks every pass); any other
+use of that α (every rank bounding the same rows) gets the whole α, all-gathered with autograd, so the
+ranks stay identical. An α row gets its whole gradient on the rank that holds it, so the optimiser
+sums only the shared slot 0.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import math
 import types
+import weakref
 
 import torch
 from torch import Tensor
@@ -63,46 +64,86 @@ def _rows(idx, positions: Tensor):
     return tuple(u[positions] for u in idx) if isinstance(idx, tuple) else idx[positions]
 
 
-def pass_blocks(U: int, c: int, world: int | None = None) -> Tensor:
-    """The rank of each of U rows when its passes of c rows are dealt in contiguous blocks."""
-    K = -(-U // c)
-    owner_of_pass = torch.cat(
-        [torch.full((n,), q, dtype=torch.long) for q, n in enumerate(comm.shard_sizes(K, world))]
-    )
-    return owner_of_pass.repeat_interleave(c)[:U]
+def flat_positions(idx, shape) -> Tensor:
+    """Neuron indices as ``get_unstable_locations`` lists them (a ``(c, h, w)`` tuple, or flat) ->
+    flat positions in a node of ``shape`` (without the batch)."""
+    if not isinstance(idx, tuple):
+        return idx
+    flat = torch.zeros_like(idx[0])
+    for u, n in zip(idx, shape, strict=True):
+        flat = flat * int(n) + u
+    return flat
 
 
-def pass_rows(U: int, batch: int, world: int | None = None) -> int:
-    """The rows of each dealt pass over U rows: at most ``crown.batch_size``, in k passes on every rank
-    (k = ⌈U / (P · batch)⌉), so that no rank holds two passes while another holds none."""
+def even_blocks(U: int, world: int | None = None) -> Tensor:
+    """The rank of each of U rows dealt in contiguous blocks of ⌊U / P⌋ or ⌈U / P⌉."""
+    sizes = comm.shard_sizes(U, world)
+    return torch.cat([torch.full((n,), q, dtype=torch.long) for q, n in enumerate(sizes)])
+
+
+def channel_blocks(channels: Tensor, n_channels: int, world: int | None = None) -> Tensor:
+    """The rank of each channel when the rows (their channels ``channels``, sorted) are dealt whole
+    channels at a time in contiguous blocks of about U / P rows each."""
     P = comm.world_size() if world is None else world
-    k = -(-U // (P * min(batch, U)))
-    return -(-U // (P * k))
+    counts = torch.bincount(channels.cpu(), minlength=n_channels).double()
+    before = counts.cumsum(0) - counts  # rows of the channels before each one
+    middle = (before + counts / 2) * P / max(1.0, float(counts.sum()))
+    return middle.floor().long().clamp(0, P - 1)
 
 
-def _owners(state: Rows, module, node, idx, c: int) -> Tensor:
-    """The rank that bounds each of the U rows: where the start node's α is kept by row, its owner;
-    else the pass blocks."""
-    if isinstance(idx, Tensor):
-        for relu in getattr(module, "relus", ()):
-            layout = state.alpha.get(relu, {}).get(node.name)
-            if layout is not None:
-                return layout.owners_of(idx)
-    return pass_blocks(_unstable_size(idx), c)
+def passes_per_rank(counts: list[int], batch: int) -> int:
+    """The passes every rank runs: enough for the largest share in passes of at most ``batch`` rows."""
+    return max(1, max(-(-n // max(1, batch)) for n in counts))
 
 
-def _local_rows(owners: Tensor, q: int, c: int, passes: int) -> Tensor:
-    """Rank q's rows (positions) in pass order: its full passes, dummy passes (-1) up to ``passes``,
-    then its partial pass."""
-    mine = (owners == q).nonzero().squeeze(1)
-    full = (mine.numel() // c) * c
-    dummies = torch.full(((passes - -(-mine.numel() // c)) * c,), -1, dtype=torch.long)
-    return torch.cat([mine[:full], dummies, mine[full:]])
+def split_passes(rows: Tensor, k: int) -> list[Tensor]:
+    """A rank's rows in ``k`` passes of near-equal size (an empty one: a one-row dummy, ``-1``)."""
+    dummy = torch.full((1,), -1, dtype=torch.long)
+    return [part if part.numel() else dummy for part in torch.tensor_split(rows, k)]
+
+
+def start_owners(state: Rows, module, node) -> Tensor:
+    """The rank of every neuron (flat position) of start node ``node``: whole channels where α is per
+    channel (auto_LiRPA's rule of ``get_alpha_crown_start_nodes``; a stable neuron, bounded where
+    auto_LiRPA bounds every neuron, uses its channel's α), else contiguous blocks of the unstable
+    neurons, -1 for the others (then dealt round-robin: their α rows are never trained). Computed from the
+    node's current bounds, the ones auto_LiRPA creates its α from; kept in ``state.owners`` while its
+    α is kept by row."""
+    kind = start_kind(node)
+    conv = kind in ("patches", "sum")
+    shape = [int(s) for s in node.output_shape[1:]]
+    idx, size = module.get_unstable_locations(node.lower, node.upper, conv=conv)
+    flat = flat_positions(idx, shape).cpu()
+    owners = torch.full((math.prod(shape),), -1, dtype=torch.long)
+    opts = module.bound_opts
+    per_channel = conv and (
+        not opts.get("use_full_conv_alpha", False) or size > opts.get("use_full_conv_alpha_thresh", 512)
+    )
+    if per_channel:  # every neuron of a channel with the channel (its α row), stable ones too
+        of_channel = channel_blocks(idx[0], shape[0])
+        owners = of_channel.repeat_interleave(math.prod(shape[1:]))
+    else:
+        owners[flat] = even_blocks(int(flat.numel()))
+    state.owners[node.name] = owners
+    return owners
+
+
+def _owners(state: Rows, node, idx) -> Tensor:
+    """The rank that bounds each of the rows ``idx``: as :func:`start_owners` laid them out while the
+    start node's α is kept by row, else contiguous blocks; rows outside the layout go round-robin."""
+    table = state.owners.get(node.name)
+    U = _unstable_size(idx)
+    if table is None:
+        return even_blocks(U)
+    o = table[flat_positions(idx, [int(s) for s in node.output_shape[1:]]).cpu()]
+    extra = (o < 0).nonzero().squeeze(1)
+    o[extra] = torch.arange(extra.numel()) % comm.world_size()
+    return o
 
 
 def batched_backward(run: Run, orig):
-    """``BoundedModule.batched_backward``: each rank back-substitutes its block of row passes; the
-    bounds are all-gathered (see the module docstring)."""
+    """``BoundedModule.batched_backward``: each rank back-substitutes its rows in k passes (k the same
+    on every rank); the bounds are all-gathered (see the module docstring)."""
     state = run.rows
 
     def batched_backward(
@@ -111,49 +152,54 @@ def batched_backward(run: Run, orig):
         want_A = self.return_A if return_A is None else return_A
         P = comm.world_size()
         dense = unstable_idx is None
-        dim = 1
-        for s in node.output_shape[1:]:
-            dim *= int(s)
-        idx = torch.arange(dim, device=self.device) if dense else unstable_idx
+        shape = [int(s) for s in node.output_shape[1:]]
+        idx = torch.arange(math.prod(shape), device=self.device) if dense else unstable_idx
         U = _unstable_size(idx)
-        if not state.active or P == 1 or want_A or U < P:
+        if not state.active or P == 1 or want_A:
             return orig(self, node, C, unstable_idx, batch_size, bound_lower, bound_upper, return_A)
         opts = self.bound_opts
-        c = pass_rows(U, int(opts["crown_batch_size"]))
-        owners = _owners(state, self, node, idx, c).cpu()
-        passes = max(-(-int((owners == q).sum()) // c) for q in range(P))
-        every = [_local_rows(owners, q, c, passes) for q in range(P)]
-        rows = every[comm.rank()]
-        filler = rows[rows >= 0][:1] if (rows >= 0).any() else torch.zeros(1, dtype=torch.long)
-        local = _rows(idx, torch.where(rows >= 0, rows, filler).to(self.device))
-        saved = {k: opts.get(k) for k in ("batched_crown_max_vram_ratio", "crown_batch_size")}
+        owners = _owners(state, node, idx)
+        mine = (owners == comm.rank()).nonzero().squeeze(1)
+        counts = torch.bincount(owners, minlength=P).tolist()
+        k = passes_per_rank(counts, int(opts["crown_batch_size"]))
+        saved = {key: opts.get(key) for key in ("batched_crown_max_vram_ratio", "crown_batch_size")}
         opts["batched_crown_max_vram_ratio"] = 0.0  # never enlarge a pass on one rank only
-        opts["crown_batch_size"] = c
         state.dealing.append(node.name)
+        lbs, ubs = [], []
         try:
-            if patches_sum(node):
-                lb, ub = _sum_passes(self, node, local, c, batch_size, bound_lower, bound_upper)
-            else:
-                lb, ub = orig(self, node, C, local, batch_size, bound_lower, bound_upper, False)[:2]
+            for part in split_passes(mine, k):
+                real = part >= 0
+                rows = _rows(idx, torch.where(real, part, 0).to(self.device))  # a dummy: row 0
+                opts["crown_batch_size"] = int(part.numel())
+                if patches_sum(node):
+                    lb, ub = _sum_passes(
+                        self, node, rows, int(part.numel()), batch_size, bound_lower, bound_upper
+                    )
+                else:
+                    lb, ub = orig(self, node, C, rows, batch_size, bound_lower, bound_upper, False)[:2]
+                if bool(real.all()):
+                    lbs.append(lb)
+                    ubs.append(ub)
         finally:
             opts.update(saved)
             state.dealing.pop()
-        state.dealt[type(node).__name__] += int((rows >= 0).sum())
-        sizes = [r.numel() for r in every]
-        flat = torch.cat(every)  # the row of each gathered column (-1: dummy)
+        state.dealt[type(node).__name__] += int(mine.numel())
+        order = torch.cat([(owners == q).nonzero().squeeze(1) for q in range(P)])  # gathered -> rows
         take = torch.empty(U, dtype=torch.long)
-        real = flat >= 0
-        take[flat[real]] = real.nonzero().squeeze(1)
-        take = take.to(self.device)  # gathered column of every row, in row order
+        take[order] = torch.arange(U)
+        take = take.to(self.device)  # the gathered column of every row, in row order
 
-        def gathered(t):
-            if t is None:
+        def gathered(ts: list, wanted: bool):
+            if not wanted:
                 return None
-            full = comm.all_gather_cat_grad(t.reshape(batch_size, -1), 1, sizes=sizes)
-            full = full.index_select(1, take)
-            return full.reshape(batch_size, *node.output_shape[1:]) if dense else full
+            if ts:
+                local = torch.cat([t.reshape(batch_size, -1) for t in ts], 1)
+            else:  # no row here
+                local = torch.zeros((batch_size, 0), dtype=next(self.parameters()).dtype, device=self.device)
+            full = comm.all_gather_cat_grad(local, 1, sizes=counts).index_select(1, take)
+            return full.reshape(batch_size, *shape) if dense else full
 
-        return gathered(lb), gathered(ub)
+        return gathered(lbs, bound_lower), gathered(ubs, bound_upper)
 
     return batched_backward
 
@@ -166,33 +212,63 @@ def patches_sum(node) -> bool:
     return isinstance(node, (BoundAdd, BoundSub)) and node.mode == "patches" and len(node.output_shape) >= 4
 
 
+def start_kind(node) -> str:
+    """How auto_LiRPA's ``get_sparse_C`` bounds a start node's rows: ``linear`` (one-hot rows),
+    ``patches`` (a conv in patches mode), ``sum`` (a residual sum in patches mode) or ``other`` (one-hot
+    rows of a dense tensor: a conv in matrix mode, ...)."""
+    import os
+
+    from auto_LiRPA.operators import BoundLinear, BoundMatMul
+
+    if isinstance(node, (BoundLinear, BoundMatMul)) and int(os.environ.get("AUTOLIRPA_USE_FULL_C", 0)) == 0:
+        return "linear"
+    if node.patches_start and node.mode == "patches":
+        return "patches"
+    return "sum" if patches_sum(node) else "other"
+
+
+def all_positions(shape: list[int], conv: bool, device) -> Tensor | tuple[Tensor, ...]:
+    """Every neuron of a node of ``shape`` (without the batch), as ``get_unstable_locations`` lists
+    them: a ``(c, h, w)`` tuple for a conv node, flat indices otherwise."""
+    if conv:
+        return tuple(torch.ones(shape, dtype=torch.bool, device=device).nonzero().unbind(1))
+    return torch.arange(math.prod(shape), device=device)
+
+
 def get_sparse_C(run: Run, orig):
-    """``BoundedModule.get_sparse_C``: a patches-mode residual sum is bounded in passes (to be dealt),
-    as auto_LiRPA bounds a conv layer's unstable neurons, over the neurons auto_LiRPA itself would
-    bound in its one pass: the unstable ones where it uses a sum's sparse C (a sparse-spec α, or no α
-    and at most ``minimum_sparsity`` of them unstable), else every neuron (its dense C: with a dense α
-    of its own, bounding only the unstable ones moved α-CROWN's result)."""
+    """``BoundedModule.get_sparse_C``: at P > 1 every start node's rows are bounded in passes (to be
+    dealt: ``BatchedCrownC``), however few: the neurons auto_LiRPA itself would bound in its one pass,
+    i.e. the unstable ones where it uses a sparse C (a sparse-spec α, or no α and at most
+    ``minimum_sparsity`` of them unstable), else every neuron (its dense C). Each pass's C is then the
+    one auto_LiRPA builds for those rows, so every row's bound is the one-pass bound. A residual sum in
+    patches mode, which auto_LiRPA never bounds in passes, is bounded by :func:`_sum_passes`."""
 
     def get_sparse_C(self, node, ref_intermediate):
-        sparse, ref_lb, ref_ub = ref_intermediate
-        if run.rows.active and comm.world_size() > 1 and sparse and patches_sum(node):
-            from auto_LiRPA.utils import BatchedCrownC
+        from auto_LiRPA.utils import BatchedCrownC
 
-            opts = self.bound_opts
-            idx, size = self.get_unstable_locations(ref_lb, ref_ub, conv=True)
-            shape = [int(s) for s in node.output_shape[1:]]
-            alpha_sparse = self.check_optimized_variable_sparsity(node)
-            sparse_C = alpha_sparse or (
-                alpha_sparse is None
-                and opts.get("sparse_conv_intermediate_bounds", False)
-                and size <= opts.get("minimum_sparsity", 0.9) * math.prod(shape)
-            )
-            if size > 0 and not sparse_C:
-                idx = tuple(torch.ones(shape, dtype=torch.bool, device=ref_lb.device).nonzero().unbind(1))
-                size = int(idx[0].numel())
-            if size > opts.get("crown_batch_size", float("inf")):
-                return BatchedCrownC("Patches"), True, idx, size
-        return orig(self, node, ref_intermediate)
+        sparse, ref_lb, ref_ub = ref_intermediate
+        if not (run.rows.active and comm.world_size() > 1 and sparse):
+            return orig(self, node, ref_intermediate)
+        run.rows.module = weakref.ref(self)
+        kind = start_kind(node)
+        if kind == "linear" and len(node.output_shape) > 2:
+            return orig(self, node, ref_intermediate)
+        opts = self.bound_opts
+        conv = kind in ("patches", "sum")
+        idx, size = self.get_unstable_locations(ref_lb, ref_ub, conv=conv)
+        if size == 0:
+            return orig(self, node, ref_intermediate)
+        shape = [int(s) for s in node.output_shape[1:]]
+        alpha_sparse = self.check_optimized_variable_sparsity(node)
+        below = size <= opts.get("minimum_sparsity", 0.9) * math.prod(shape)
+        if conv:
+            below = below and opts.get("sparse_conv_intermediate_bounds", False)
+        sparse_C = (below and alpha_sparse is None) or alpha_sparse
+        batched = size > opts.get("crown_batch_size", float("inf")) and kind != "sum"
+        if not (batched or sparse_C):  # auto_LiRPA's dense C: every neuron
+            idx = all_positions(shape, conv, ref_lb.device)
+        C = BatchedCrownC({"linear": "OneHot", "patches": "Patches", "sum": "Patches", "other": "eye"}[kind])
+        return C, True, idx, _unstable_size(idx)
 
     return get_sparse_C
 
@@ -254,95 +330,200 @@ def compute_bounds_main(run: Run, orig):
     return _compute_bounds_main
 
 
+def _final_dealt(state: Rows, module, bound_node, C, plain: bool) -> bool:
+    """Whether the output node's spec rows are dealt in this back-substitution: inside α-CROWN's
+    iterations with a gradient (the last one, without, runs whole on every rank: α,β-CROWN reads its
+    A-matrices, ``lA``, for BaB), for a plain C over several spec rows, nothing else asked of it."""
+    return (
+        state.active
+        and comm.world_size() > 1
+        and plain
+        and torch.is_grad_enabled()
+        and bound_node.name == module.final_name
+        and isinstance(C, Tensor)
+        and C.dim() >= 3
+        and int(C.shape[1]) > 1
+        and not module.return_A
+        and not getattr(module, "cut_used", False)
+        and not module.invprop_enabled()
+        and _final_alpha_by_row(state, module)
+    )
+
+
+def _final_alpha_by_row(state: Rows, module) -> bool:
+    """Whether every α of the output node in use is kept by spec row (else the rows are not dealt)."""
+    for relu in module.relus:
+        if relu.opt_stage in ("opt", "reuse") and module.final_name in (relu.alpha or {}):
+            layout = state.alpha.get(relu, {}).get(module.final_name)
+            if layout is None or not layout.owns(relu.alpha[module.final_name]):
+                return False
+    return True
+
+
+def backward_general(run: Run, orig):
+    """``BoundedModule.backward_general``: the output node's back-substitution is dealt by spec rows
+    (C's rows, ``(batch, spec, ...)``) in contiguous blocks, with the α of the output node kept by spec
+    row; the bounds are all-gathered (differentiable). Every other call is auto_LiRPA's."""
+    state = run.rows
+
+    def backward_general(self, bound_node, C, start_backpropagation_at_node=None, bound_lower=True,
+                         bound_upper=True, average_A=False, need_A_only=False, unstable_idx=None,
+                         update_mask=None, apply_output_constraints_to=None, initial_As=None,
+                         initial_lb=None, initial_ub=None):  # fmt: skip
+        args = (start_backpropagation_at_node, bound_lower, bound_upper, average_A, need_A_only,
+                unstable_idx, update_mask, apply_output_constraints_to, initial_As, initial_lb,
+                initial_ub)  # fmt: skip
+        plain = start_backpropagation_at_node is None and not (average_A or need_A_only)
+        plain = plain and unstable_idx is None and initial_As is None and initial_lb is None
+        plain = plain and initial_ub is None and not apply_output_constraints_to
+        if not _final_dealt(state, self, bound_node, C, plain):
+            return orig(self, bound_node, C, *args)
+        S, batch = int(C.shape[1]), int(C.shape[0])
+        counts = comm.shard_sizes(S)
+        lo = sum(counts[: comm.rank()])
+        mine = counts[comm.rank()]
+        part = C[:, lo : lo + max(1, mine)]  # an empty share: a one-row dummy
+        state.dealing.append(bound_node.name)
+        try:
+            lb, ub = orig(self, bound_node, part, *args)[:2]
+        finally:
+            state.dealing.pop()
+        state.dealt[type(bound_node).__name__] += mine
+
+        def gathered(t):
+            if t is None:
+                return None
+            local = t.reshape(batch, -1)[:, :mine]
+            return comm.all_gather_cat_grad(local, 1, sizes=counts).reshape(batch, S)
+
+        return gathered(lb), gathered(ub)
+
+    return backward_general
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Row-sharded α
 # ---------------------------------------------------------------------------------------------------------
 
 
-class RowAlpha:
-    """How one (ReLU, start node) α is kept by row on this rank: the rows of ``idx`` (the start node's
-    neurons that have their own α row) in the blocks of passes of c rows that ``batched_backward``
-    deals (:func:`pass_blocks`), plus a default slot 0."""
+class AlphaLayout:
+    """How one (ReLU, start node) α is kept on this rank: the α rows used by its own start rows (as
+    :func:`start_owners` deals them), in global order, after a default slot 0.
 
-    def __init__(self, idx: Tensor, size_s: int, orig_lookup: Tensor | None, full_rows: int, c: int) -> None:
-        U = idx.numel()
-        blocks = pass_blocks(U, c)
-        self.idx, self.size_s, self.orig_lookup, self.full_rows = idx, size_s, orig_lookup, full_rows
-        self.sizes = torch.bincount(blocks, minlength=comm.world_size()).tolist()
-        mine = (blocks == comm.rank()).nonzero().squeeze(1).to(idx.device)
-        self.own = idx[mine]
-        self.lookup = torch.zeros(size_s, dtype=torch.long, device=idx.device)  # neuron -> local row
-        self.lookup[self.own] = torch.arange(1, self.own.numel() + 1, device=idx.device)
-        self.owner = torch.full((size_s,), -1, dtype=torch.long)  # neuron -> rank (-1: slot 0 only)
-        self.owner[idx.cpu()] = blocks
+    ``owners``: the rank of every start neuron (flat position; -1: not dealt to anyone, a stable
+    neuron). ``alpha_row``: the global α row of every start neuron: auto_LiRPA's lookup table where it
+    has one (sparse-spec α; 0: its default slot, held by no one), else the neuron itself. Where α is
+    per channel, ``channel_row`` is the global α row of every channel, and each neuron's is its
+    channel's. The local lookup table is shaped like the one auto_LiRPA selects with
+    (``lookup_shape``: the channels, ``(c, h, w)`` of a conv start node, or the neurons)."""
 
-    def owners_of(self, rows: Tensor) -> Tensor:
-        """The rank that bounds each row: its α's owner; rows without an α row of their own (they use
-        slot 0, as in auto_LiRPA) go round-robin."""
-        o = self.owner[rows.cpu()]
-        extra = (o < 0).nonzero().squeeze(1)
-        o[extra] = torch.arange(extra.numel()) % comm.world_size()
-        return o
+    def __init__(self, owners: Tensor, alpha_row: Tensor, sparse: bool, n_alpha: int,
+                 lookup_shape: tuple[int, ...], channel_row: Tensor | None = None,
+                 final: bool = False) -> None:  # fmt: skip
+        P, me = comm.world_size(), comm.rank()
+        self.n_alpha, self.final = n_alpha, final
+        self.held = []  # the global α rows each rank holds, sorted
+        for q in range(P):
+            used = alpha_row[owners == q]
+            self.held.append(torch.unique(used[used > 0] if sparse else used))
+        self.sizes = [int(h.numel()) for h in self.held]
+        self.order = torch.cat(self.held)  # the global α row of every gathered row
+        local_of = torch.zeros(n_alpha, dtype=torch.long)  # global α row -> local row (0: slot 0)
+        local_of[self.held[me]] = torch.arange(1, self.sizes[me] + 1)
+        rows = channel_row if channel_row is not None else alpha_row
+        self.lookup = local_of[rows].view(lookup_shape)  # for maybe_unfold_patches / selection
+        self.flat_lookup = local_of[alpha_row]  # by flat neuron position
+        # a rank whose local α would have the global α's shape would be taken for whole
+        self.ambiguous = any(1 + n == n_alpha for n in self.sizes)
+
+    def to(self, device) -> AlphaLayout:
+        self.lookup, self.flat_lookup = self.lookup.to(device), self.flat_lookup.to(device)
+        return self
 
     def split(self, alpha: Tensor) -> Tensor:
-        """auto_LiRPA's α (``(2, full_rows, batch, ...)``) -> this rank's ``(2, 1 + own, batch, ...)``.
-
-        With a dense spec (a row for every neuron) the rows of neurons that are not bounded (stable)
-        are never trained: slot 0, a copy of the initial slope that every row starts from, stands for
-        them."""
-        if self.orig_lookup is not None:  # sparse spec: row 0 is auto_LiRPA's own default slot
-            rows, default = self.orig_lookup[self.own], alpha[:, :1]
-        else:
-            rows, default = self.own, alpha[:, self.idx[:1]]  # (also on a rank that owns no row)
-        local = torch.cat([default, alpha[:, rows]], 1).detach().clone()
+        """auto_LiRPA's α (``(2, n_alpha, batch, ...)``) -> this rank's ``(2, 1 + held, batch, ...)``.
+        Every row starts from the same initial slope, so slot 0, a copy of row 0, stands for the rows
+        this rank does not hold (auto_LiRPA's own slot 0, and the rows of stable neurons, never
+        trained: their gradient is 0)."""
+        rows = self.held[comm.rank()].to(alpha.device)
+        local = torch.cat([alpha[:, :1], alpha.index_select(1, rows)], 1).detach().clone()
         return local.requires_grad_(alpha.requires_grad)
 
     def owns(self, alpha: Tensor) -> bool:
-        return alpha.shape[1] == 1 + self.own.numel() != self.full_rows
+        return alpha.shape[1] == 1 + self.sizes[comm.rank()]
 
     def whole(self, local: Tensor) -> Tensor:
         """The α as auto_LiRPA laid it out, from every rank's rows (differentiable)."""
-        rows = comm.all_gather_cat_grad(local[:, 1:], 1, sizes=self.sizes)  # (2, U, batch, ...)
-        if self.orig_lookup is not None:
-            return torch.cat([local[:, :1], rows], 1)
-        full = local[:, :1].expand(-1, self.size_s, *local.shape[2:])  # dense: one row per neuron
-        return full.index_copy(1, self.idx, rows)
+        rows = comm.all_gather_cat_grad(local[:, 1:], 1, sizes=self.sizes)  # (2, held rows, batch, ...)
+        base = local[:, :1].expand(-1, self.n_alpha, *local.shape[2:])
+        return base.index_copy(1, self.order.to(local.device), rows)
+
+    def select(self, local: Tensor, last_lA, last_uA, unstable_idx, shape: list[int]):
+        """What auto_LiRPA's ``select_alpha_by_idx`` returns for the rows ``unstable_idx`` of a dealt
+        pass, from the local α: in patches mode the α and its lookup table, which
+        ``maybe_unfold_patches`` selects with; with matrices the rows' own α."""
+        if self.final:  # the rank's spec rows, in order: its local rows (none: a dummy row, slot 0)
+            return (local[:, 1:] if local.shape[1] > 1 else local[:, :1]), None
+        patches = not isinstance(last_lA, Tensor) and not isinstance(last_uA, Tensor)
+        if isinstance(unstable_idx, tuple) and patches:
+            return local, self.lookup
+        rows = self.flat_lookup[flat_positions(unstable_idx, shape)]
+        return local.index_select(1, rows), self.lookup
 
 
-def _dealt(relu, start) -> RowAlpha | None:
-    """The row layout of ``relu.alpha[start]`` if ``batched_backward`` deals that start node's rows."""
-    name, out_shape, unstable_idx, final = start[:4]
+def _layout(relu, start, module, state: Rows) -> AlphaLayout | None:
+    """The row layout of ``relu.alpha[start]``, or None: kept whole (the final node, shared α, a
+    layout this code does not know, or one where some rank would hold every row)."""
+    name, out_shape, _, final = start[:4]
     opts = relu.options
-    if final or name not in relu.alpha or opts["optimize_bound_args"].get("use_shared_alpha", False):
+    if name not in relu.alpha or opts["optimize_bound_args"].get("use_shared_alpha", False):
         return None
-    if not isinstance(out_shape, int) and len(out_shape) != 1:  # conv start nodes: not yet
-        return None
-    if unstable_idx is not None and (not isinstance(unstable_idx, Tensor) or unstable_idx.ndim != 1):
-        return None
-    size_s = int(out_shape if isinstance(out_shape, int) else out_shape[0])
-    U = size_s if unstable_idx is None else unstable_idx.numel()
-    if U <= opts.get("crown_batch_size", float("inf")) or U < comm.world_size():
-        return None  # bounded in one pass by every rank: kept whole
+    if final:  # one α row per spec row, dealt as the spec rows are (final_rows)
+        S = int(relu.alpha[name].shape[1])
+        if S != (out_shape if isinstance(out_shape, int) else math.prod(out_shape)):
+            return None
+        layout = AlphaLayout(even_blocks(S), torch.arange(S), False, S, (S,), final=True)
+        return None if layout.ambiguous else layout.to(relu.alpha[name].device)
+    node = module[name]
+    shape = [int(s) for s in node.output_shape[1:]]
+    n = math.prod(shape)
+    n_alpha = int(relu.alpha[name].shape[1])
     lookup = (relu.alpha_lookup_idx or {}).get(name)
-    if unstable_idx is None:  # every neuron is bounded
-        unstable_idx = torch.arange(size_s, device=relu.alpha[name].device)
-    c = pass_rows(U, int(opts["crown_batch_size"]))
-    return RowAlpha(unstable_idx, size_s, lookup, relu.alpha[name].shape[1], c)
+    owners = state.owners.get(name)
+    if owners is None:
+        owners = start_owners(state, module, node)
+    channel_row = None
+    if isinstance(out_shape, int) and len(shape) == 3:  # per channel
+        channel_row = lookup.cpu() if lookup is not None else torch.arange(shape[0])
+        alpha_row = channel_row.repeat_interleave(n // shape[0])
+        lookup_shape: tuple[int, ...] = (shape[0],)
+    else:
+        alpha_row = lookup.cpu().reshape(-1) if lookup is not None else torch.arange(n)
+        lookup_shape = (
+            tuple(shape) if len(shape) == 3 and isinstance(lookup, Tensor) and lookup.dim() == 3 else (n,)
+        )
+        if lookup is None and len(shape) == 3 and start_kind(node) in ("patches", "sum"):
+            lookup_shape = tuple(shape)
+    if alpha_row.numel() != n or owners.numel() != n or int(alpha_row.max()) >= n_alpha:
+        return None
+    layout = AlphaLayout(owners, alpha_row, lookup is not None, n_alpha, lookup_shape, channel_row)
+    return None if layout.ambiguous else layout.to(relu.alpha[name].device)
 
 
 def init_opt_parameters(run: Run, orig):
-    """``BoundRelu.init_opt_parameters``: each rank keeps the α of its own rows."""
+    """``BoundRelu.init_opt_parameters``: each rank keeps the α rows of its own start rows."""
     state = run.rows
 
     def init_opt_parameters(self, start_nodes):
         orig(self, start_nodes)
-        if not state.active or comm.world_size() == 1:
+        module = state.module() if state.module is not None else None
+        if not state.active or comm.world_size() == 1 or module is None:
             return
         table = {}
         for start in start_nodes:  # (the list can name a start node more than once)
             if start[0] in table:
                 continue
-            layout = _dealt(self, start)
+            layout = _layout(self, start, module, state)
             if layout is not None:
                 self.alpha[start[0]] = layout.split(self.alpha[start[0]])
                 table[start[0]] = layout
@@ -361,13 +542,9 @@ def select_alpha_by_idx(run: Run, orig):
         local = self.alpha.get(name) if layout is not None else None
         if local is None or not layout.owns(local):
             return orig(self, last_lA, last_uA, unstable_idx, start_node)
-        if (
-            state.dealing
-            and state.dealing[-1] == name
-            and isinstance(unstable_idx, Tensor)
-            and unstable_idx.ndim == 1
-        ):
-            return self.non_deter_index_select(local, index=layout.lookup[unstable_idx], dim=1), None
+        if state.dealing and state.dealing[-1] == name and (unstable_idx is not None or layout.final):
+            shape = [int(d) for d in start_node.output_shape[1:]]
+            return layout.select(local, last_lA, last_uA, unstable_idx, shape)
         self.alpha[name] = layout.whole(local)  # every rank bounds these rows: the whole α everywhere
         try:
             return orig(self, last_lA, last_uA, unstable_idx, start_node)
@@ -377,22 +554,70 @@ def select_alpha_by_idx(run: Run, orig):
     return select_alpha_by_idx
 
 
-def whole_alphas(state: Rows, reference: dict | None) -> None:
-    """The α that α,β-CROWN saved after α-CROWN (``reference["alphas"]``: ``{relu: {start: α}}``, or
-    ``{relu: {"alpha": {start: α}, ...}}`` as ``dump_alpha`` lays it out) made whole where it was kept by
-    row, in place, before BaB stores it per domain (input BaB, ``enable_opt_interm_bounds``). Collective:
-    call it on every rank, before :func:`inactive`."""
-    saved = (reference or {}).get("alphas") or {}
+def whole_alpha_dict(state: Rows, alphas: dict | None, only: str | None = None) -> None:
+    """α as α,β-CROWN hands it around (``{relu: {start: α}}``, or ``{relu: {"alpha": {start: α},
+    ...}}`` as ``get_alpha(full_info=True)`` lays it out) made whole where it was kept by row, in place
+    (``only``: that start node alone). Collective: call it on every rank at the same point."""
     for relu, table in list(state.alpha.items()):  # the same order on every rank
-        entry = saved.get(relu.name)
+        entry = (alphas or {}).get(relu.name)
         if entry is None:
             continue
         per_start = entry["alpha"] if isinstance(entry.get("alpha"), dict) else entry
         for name, layout in table.items():
             a = per_start.get(name)
-            if isinstance(a, Tensor) and layout.owns(a):
+            if (only is None or name == only) and isinstance(a, Tensor) and layout.owns(a):
                 whole = layout.whole(a.detach().to(comm.device(), torch.float32))
                 per_start[name] = whole.to(a.device, a.dtype)
+
+
+def whole_alphas(state: Rows, reference: dict | None) -> None:
+    """The α that α,β-CROWN saved after α-CROWN (``reference["alphas"]``) made whole where it was kept
+    by row, in place, before BaB stores it per domain (input BaB, ``enable_opt_interm_bounds``).
+    Collective: call it on every rank, before :func:`inactive`."""
+    whole_alpha_dict(state, (reference or {}).get("alphas"))
+
+
+def _whole_final(state: Rows, final: str) -> list:
+    """The output node's α whole again on every ReLU (its layout dropped); returns those ReLUs."""
+    relus = []
+    for relu, table in list(state.alpha.items()):  # the same order on every rank
+        layout = table.pop(final, None)
+        a = (relu.alpha or {}).get(final)
+        if layout is not None and a is not None and layout.owns(a):
+            relu.alpha[final] = layout.whole(a).detach().requires_grad_(a.requires_grad)
+            relus.append(relu)
+    return relus
+
+
+def prune_after_crown(run: Run, orig):
+    """``prune.PruneAfterCROWN.__init__``: α,β-CROWN drops the spec rows CROWN already verified from the
+    output node's α, which it takes whole: the α is made whole for it, then kept by the new spec rows."""
+    state = run.rows
+
+    def __init__(self, net, x, c, rhs, lb, aux_reference_bounds, stop_criterion, or_spec_size=None):
+        relus = _whole_final(state, net.final_name) if state.active and comm.world_size() > 1 else []
+        orig(self, net, x, c, rhs, lb, aux_reference_bounds, stop_criterion, or_spec_size)
+        for relu in relus:
+            start = (net.final_name, int(relu.alpha[net.final_name].shape[1]), None, True)
+            layout = _layout(relu, start, None, state)
+            if layout is not None:
+                relu.alpha[net.final_name] = layout.split(relu.alpha[net.final_name])
+                state.alpha[relu][net.final_name] = layout
+
+    return __init__
+
+
+def prune_recover(run: Run, orig):
+    """``prune.PruneAfterCROWN.recover``: puts the pruned spec rows of the output node's α (among
+    others) back in place, on the whole α: made whole for it."""
+    state = run.rows
+
+    def recover(self, lb, ub, lA, alphas, mask, input_split_idx, full_alpha_info):
+        if state.active and comm.world_size() > 1:
+            whole_alpha_dict(state, alphas, only=self.net.final_name)
+        return orig(self, lb, ub, lA, alphas, mask, input_split_idx, full_alpha_info)
+
+    return recover
 
 
 @contextlib.contextmanager
@@ -405,6 +630,7 @@ def inactive(state: Rows):
             if a is not None and layout.owns(a):
                 relu.alpha[name] = layout.whole(a).detach().requires_grad_(a.requires_grad)
     state.alpha.clear()
+    state.owners.clear()
     was, state.active = state.active, False
     try:
         yield
