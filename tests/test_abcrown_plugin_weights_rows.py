@@ -141,3 +141,65 @@ def test_residual_sums_in_patches_mode_are_dealt(tmp_path):
     # the four sums wider than a pass (1024, 1024, 512, 512 neurons) have a dense α: each of α-CROWN's 5
     # iterations bounds all their 3072 neurons again, half of them on each rank
     assert all(r["BoundAdd"] >= 5 * 3072 // 2 for r in got["rows_dealt"]), got["rows_dealt"]
+
+
+CNN7_YAML = """general:
+  device: cpu
+  complete_verifier: skip
+solver:
+  crown:
+    batch_size: 512
+  alpha-crown:
+    iteration: 5
+    full_conv_alpha: {full}
+attack:
+  pgd_order: skip
+"""
+
+
+@pytest.fixture(scope="module")
+def cnn7(tmp_path_factory):
+    """A CNN7 of 2 channels on 8x8 inputs (five convs, 512-wide fc) whose every layer has fewer unstable
+    neurons than ``crown.batch_size`` (the most, fc1's 511, of 512): the layers auto_LiRPA bounds in
+    one pass; and the P = 1 references, per-neuron and per-channel conv α."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from complete_verifier_ext.examples.cnn7 import build
+    from complete_verifier_ext.testing import write_vnnlib
+
+    tmp = tmp_path_factory.mktemp("cnn7")
+    onnx = tmp / "cnn7.onnx"
+    build(onnx, width=2, shape=(3, 8, 8))
+    x = torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(3)).numpy()
+    label = int(ort.InferenceSession(str(onnx)).run(None, {"x": x})[0].argmax())
+    spec = write_vnnlib(tmp / "s.vnnlib", np.clip(x - 0.01, 0, 1), np.clip(x + 0.01, 0, 1), label, 10)
+    args = ["--onnx_path", str(onnx), "--vnnlib_path", spec]
+    refs = {}
+    for full in ("true", "false"):
+        cfg = config(tmp, CNN7_YAML.format(full=full), f"{full}.yaml")
+        proc, refs[full], _ = run(tmp, cfg, *args, name=f"p1{full}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return tmp, args, refs
+
+
+@needs_abcrown
+@pytest.mark.parametrize(("P", "mode", "full"), [(2, "fsdp", "true"), (3, "tp", "false")])
+def test_conv_layers_below_the_pass_size_are_dealt(cnn7, P, mode, full):
+    """Every layer of a small CNN7 has fewer unstable neurons than ``crown.batch_size``: at P > 1 their
+    rows are dealt all the same (auto_LiRPA would bound each in one pass on every rank), with their α
+    kept by row (per neuron, or per channel with ``full_conv_alpha: false``), and so are the output
+    node's spec rows and α in α-CROWN's iterations. Every rank bounds conv rows (whole channels where α
+    is per channel: this net's first layers have two), CROWN is P = 1's within 1e-6 and α-CROWN within 1e-5 after the same iterations, and every
+    rank issues the same collectives."""
+    tmp, args, refs = cnn7
+    ref = refs[full]
+    cfg = config(tmp, CNN7_YAML.format(full=full), f"{full}.yaml")
+    proc, got, _ = run(tmp, cfg, *args, P=P, mode=mode, name=f"p{P}{mode}{full}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dealt = got["rows_dealt"]
+    assert len(dealt) == P and all(d.get("BoundConv", 0) > 0 and d.get("BoundLinear", 0) > 0 for d in dealt)
+    assert len(set(got["collectives"])) == 1, got["collectives"]
+    assert rel(ref["bounds"]["crown"], got["bounds"]["crown"]) < 1e-6
+    assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-5
+    assert max(got["alpha_elements"]) < 0.75 * ref["alpha_elements"][0]  # each rank holds its share

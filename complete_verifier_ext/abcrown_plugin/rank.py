@@ -20,6 +20,7 @@ from . import bridge, locate, table
 from .clocks import OutOfTime
 from .patcher import Patcher
 from .run import Run
+from .search.rounds import lockstep_calls
 from .weights import shards
 
 AUDIT_ENV = "CVE_ABCROWN_AUDIT"  # "1": count live full-size weights at the start and end of each build
@@ -142,6 +143,8 @@ def gathered_result(run: Run, phases: Phases, full_live: list[list[str]] | None,
         "bab_weight_fetches": [[int(a), int(b)] for a, b in every[:, 4:6].tolist()],
         "bab_collectives": comm.all_gather_object(list(run.rounds.collectives)),
         "rows_dealt": comm.all_gather_object(dict(sorted(run.rows.dealt.items()))),
+        # every lockstep collective of the run: the same count on every rank, or the ranks diverged
+        "collectives": comm.all_gather_object(lockstep_calls() - run.calls_at_start),
         "peak_mb_exact": phases.meter.exact,
         "crown_batch_size": crown_batch,
         "whole_layers": dict(run.shards.whole_layers),
@@ -178,6 +181,7 @@ def rank_main(job: RankJob) -> dict:
     log = _open_log(job.scratch, rank, job.quiet)
     cache = str(cache_root() / "abcrown_specs" / f"rank{rank}")
     run = Run(job.par, world, cache, job.started_wall, served_at_start=dict(serve.stats()))
+    run.calls_at_start = lockstep_calls()
     try:
         with contextlib.ExitStack() as quiet_ctx:
             _redirect_to_log(quiet_ctx, log, rank)

@@ -93,6 +93,7 @@ class Rows:
     #   {start name: AlphaLayout}, the α kept by row
     owners: dict[str, Any] = field(default_factory=dict)  # start node -> the rank of each of its neurons
     module: Any = None  # weakref to the BoundedModule whose rows are dealt (set by its get_sparse_C)
+    local_lA: list = field(default_factory=list)  # (node, counts): its lA holds this rank's spec rows
 
 
 @dataclass
@@ -115,6 +116,7 @@ class Run:
     rows: Rows = field(init=False)
     rounds: Rounds = field(default_factory=Rounds)
     served_at_start: dict[str, int] = field(default_factory=dict)  # weight fetches before the run
+    calls_at_start: int = 0  # lockstep collectives this process issued before the run
 
     def __post_init__(self) -> None:
         self.clock = Clocks(self.started_wall)

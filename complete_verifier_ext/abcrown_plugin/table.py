@@ -122,6 +122,11 @@ TABLE: tuple[Patch, ...] = (
     Patch("prune.PruneAfterCROWN.recover", "P>1", rows.prune_recover,
           "the output node's α whole where α,β-CROWN restores its pruned spec rows",
           ("self", "lb", "ub", "lA", "alphas", "mask", "input_split_idx", "full_alpha_info")),
+    Patch(f"{_BUILD}.get_lA", "P>1", rows.get_lA,
+          "the output node's A-matrices whole where α-CROWN's last iteration dealt its spec rows",
+          ("self", "preserve_mask", "tot_cells", "transpose", "device")),
+    Patch("auto_LiRPA.backward_bound.tqdm", "P>1", rows.tqdm,
+          "no progress bar for each dealt pass (every layer is bounded in passes at P > 1)", None),
     Patch(f"{_BM}.optim", "P>1", rows.optim,
           "Adam and SGD sum every gradient over the ranks before their step", None),
     # the BaB domain list split over the ranks (search/)

@@ -177,9 +177,9 @@ def batched_backward(run: Run, orig):
                     )
                 else:
                     lb, ub = orig(self, node, C, rows, batch_size, bound_lower, bound_upper, False)[:2]
-                if bool(real.all()):
-                    lbs.append(lb)
-                    ubs.append(ub)
+                n = int(real.sum())  # a dummy's bound is dropped, its graph kept (the gather's backward)
+                lbs.append(None if lb is None else lb.reshape(batch_size, -1)[:, :n])
+                ubs.append(None if ub is None else ub.reshape(batch_size, -1)[:, :n])
         finally:
             opts.update(saved)
             state.dealing.pop()
@@ -192,10 +192,7 @@ def batched_backward(run: Run, orig):
         def gathered(ts: list, wanted: bool):
             if not wanted:
                 return None
-            if ts:
-                local = torch.cat([t.reshape(batch_size, -1) for t in ts], 1)
-            else:  # no row here
-                local = torch.zeros((batch_size, 0), dtype=next(self.parameters()).dtype, device=self.device)
+            local = torch.cat(ts, 1)  # (batch, this rank's rows)
             full = comm.all_gather_cat_grad(local, 1, sizes=counts).index_select(1, take)
             return full.reshape(batch_size, *shape) if dense else full
 
@@ -343,11 +340,34 @@ def _final_dealt(state: Rows, module, bound_node, C, plain: bool) -> bool:
         and isinstance(C, Tensor)
         and C.dim() >= 3
         and int(C.shape[1]) > 1
+        and type(bound_node).__name__ in ("BoundLinear", "BoundMatMul")  # its A-matrices stay dense
         and not module.return_A
         and not getattr(module, "cut_used", False)
         and not module.invprop_enabled()
         and _final_alpha_by_row(state, module)
     )
+
+
+def whole_lA(state: Rows) -> None:
+    """Every ``lA`` that the last back-substitution of the output node left as this rank's spec rows,
+    all-gathered (detached), in the same order on every rank. Collective."""
+    for node, counts in state.local_lA:
+        lA = node.lA
+        if not isinstance(lA, Tensor):
+            raise RuntimeError(f"{node.name}: the output node's A-matrix is not a tensor; cannot gather it")
+        local = lA.detach()[: counts[comm.rank()]]
+        node.lA = comm.all_gather_cat(local.contiguous(), 0, sizes=counts)
+    state.local_lA.clear()
+
+
+def get_lA(run: Run, orig):
+    """``LiRPANet.get_lA``: the ``lA`` it reads whole, where the last α-CROWN iteration left it dealt."""
+
+    def get_lA(self, preserve_mask=None, tot_cells=None, transpose=True, device=None):
+        whole_lA(run.rows)
+        return orig(self, preserve_mask, tot_cells, transpose, device)
+
+    return get_lA
 
 
 def _final_alpha_by_row(state: Rows, module) -> bool:
@@ -377,6 +397,8 @@ def backward_general(run: Run, orig):
         plain = plain and unstable_idx is None and initial_As is None and initial_lb is None
         plain = plain and initial_ub is None and not apply_output_constraints_to
         if not _final_dealt(state, self, bound_node, C, plain):
+            if bound_node.name == self.final_name:
+                state.local_lA.clear()  # a whole pass: every lA whole again
             return orig(self, bound_node, C, *args)
         S, batch = int(C.shape[1]), int(C.shape[0])
         counts = comm.shard_sizes(S)
@@ -389,6 +411,8 @@ def backward_general(run: Run, orig):
         finally:
             state.dealing.pop()
         state.dealt[type(bound_node).__name__] += mine
+        # what α,β-CROWN reads back (get_lA: BaB's branching, prune_after_crown's recover) is whole
+        state.local_lA[:] = [(n, counts) for n in self.get_splittable_activations() if n.lA is not None]
 
         def gathered(t):
             if t is None:
@@ -629,6 +653,7 @@ def inactive(state: Rows):
             a = relu.alpha.get(name) if relu.alpha else None
             if a is not None and layout.owns(a):
                 relu.alpha[name] = layout.whole(a).detach().requires_grad_(a.requires_grad)
+    whole_lA(state)
     state.alpha.clear()
     state.owners.clear()
     was, state.active = state.active, False
@@ -672,6 +697,16 @@ def _synced(state: Rows, cls):
 
     Synced.__name__ = Synced.__qualname__ = f"Synced{cls.__name__}"
     return Synced
+
+
+def tqdm(run: Run, orig):
+    """auto_LiRPA's ``batched_backward`` progress bar (``backward_bound.tqdm``), off: at P > 1 every
+    layer is bounded in passes, and a bar for each would fill the user's terminal."""
+
+    def quiet(*args, **kwargs):
+        return orig(*args, **{**kwargs, "disable": True})
+
+    return quiet
 
 
 def optim(run: Run, orig: types.ModuleType) -> types.ModuleType:
