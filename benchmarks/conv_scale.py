@@ -1,0 +1,349 @@
+"""Per-rank peak memory of α,β-CROWN's α-CROWN stage on conv nets through the plugin, against its floor.
+
+    ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/conv_scale.py \
+        [--shapes cnn7-c16-cifar ...] [--regimes random certified] [--modes fsdp tp] [--worlds 2 4] \
+        [--iterations 20] [--unpatched] [--out benchmarks/results/conv_scale] [--reuse]
+
+Shapes (``complete_verifier_ext.examples``; fixed-seed random weights, BatchNorm folded): CNN7 (five 3x3
+convs with c, c, 2c (stride 2), 2c, 2c channels, a 512-unit linear layer, the classifier) at a given
+``c`` on CIFAR (3x32x32, 10 classes) or TinyImageNet (3x64x64, 200 classes): ``cnn7-c64-cifar`` is
+VNN-COMP 2026's ``cnn7``, ``cnn7-c128-cifar`` its ``wide_cnn7``; ``resnet16`` is the CIFAR-100
+ResNet-large shape at 1/16 of its channels (``benchmarks/resnet_large.py``). Regimes: ``random``, an L∞
+ball of ε = 2/255 around a random image (most neurons unstable), and ``certified``, a ball small enough
+that every layer has fewer unstable neurons than ``crown.batch_size`` (512), as certified training leaves
+them (the ε per shape is in ``CERTIFIED_EPS``; the counts per layer, α,β-CROWN's own, are in the table).
+
+Each run is its own ``abcrown --general.engine abcrown`` process (one mode per process, every rank
+under ``MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1``), with α,β-CROWN's default config plus
+``complete_verifier: skip``, ``pgd_order: skip`` and α-CROWN's ``iteration`` (lr as configured:
+``--lr``). Peak: each rank's RSS high-water mark during ``LiRPANet.build`` (CROWN and α-CROWN) above the
+RSS at its start (the plugin's ``peak_mb_bounds``). Floor: P = 1's peak / P + one layer in flight (the
+largest weight under fsdp, gathered; a shard of it under tp). Bounds: the α-CROWN lower bounds of every
+spec row against P = 1's (largest relative difference). With ``--unpatched``, α,β-CROWN's own
+``abcrown.py`` (nothing patched) runs beside the plugin at P = 1: wall time and the process's peak RSS,
+both measured from outside, for each.
+
+Writes ``conv_scale.{json,md,png}`` into ``--out`` with the commit and command; ``--reuse`` keeps the
+rows of an earlier ``conv_scale.json`` there and runs only what it lacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from abcrown_common import checkout
+from abcrown_overhead import UNPATCHED
+from measure import REPO, provenance
+
+from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
+
+GENERATED = REPO / "benchmarks" / "generated" / "conv_scale"
+SHAPES = {  # name -> (kind, channels, side, classes)
+    "cnn7-c8-cifar": ("cnn7", 8, 32, 10),
+    "cnn7-c16-cifar": ("cnn7", 16, 32, 10),
+    "cnn7-c32-cifar": ("cnn7", 32, 32, 10),
+    "cnn7-c64-cifar": ("cnn7", 64, 32, 10),
+    "cnn7-c128-cifar": ("cnn7", 128, 32, 10),
+    "cnn7-c8-tiny": ("cnn7", 8, 64, 200),
+    "cnn7-c16-tiny": ("cnn7", 16, 64, 200),
+    "resnet16": ("resnet", 4, 32, 100),
+}
+CERTIFIED_EPS = {  # ε of the certified regime: every layer below 512 unstable neurons
+    "cnn7-c8-cifar": 0.002,
+    "cnn7-c16-cifar": 0.001,
+    "cnn7-c32-cifar": 0.0005,
+    "cnn7-c64-cifar": 0.00025,
+    "cnn7-c128-cifar": 0.0001,
+    "cnn7-c8-tiny": 0.0005,
+    "cnn7-c16-tiny": 0.00025,
+    "resnet16": 0.0005,
+}
+RANDOM_EPS = 2 / 255
+YAML = """general:
+  device: cpu
+  complete_verifier: skip
+solver:
+  alpha-crown:
+    iteration: {iterations}
+    lr_alpha: {lr}
+    full_conv_alpha: {full}
+attack:
+  pgd_order: skip
+"""
+
+
+def instance(shape: str, regime: str) -> tuple[Path, Path, float]:
+    """The shape's ONNX file and the regime's spec (generated once), and the largest weight's MB."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    from complete_verifier_ext.testing import write_vnnlib
+
+    kind, c, side, classes = SHAPES[shape]
+    GENERATED.mkdir(parents=True, exist_ok=True)
+    path = GENERATED / f"{shape}.onnx"
+    if not path.exists():
+        if kind == "cnn7":
+            from complete_verifier_ext.examples.cnn7 import build
+
+            build(path, width=c, shape=(3, side, side), classes=classes)
+        else:
+            from complete_verifier_ext.examples.resnet import build as build_resnet
+
+            build_resnet(path, stages=(c, 2 * c, 4 * c, 8 * c), side=side, fc=512 // 16, classes=classes)
+    eps = RANDOM_EPS if regime == "random" else CERTIFIED_EPS[shape]
+    spec = GENERATED / f"{shape}-{regime}.vnnlib"
+    if not spec.exists():
+        x = torch.rand(1, 3, side, side, generator=torch.Generator().manual_seed(3)).numpy()
+        label = int(ort.InferenceSession(str(path)).run(None, {"x": x})[0].argmax())
+        write_vnnlib(spec, np.clip(x - eps, 0, 1).ravel(), np.clip(x + eps, 0, 1).ravel(), label, classes)
+    largest = max(int(np.prod(t.dims)) for t in onnx.load(str(path)).graph.initializer)
+    return path, spec, largest * 4 / 2**20
+
+
+_START = re.compile(r"start_node (\S+) using .*? with unstable size (\d+|None) total_size (\d+)")
+
+
+def unstable_counts(log: str) -> dict[str, list[int]]:
+    """α,β-CROWN's own count of unstable neurons of each layer whose α it creates (its log)."""
+    out: dict[str, list[int]] = {}
+    for name, size, total in _START.findall(log):
+        if size != "None":
+            out.setdefault(name, [int(size), int(total)])
+    return out
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int, float]:
+    """Wait for ``proc``; its exit status and its own peak RSS (MiB, ``ru_maxrss``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_maxrss / 1024
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(0.2)
+
+
+def run_plugin(cfg: Path, onnx: Path, spec: Path, P: int, mode: str, tmp: Path, timeout: float) -> dict:
+    summary = tmp / "s.json"
+    summary.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", str(cfg), "--general.engine"]
+    cmd += ["abcrown", "--onnx_path", str(onnx), "--vnnlib_path", str(spec), "--results_file"]
+    cmd += [str(tmp / "out.txt"), "--summary", str(summary)]
+    if P > 1:
+        cmd += ["--parallel.mode", mode, "--parallel.world_size", str(P)]
+    env = {**os.environ, **EXACT_MEMORY_ENV}
+    t0 = time.monotonic()
+    log = tmp / "log.txt"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=tmp)
+        try:
+            rc, rss = _wait(proc, timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"over {timeout:.0f} s"}
+    wall = time.monotonic() - t0
+    text = log.read_text(errors="replace")
+    if rc != 0 or not summary.exists():
+        return {"error": (text.strip().splitlines() or ["failed"])[-1][:200]}
+    s = json.loads(summary.read_text())
+    return {
+        "peak_mb": s["peak_mb_bounds"],
+        "wall_s": round(wall, 1),
+        "rss_mb": round(rss, 1),
+        "lb": s["bounds"].get("alpha_crown") or s["bounds"].get("crown"),
+        "crown": s["bounds"].get("crown"),
+        "rows_dealt": s.get("rows_dealt"),
+        "alpha_elements": s.get("alpha_elements"),
+        "unstable": unstable_counts(text) if P == 1 else None,
+    }
+
+
+def run_unpatched(cfg: Path, onnx: Path, spec: Path, tmp: Path, timeout: float) -> dict:
+    """α,β-CROWN's own ``abcrown.py``: wall time and the process's peak RSS, from outside."""
+    cmd = [sys.executable, "-c", UNPATCHED, "--config", str(cfg), "--onnx_path", str(onnx)]
+    cmd += ["--vnnlib_path", str(spec), "--results_file", str(tmp / "unpatched.txt")]
+    env = {**os.environ, **EXACT_MEMORY_ENV}
+    t0 = time.monotonic()
+    with open(tmp / "unpatched.log", "w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=tmp)
+        try:
+            rc, rss = _wait(proc, timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"over {timeout:.0f} s"}
+    if rc != 0:
+        return {"error": (tmp / "unpatched.log").read_text(errors="replace").strip().splitlines()[-1][:200]}
+    return {"wall_s": round(time.monotonic() - t0, 1), "rss_mb": round(rss, 1)}
+
+
+def rel_diff(a: list, b: list) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-12)))
+
+
+def _floor(base: dict, row: dict) -> float | None:
+    if "peak_mb" not in base or row["P"] == 1:
+        return None
+    layer = row["layer_mb"] / row["P"] if row["mode"] == "tp" else row["layer_mb"]
+    return max(base["peak_mb"]) / row["P"] + layer
+
+
+def table(rows: list[dict]) -> str:
+    out = [
+        "| shape | regime | mode | P | peak MB per rank (max) | floor MB | × floor | × P = 1 | wall s "
+        "| α-CROWN vs P = 1 (rel) | CROWN vs P = 1 (rel) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    bases = {(r["shape"], r["regime"]): r for r in rows if r["P"] == 1 and r["mode"] == "plugin"}
+    for r in rows:
+        base = bases.get((r["shape"], r["regime"]), {})
+        head = f"| {r['shape']} | {r['regime']} | {r['mode']} | {r['P']} "
+        if "error" in r:
+            out.append(head + f"| {r['error']} | | | | | | |")
+            continue
+        if r["mode"] == "unpatched":
+            ratio = f"{r['wall_s'] / base['wall_s']:.2f}" if base.get("wall_s") else ""
+            out.append(head + f"| process RSS {r['rss_mb']:.0f} (plugin {base.get('rss_mb', 0):.0f}) | | | "
+                       f"| {r['wall_s']:.1f} (plugin ×{ratio}) | | |")  # fmt: skip
+            continue
+        peak = max(r["peak_mb"])
+        f = _floor(base, r)
+        fl = f"{f:.0f} | {peak / f:.2f}" if f else " | "
+        times = f"{peak / max(base['peak_mb']):.2f}" if base.get("peak_mb") else ""
+        diff = f"{rel_diff(base['lb'], r['lb']):.1e}" if base.get("lb") and r["P"] > 1 else ""
+        cdiff = f"{rel_diff(base['crown'], r['crown']):.1e}" if base.get("crown") and r["P"] > 1 else ""
+        out.append(head + f"| {peak:.0f} | {fl} | {times} | {r['wall_s']:.1f} | {diff} | {cdiff} |")
+    return "\n".join(out)
+
+
+def counts_table(rows: list[dict]) -> str:
+    out = ["| shape | regime | unstable neurons per layer (of) |", "|---|---|---|"]
+    for r in rows:
+        if r["P"] == 1 and r["mode"] == "plugin" and r.get("unstable"):
+            cells = ", ".join(f"{u} ({t})" for u, t in r["unstable"].values())
+            out.append(f"| {r['shape']} | {r['regime']} | {cells} |")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bases = {(r["shape"], r["regime"]): r for r in rows if r["P"] == 1 and r["mode"] == "plugin"}
+    for key, base in bases.items():
+        for mode in ("fsdp", "tp"):
+            pts = [
+                (r["P"], max(r["peak_mb"]) / _floor(base, r))
+                for r in rows
+                if (r["shape"], r["regime"]) == key and r["mode"] == mode and "peak_mb" in r and r["P"] > 1
+            ]
+            if pts:
+                ps, ys = zip(*sorted(pts), strict=True)
+                ax.plot(ps, ys, marker="o", label=f"{key[0]} {key[1]} {mode}")
+    ax.axhline(1.15, color="k", linestyle="--", label="1.15 × floor")
+    ax.axhline(1.0, color="grey", linestyle=":")
+    ax.set_xlabel("ranks P")
+    ax.set_ylabel("peak per rank / floor")
+    ax.set_title("alpha-CROWN stage through the plugin, per rank against its floor")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", default=["cnn7-c16-cifar"])
+    ap.add_argument("--regimes", nargs="+", default=["random", "certified"])
+    ap.add_argument("--modes", nargs="+", default=["fsdp", "tp"])
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--full-conv-alpha", default="true", choices=["true", "false"])
+    ap.add_argument("--unpatched", action="store_true", help="also α,β-CROWN's own abcrown.py at P = 1")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "conv_scale"))
+    ap.add_argument("--reuse", action="store_true", help="keep the rows of an earlier run in --out")
+    a = ap.parse_args()
+    if not os.environ.get("ABCROWN_PATH"):
+        os.environ["ABCROWN_PATH"] = str(checkout())
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "conv_scale.json"
+    meta = provenance()
+    rows: list[dict] = []
+    if a.reuse and results.exists():
+        rows = json.loads(results.read_text())["rows"]
+    done = {(r["shape"], r["regime"], r["mode"], r["P"]) for r in rows if "error" not in r}
+    tmp = GENERATED / "runs"
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = tmp / "alpha.yaml"
+    cfg.write_text(YAML.format(iterations=a.iterations, lr=a.lr, full=a.full_conv_alpha))
+    for shape in a.shapes:
+        for regime in a.regimes:
+            onnx, spec, layer_mb = instance(shape, regime)
+            plan = [("plugin", 1)] + [(m, P) for m in a.modes for P in a.worlds]
+            if a.unpatched:
+                plan.append(("unpatched", 1))
+            for mode, P in plan:
+                if (shape, regime, mode, P) in done:
+                    continue
+                if mode == "unpatched":
+                    r = run_unpatched(cfg, onnx, spec, tmp, a.timeout)
+                else:
+                    r = run_plugin(cfg, onnx, spec, P, mode if P > 1 else "fsdp", tmp, a.timeout)
+                r.update(shape=shape, regime=regime, mode=mode, P=P, layer_mb=layer_mb)
+                rows = [
+                    x
+                    for x in rows
+                    if (x["shape"], x["regime"], x["mode"], x["P"]) != (shape, regime, mode, P)
+                ]
+                rows.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k not in ("lb", "crown", "unstable")})[:400],
+                      flush=True)  # fmt: skip
+                results.write_text(json.dumps({**meta, "config": cfg.read_text(), "rows": rows}, indent=1))
+    order = {s: i for i, s in enumerate(SHAPES)}
+    rows.sort(
+        key=lambda r: (order.get(r["shape"], 99), r["regime"], r["mode"] != "plugin", r["mode"], r["P"])
+    )
+    md = [
+        "# α-CROWN on conv nets through the plugin: per-rank peak against the floor",
+        "",
+        f"Commit `{meta['commit']}`; command `{meta['command']}`; {meta['machine']}, gloo; α,β-CROWN "
+        "8250d5f / auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. One process per run, every rank under "
+        "`MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1`. Config (α,β-CROWN's defaults otherwise):",
+        "",
+        "```yaml",
+        cfg.read_text().rstrip(),
+        "```",
+        "",
+        "Peak: per-rank RSS high-water mark of α,β-CROWN's incomplete phase (`LiRPANet.build`: CROWN, "
+        "α-CROWN) above the RSS at its start. Floor: P = 1 / P + the largest weight (a shard of it under "
+        "tp). Bounds: the largest relative difference of the spec rows' lower bounds from P = 1.",
+        "",
+        table(rows),
+        "",
+        "Unstable neurons per layer, α,β-CROWN's own count at P = 1 (the layers it creates α for):",
+        "",
+        counts_table(rows),
+    ]
+    (out / "conv_scale.md").write_text("\n".join(md) + "\n")
+    plot(rows, out / "conv_scale.png")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
