@@ -141,6 +141,7 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
                 bab_collectives=result["bab_collectives"],
                 rows_dealt=result["rows_dealt"],
                 collectives=result["collectives"],
+                unstable_per_layer=rec["unstable"],
                 **({"whole_layers": result["whole_layers"]} if result.get("whole_layers") else {}),
                 **(
                     {"full_weights_live": result["full_weights_live"]}

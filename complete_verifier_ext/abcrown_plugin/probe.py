@@ -18,6 +18,13 @@ def bounds_list(t) -> list[float]:
     return [float(v) for v in t.detach().flatten().tolist()]
 
 
+def _unstable(node) -> int:
+    """Neurons of ``node`` whose bounds straddle 0 (for some element of the batch)."""
+    if node.lower is None or node.upper is None:
+        return 0
+    return int(((node.lower < 0) & (node.upper > 0)).flatten(1).any(0).sum())
+
+
 def bab_proved(global_lb) -> bool:
     """Whether BaB's final worst margin (lower bound minus threshold) proves the property: at least 0
     (+inf when no domain is left). NaN proves nothing."""
@@ -48,13 +55,15 @@ def summarize_results(run: Run, orig):
 
 
 def init_alpha(run: Run, orig):
-    """``BoundedModule.init_alpha``: records the initial CROWN bounds it returns."""
+    """``BoundedModule.init_alpha``: records the initial CROWN bounds it returns, and how many neurons
+    before each ReLU they leave unstable."""
 
     def init_alpha(self, x, *args, **kwargs):
         ret = orig(self, x, *args, **kwargs)
         run.probe.optimized = False
         if isinstance(ret, tuple) and ret and ret[0] is not None:
             run.probe.current.crown += bounds_list(ret[0])
+            run.probe.current.unstable = [_unstable(relu.inputs[0]) for relu in self.relus]
         return ret
 
     return init_alpha

@@ -40,6 +40,7 @@ class Record:
     alpha_crown: list[float] = field(default_factory=list)
     bab_domains: int = 0  # domains visited by BaB
     bab_s: float = 0.0
+    unstable: list[int] = field(default_factory=list)  # unstable neurons before each ReLU, after CROWN
 
 
 @dataclass
