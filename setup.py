@@ -40,5 +40,11 @@ setup(
         "abcrown": ABCROWN_DEPS,
         "test": ["pytest", "pytest-xdist", "filelock", "matplotlib", "ruff>=0.17,<0.18", *ABCROWN_DEPS],
     },
-    entry_points={"console_scripts": ["abcrown=complete_verifier_ext.cli:main"]},
+    entry_points={
+        "console_scripts": [
+            "abcrown=complete_verifier_ext.cli:main",
+            # the VNN-LIB 2.0 standard's solver command line (VNNLIB-Solver-Database)
+            "complete-verifier-ext=complete_verifier_ext.solver_cli:main",
+        ]
+    },
 )

@@ -358,8 +358,10 @@ def _csv_start(
     return instances, earlier, earlier_json, partial
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The ``abcrown`` command (``argv``: its arguments, default ``sys.argv[1:]``). Returns the exit code."""
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """The ``abcrown`` command (``argv``: its arguments, default ``sys.argv[1:]``). Returns the exit code.
+    A single instance's timeout counts from ``started`` (``time.monotonic()``), else from the verifier's
+    start when run as a command, from the call when called with ``argv``."""
     if argv is None:  # Ctrl-C, SIGTERM and SIGHUP end the run cleanly (ranks stopped, scratch removed)
         end_cleanly_on_signals()
     raw = sys.argv[1:] if argv is None else argv
@@ -373,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         return abcrown_main(args.config, overrides, args.summary, args.quiet, started_wall)
     # the timeout of a single instance counts from the verifier's start (imports too; clock.py); a call
     # from Python (``main(argv)``) counts from the call
-    started = clock.started_monotonic() if argv is None else time.monotonic()
+    if started is None:
+        started = clock.started_monotonic() if argv is None else time.monotonic()
     return shell.run(lambda sh: _native(sh, args, overrides, argv, started))
 
 

@@ -182,6 +182,8 @@ def _reshape(b: _Builder, node, x: int) -> None:
     if target is None:
         raise b.error(node, "the target shape must be constant")
     target = [int(t) for t in target]
+    if _attrs(node).get("allowzero", 0) and 0 in target:
+        raise b.error(node, "allowzero=1 with a 0 in the target shape is not supported")
     shape = b.graph.nodes[x].shape
     if target and target[0] in (1, -1, 0):
         target = target[1:]  # the batch axis
@@ -267,6 +269,8 @@ def _neg(b: _Builder, node, x: int) -> None:
 
 
 def _batchnorm(b: _Builder, node, x: int) -> None:
+    if _attrs(node).get("training_mode", 0):
+        raise b.error(node, "training_mode=1 is not supported (inference only)")
     eps = _attrs(node).get("epsilon", 1e-5)
     scale, bias, mean, var = (np.array(b.const(n), dtype=np.float64) for n in node.input[1:5])
     s = scale / np.sqrt(var + eps)
@@ -285,6 +289,9 @@ def _batchnorm(b: _Builder, node, x: int) -> None:
     b.add(node, op, (x,))
 
 
+OPSETS = (8, 21)  # the default-domain opsets whose semantics of the operators below this loader follows
+FOLDED = ("Constant", "Shape")  # evaluated when loading (as is any node whose inputs are all constant)
+
 _CONVERTERS: dict[str, Callable] = {
     "Gemm": _gemm,
     "MatMul": _matmul,
@@ -301,6 +308,7 @@ _CONVERTERS: dict[str, Callable] = {
     "Neg": _neg,
     "BatchNormalization": _batchnorm,
 }
+OPERATORS = tuple(_CONVERTERS)  # what a model's nodes may be (``complete-verifier-ext supports``)
 
 
 def _fold_constant(b: _Builder, node: onnx.NodeProto) -> bool:
@@ -345,6 +353,8 @@ def load_onnx(path: str | os.PathLike) -> Graph:
     path = os.fspath(path)
     model = read_onnx(path)
     b = _Builder(model, path)
+    if not OPSETS[0] <= b.opset <= OPSETS[1]:
+        raise ModelError(f"{path}: opset {b.opset} is outside the supported {OPSETS[0]}..{OPSETS[1]}")
     inputs = [i for i in model.graph.input if i.name not in b.consts]
     if len(inputs) != 1:
         raise ModelError(f"{path}: expected one network input, found {len(inputs)}")
