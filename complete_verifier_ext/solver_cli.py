@@ -178,7 +178,7 @@ def choose_method(spec, onnx_path: str) -> tuple[list[str], str]:
         return INPUT_SPLIT, why
     ops = {n.op_type for n in read_onnx(onnx_path).graph.node}
     if "Conv" not in ops:
-        why = f"{spec.n_inputs} input dimensions, fully connected: β-CROWN branch and bound, split+MILP refinement"
+        why = f"{spec.n_inputs} input dimensions, fully connected: β-CROWN BaB after split+MILP refinement"
         return REFINE, why
     return ACTIVATION, f"{spec.n_inputs} input dimensions, convolutional: β-CROWN branch and bound"
 

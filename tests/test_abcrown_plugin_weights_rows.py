@@ -190,8 +190,8 @@ def test_conv_layers_below_the_pass_size_are_dealt(cnn7, P, mode, full):
     rows are dealt all the same (auto_LiRPA would bound each in one pass on every rank), with their α
     kept by row (per neuron, or per channel with ``full_conv_alpha: false``), and so are the output
     node's spec rows and α in α-CROWN's iterations. Every rank bounds conv rows (whole channels where α
-    is per channel: this net's first layers have two), CROWN is P = 1's within 1e-6 and α-CROWN within 1e-5 after the same iterations, and every
-    rank issues the same collectives."""
+    is per channel: this net's first layers have two), CROWN is P = 1's within 1e-6 and α-CROWN within
+    1e-5 after the same iterations, and every rank issues the same collectives."""
     tmp, args, refs = cnn7
     ref = refs[full]
     cfg = config(tmp, CNN7_YAML.format(full=full), f"{full}.yaml")

@@ -693,29 +693,6 @@ def _synced(state: Rows, cls):
         def step(self, *args, **kwargs):
             if state.active and comm.world_size() > 1:
                 _sum_grads(state, self.param_groups)
-            import os
-
-            if os.environ.get("CVE_DEBUG_LIVE"):
-                import gc
-
-                seen, total, n = set(), 0, 0
-                for o in gc.get_objects():
-                    if isinstance(o, torch.Tensor) and not o.is_meta:
-                        st = o.untyped_storage()
-                        if st.data_ptr() not in seen:
-                            seen.add(st.data_ptr())
-                            total += st.nbytes()
-                            n += 1
-                import resource
-
-                rss = int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
-                with open(f"/tmp/exp/live{comm.rank()}.txt", "a") as f:
-                    print(
-                        round(total / 2**20),
-                        round(rss),
-                        round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-                        file=f,
-                    )
             return super().step(*args, **kwargs)
 
     Synced.__name__ = Synced.__qualname__ = f"Synced{cls.__name__}"
