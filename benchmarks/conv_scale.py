@@ -14,7 +14,7 @@ that every layer has fewer unstable neurons than ``crown.batch_size`` (512), as 
 them (the ε per shape is in ``CERTIFIED_EPS``; the counts per layer, α,β-CROWN's own, are in the table).
 
 Each run is its own ``abcrown --general.engine abcrown`` process (one mode per process, every rank
-under ``MALLOC_MMAP_THRESHOLD_=16384 MKL_DISABLE_FAST_MM=1``), with α,β-CROWN's default config plus
+under ``MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1``), with α,β-CROWN's default config plus
 ``complete_verifier: skip``, ``pgd_order: skip`` and α-CROWN's ``iteration`` (lr as configured:
 ``--lr``). Peak: each rank's RSS high-water mark during ``LiRPANet.build`` (CROWN and α-CROWN) above the
 RSS at its start (the plugin's ``peak_mb_bounds``). Floor: P = 1's peak / P + one layer in flight (the
@@ -311,7 +311,7 @@ def main() -> None:
         "",
         f"Commit `{meta['commit']}`; command `{meta['command']}`; {meta['machine']}, gloo; α,β-CROWN "
         "8250d5f / auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. One process per run, every rank under "
-        "`MALLOC_MMAP_THRESHOLD_=16384 MKL_DISABLE_FAST_MM=1`. Config (α,β-CROWN's defaults otherwise):",
+        "`MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1`. Config (α,β-CROWN's defaults otherwise):",
         "",
         "```yaml",
         cfg.read_text().rstrip(),

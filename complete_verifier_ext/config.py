@@ -416,7 +416,7 @@ class ParallelConfig:
         mode: ``none`` (one process), ``fsdp`` (weights gathered per layer) or ``tp`` (weights streamed).
         world_size: number of ranks; > 1 requires ``mode`` fsdp or tp.
         backend: ``auto`` (gloo on CPU, NCCL on CUDA), ``gloo`` or ``nccl``.
-        exact_memory: run every rank with ``MALLOC_MMAP_THRESHOLD_=16384`` and ``MKL_DISABLE_FAST_MM=1``
+        exact_memory: run every rank with ``MALLOC_MMAP_THRESHOLD_=65536`` and ``MKL_DISABLE_FAST_MM=1``
             so that freed tensors and GEMM buffers go back to the OS at once and the reported CPU peak
             follows live tensors (see ``parallel/memory.py``).  It costs time (every large tensor is
             fresh pages: BaB on mnist-net_256x4 runs about 1.4x slower), so it is off unless memory is

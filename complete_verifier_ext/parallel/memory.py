@@ -15,7 +15,7 @@ CPU: ``start()`` resets the kernel's resident-set high-water mark (writes ``5`` 
 ``reset_ok`` is False and the value is an upper bound (it includes any peak before ``start()``).
 
 RSS follows the live tensors only if the allocators below torch give freed memory back to the OS:
-glibc does for blocks above ``MALLOC_MMAP_THRESHOLD_`` (16 KiB here), and MKL's GEMM keeps its
+glibc does for blocks above ``MALLOC_MMAP_THRESHOLD_`` (e.g. 65536), and MKL's GEMM keeps its
 packing buffers for reuse (3-5 MB per process at these sizes, the same at every P, so it would not
 divide by P) unless ``MKL_DISABLE_FAST_MM=1``. Both read their variable once, when the process starts,
 so they must be in the environment *before* it starts (``EXACT_MEMORY_ENV``): ``launch.run`` sets
@@ -25,12 +25,6 @@ them for the ranks it spawns; a single-process run (the CLI) must re-exec itself
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **EXACT_MEMORY_ENV})
 
 ``exact_memory_env_ok()`` says whether this process started with them.
-
-Why 16 KiB: α-CROWN on a conv net through α,β-CROWN allocates many blocks between 16 and 64 KiB (a
-pass's index tensors and its rows' patches); with a 64 KiB threshold they stayed in glibc's heap, which
-fragmented: a CNN7 of 8 channels (20 iterations) read 2067 MB at P = 1 and 1213 MB per rank at P = 2
-with 108 MB of live tensors between iterations and a 1 GB heap; with 16 KiB, 1216 and 685 MB, and
-4 KiB gave the same. Smaller blocks cost a system call each, so the runs are slower (measurements only).
 
 Code is not the bound computation's memory. RSS counts file-backed pages too, and torch pages in its
 own machine code (``libtorch_cpu.so``) the first time each operator runs: 4-7 MB in a process's first
@@ -66,8 +60,8 @@ __all__ = [
     "rss_mb",
 ]
 
-# glibc: freed blocks above 16 KiB go back to the OS; MKL: no GEMM buffers kept for reuse
-EXACT_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "16384", "MKL_DISABLE_FAST_MM": "1"}
+# glibc: freed blocks above 64 KiB go back to the OS; MKL: no GEMM buffers kept for reuse
+EXACT_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
 
 _MIB = 1024 * 1024
 # this process's lazily loaded torch libraries: their RSS, and the file-backed part of it
