@@ -5,13 +5,15 @@
 * a user mistake (:data:`USER_ERRORS`: config, model, spec, a missing path), raised here or re-raised
   from a rank: one line on stderr, ``error`` in the results file (where one instance runs), exit 1;
 * a rank that failed (:class:`~complete_verifier_ext.parallel.launch.RankFailure`): its first line,
-  after the traceback when it was a bug, ``error``, exit 1;
+  after the traceback when it was a bug, ``error``, exit 1; a bug in this process likewise (its
+  traceback, then one line, ``error``, exit 1): the harness is never left without an answer;
 * Ctrl-C, SIGTERM or SIGHUP: a note, exit 130 / 143 / 129 (the ranks are stopped by ``launch``).
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -87,3 +89,7 @@ def run(body: Callable[[Shell], int]) -> int:
         if shell.writer:
             print(shell.interrupted, file=sys.stderr)
         return interrupted_exit_code(e)
+    except Exception as e:  # a bug in this process (P = 1): its traceback, and still an answer
+        traceback.print_exc()
+        first = (str(e).splitlines() or [""])[0]
+        return report_error(shell.results_file, shell.writer, f"{type(e).__name__}: {first}")

@@ -159,6 +159,33 @@ def mlp_onnx(path: str | os.PathLike, sizes: Sequence[int], seed: int) -> str:
     return _save(path, graph)
 
 
+def cnn_onnx(path: str | os.PathLike, seed: int, input_shape: Sequence[int] = CNN_INPUT_SHAPE, **kw) -> str:
+    """Write ``cnn(seed, input_shape, **kw)`` as ONNX (Conv, Relu, Flatten, Gemm): input ``"x"`` of shape
+    ``(batch, *input_shape)``, output ``"y"``; returns the path."""
+    net = cnn(seed, input_shape, **kw)
+    nodes, inits, cur = [], [], "x"
+    for i, m in enumerate(net):
+        out = "y" if i == len(net) - 1 else f"t{i}"
+        if isinstance(m, nn.Conv2d):
+            inits += [_const(f"W{i}", m.weight), _const(f"b{i}", m.bias)]
+            node = helper.make_node("Conv", [cur, f"W{i}", f"b{i}"], [out], kernel_shape=list(m.kernel_size),
+                                    strides=list(m.stride), pads=[*m.padding, *m.padding])  # fmt: skip
+        elif isinstance(m, nn.Linear):
+            inits += [_const(f"W{i}", m.weight), _const(f"b{i}", m.bias)]
+            node = helper.make_node("Gemm", [cur, f"W{i}", f"b{i}"], [out], transB=1)
+        elif isinstance(m, nn.Flatten):
+            node = helper.make_node("Flatten", [cur], [out], axis=1)
+        else:
+            node = helper.make_node("Relu", [cur], [out])
+        nodes.append(node)
+        cur = out
+    n_out = net[-1].out_features
+    graph = helper.make_graph(
+        nodes, "cnn", [_value_info("x", ["batch", *input_shape])], [_value_info("y", ["batch", n_out])], inits
+    )
+    return _save(path, graph)
+
+
 def residual_onnx(path: str | os.PathLike, seed: int) -> str:
     """Write a small residual conv net as ONNX: input ``"x"`` ``(batch, *RESIDUAL_INPUT_SHAPE)``, output
     ``"y"`` ``(batch, RESIDUAL_OUTPUTS)``.

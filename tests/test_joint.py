@@ -144,9 +144,9 @@ def test_the_network_list_matches_the_declared_networks(two_nets, tmp_path):
         )
 
 
-def _run(tmp: Path, engine: str, world: int, onnx_arg: str, spec: str, category: str) -> str:
+def _run(tmp: Path, engine: str, world: int, onnx_arg: str, spec: str, category: str, mode="fsdp") -> str:
     results = tmp / f"{engine}{world}.txt"
-    extra = f"--parallel.world_size {world} --parallel.mode fsdp" if world > 1 else ""
+    extra = f"--parallel.world_size {world} --parallel.mode {mode}" if world > 1 else ""
     env = plugin_env(CVE_ENGINE=engine, ABCROWN_EXTRA_ARGS=extra, PYTHON=sys.executable)
     script = REPO / "vnncomp_scripts" / "run_instance.sh"
     out = subprocess.run(["bash", str(script), "v1", category, onnx_arg, spec, str(results), "60"],
@@ -266,3 +266,45 @@ def test_bad_2026_inputs_are_one_line_and_error_at_p2(two_nets, tmp_path, engine
         lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
         assert out.returncode == 1 and len(lines) == 1 and words in lines[0], out.stderr[-2000:]
         assert results.read_text().strip() == "error"
+
+
+def _pair_query(relation: str, shape: list[int], n_out: int, box: tuple[float, float], gap: float) -> str:
+    """Two evaluations ``f`` and ``g`` (``g`` equal-to or isomorphic-to ``f``) on one input (every
+    element tied by ``==``), asking ``Yg[..1] − Yf[..1] >= gap``: with ``equal-to`` that difference is 0."""
+    dims = ",".join(map(str, shape))
+    text = "(vnnlib-version <2.0>)\n"
+    text += f"(declare-network f (declare-input Xf real [{dims}]) (declare-output Yf real [1,{n_out}]))\n"
+    text += f"(declare-network g ({relation} f) (declare-input Xg real [{dims}]) (declare-output Yg real [1,{n_out}]))\n"
+    for flat in range(int(np.prod(shape))):
+        i = ",".join(map(str, np.unravel_index(flat, shape)))
+        text += f"(assert (and (>= Xf[{i}] {box[0]}) (<= Xf[{i}] {box[1]})))\n(assert (== Xg[{i}] Xf[{i}]))\n"
+    return text + f"(assert (>= (- Yg[0,1] Yf[0,1]) {gap}))\n"
+
+
+@needs_abcrown
+def test_two_network_queries_on_the_plugin_route(tmp_path):
+    """α,β-CROWN through the plugin on two-network queries, as the native engine answers them: one
+    ACAS-Xu-like net with a 1-D input evaluated twice (``equal-to``: the joint model takes the batch of
+    restarts α,β-CROWN's attack runs; both copies share one shard) and a conv net with an isomorphic
+    copy; ``unsat`` by construction (a gap of 100 between the evaluations), ``sat`` by construction
+    (the gap −100), every ``sat`` witness checked on onnxruntime; fsdp and tp, P = 1 to 3 (P = 2 in tp and 3 in fsdp: by hand)."""
+    f = wx_onnx(tmp_path / "f.onnx", [5, 16, 16, 5], 3)
+    g1 = wx_onnx(tmp_path / "g1.onnx", [5, 16, 16, 5], 3)  # the same net: equal-to's file
+    c1 = testing.cnn_onnx(tmp_path / "c1.onnx", 5, (1, 6, 6), channels=2, hidden=8, n_out=3)
+    c2 = testing.cnn_onnx(tmp_path / "c2.onnx", 6, (1, 6, 6), channels=2, hidden=8, n_out=3)
+    cases = [  # (relation, net f, net g, input shape, runs: (P, mode))
+        ("equal-to", f, g1, [5], [(1, "fsdp"), (3, "tp")]),
+        ("isomorphic-to", c1, c2, [1, 1, 6, 6], [(2, "fsdp")]),
+    ]
+    for relation, net_f, net_g, shape, runs in cases:
+        n_out = 5 if shape == [5] else 3
+        nets = {"f": net_f, "g": net_g}
+        arg = repr([("f", net_f)] if relation == "equal-to" else list(nets.items()))
+        for gap, verdict in ((100.0, "unsat"), (-100.0, "sat")):
+            spec = tmp_path / f"{relation}_{verdict}.vnnlib"
+            spec.write_text(_pair_query(relation, shape, n_out, (0.4, 0.5), gap))
+            for world, mode in runs:
+                text = _run(tmp_path, "abcrown", world, arg, str(spec), "monotonic_acasxu", mode)
+                assert text.split("\n")[0] == verdict, (relation, world, mode, text[:200])
+                if verdict == "sat":
+                    assert testing.check_vnnlib2_witness(text, str(spec), nets) == "correct", text

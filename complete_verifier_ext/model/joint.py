@@ -6,7 +6,8 @@ VNN-COMP 2026 hands a tool the networks of an instance as a list, ``"[('f', 'a.o
 
 * input ``joint_input`` of shape ``[1, n]``: the query's free input elements (inputs tied by ``==``
   are one element); each network's input is that vector itself where it is the whole of it in order,
-  else a constant 0/1 ``MatMul`` picking its elements, reshaped to the network's input shape;
+  else a constant 0/1 ``MatMul`` picking its elements, reshaped to the network's input shape with the
+  batch axis left free (``-1``: α,β-CROWN's attack runs a batch of restarts through the model);
 * every network's nodes, names prefixed (a model whose input is 1-D, as the ACAS Xu nets' ``W @ x``,
   is first made batched: ``MatMul(W, x)`` becomes ``MatMul(x, Wᵀ)``);
 * output ``joint_output`` of shape ``[1, m]``: every network's outputs flattened and placed at their
@@ -37,7 +38,7 @@ __all__ = ["Networks", "compose", "model_for", "network_paths"]
 Networks = dict[str, str]  # declared network name -> its ONNX file
 
 JOINT_INPUT, JOINT_OUTPUT = "joint_input", "joint_output"
-_FORMAT = 2  # of the composed files: a change in how they are built makes new ones
+_FORMAT = 3  # of the composed files: a change in how they are built makes new ones
 _ELEMENTWISE = frozenset(
     {
         "Add",
@@ -194,7 +195,7 @@ def _feed(nodes: list, inits: list, name: str, slot: Slot, n_in: int, shape: lis
         pick[list(slot.index), np.arange(len(slot.index))] = 1.0
         source = f"{name}__picked"
         nodes.append(helper.make_node("MatMul", [JOINT_INPUT, _const(inits, f"{source}_W", pick)], [source]))
-    shape_const = _const(inits, f"{name}__shape", np.array([1, *shape], dtype=np.int64))
+    shape_const = _const(inits, f"{name}__shape", np.array([-1, *shape], dtype=np.int64))
     nodes.append(helper.make_node("Reshape", [source, shape_const], [name]))
 
 

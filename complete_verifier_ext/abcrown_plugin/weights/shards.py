@@ -165,6 +165,8 @@ def shard_net(reg: Shards, net, strategy: Strategy) -> None:
                 if transposed is not None:
                     sharded[name] = (shard, transposed)
                     t.data = shard.local.t() if transposed else shard.local
+                    if not transposed:  # another node's parameter of the same values (an equal-to
+                        by_id[id(t)] = shard  # network's copy): that node shares this shard
             w.param.data = shard.local
         else:
             continue
