@@ -308,3 +308,25 @@ def test_two_network_queries_on_the_plugin_route(tmp_path):
                 assert text.split("\n")[0] == verdict, (relation, world, mode, text[:200])
                 if verdict == "sat":
                     assert testing.check_vnnlib2_witness(text, str(spec), nets) == "correct", text
+
+
+@needs_abcrown
+@pytest.mark.skipif(not ISO.is_dir(), reason="../shared/benchmarks is absent")
+@pytest.mark.parametrize("engine", ["native", "abcrown"])
+def test_a_gzipped_1x_instance_in_a_2026_category(tmp_path, engine):
+    """The 2026 files as they are: a VNN-LIB 1.x spec inside a 2.0 category, spec and network gzipped
+    (α,β-CROWN's reader takes text only: the plugin hands it the decompressed copy); the sat is the
+    known verdict and its counterexample is checked by running the network."""
+    import gzip
+
+    acas = REPO.parent / "shared" / "benchmarks" / "acasxu"
+    for src, dst in ((acas / "onnx" / "ACASXU_run2a_2_1_batch_2000.onnx", "n.onnx.gz"),
+                     (acas / "vnnlib" / "prop_2.vnnlib", "p.vnnlib.gz")):  # fmt: skip
+        (tmp_path / dst).write_bytes(gzip.compress(src.read_bytes()))
+    text = _run(tmp_path, engine, 1, "n.onnx.gz", "p.vnnlib.gz", "acas_xu_vnnlib2")
+    assert text.startswith("sat\n"), text
+    from complete_verifier_ext.spec.witness import recheck_results_file
+
+    (tmp_path / "again.txt").write_text(text)
+    spec, net = str(tmp_path / "p.vnnlib.gz"), str(tmp_path / "n.onnx.gz")
+    assert recheck_results_file(str(tmp_path / "again.txt"), net, spec, engine) is None, text

@@ -129,6 +129,8 @@ def test_input_boxes_inside_or_make_regions(tmp_path):
             "X[0] has empty bounds",
         ),
         ("(assert (> 1.0 2.0))", 4, "can never hold"),
+        ("(assert (>= (* Y[0] Y[0]) 0.0))", 4, "a product of variables"),  # POLY
+        ("(assert (== X[0] (* X[1] X[1])))", 4, "a product of variables"),  # in a tie's place
     ],
 )
 def test_what_the_joint_model_cannot_express_is_one_line_naming_it(tmp_path, body, line, words):

@@ -28,7 +28,6 @@ import gzip
 import hashlib
 import math
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,15 +134,21 @@ def abcrown_form(spec: Any) -> list:
 
 def _cached(orig: Callable, cache_dir: str) -> Callable:
     """α,β-CROWN's ``read_vnnlib`` (``orig``) reading a copy of the spec in ``cache_dir`` (named by its
-    content), where its ``.compiled`` cache then lives too."""
+    content; a gzipped spec, as VNN-COMP 2026 hands them, decompressed: its reader takes text only),
+    where its ``.compiled`` cache then lives too."""
 
     def read_vnnlib(vnnlib_filename, regression=False):
         data = Path(vnnlib_filename).read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as e:
+                raise PluginError(f"{vnnlib_filename}: not a readable gzip file ({short(e)})") from None
         os.makedirs(cache_dir, exist_ok=True)
         copy = os.path.join(cache_dir, hashlib.sha256(data).hexdigest()[:32] + ".vnnlib")
         if not os.path.exists(copy):
             tmp = f"{copy}.{os.getpid()}.tmp"
-            shutil.copyfile(vnnlib_filename, tmp)
+            Path(tmp).write_bytes(data)
             os.replace(tmp, copy)
         return orig(copy, regression)
 

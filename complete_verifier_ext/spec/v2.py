@@ -173,12 +173,20 @@ _LESS = ("LessEqual", "LessThan")
 _GREATER = ("GreaterEqual", "GreaterThan")
 
 
-def _difference(c: Any, elements: _Elements) -> tuple[dict[tuple[str, int], float], float]:
-    """``lhs − rhs`` of a comparison as (coefficients by element, constant)."""
+def _difference(
+    c: Any, elements: _Elements, src: Source, pos: int
+) -> tuple[dict[tuple[str, int], float], float]:
+    """``lhs − rhs`` of a comparison as (coefficients by element, constant); a product of variables
+    (the POLY theory, which the 2.0 grammar admits) is a :class:`SpecError` at ``pos``."""
     coefs: dict[tuple[str, int], float] = {}
     const = 0.0
     for side, sign in ((c.lhs, 1.0), (c.rhs, -1.0)):
-        lin = side.to_linear_expr()
+        try:
+            lin = side.to_linear_expr()
+        except _package().VNNLibException:
+            raise src.error(
+                pos, "a product of variables is not supported (linear constraints only: BND, OUTC, LIN)"
+            ) from None
         const += sign * float(lin.constant)
         for t in lin.terms:
             k = elements.key(t.var)
@@ -186,11 +194,11 @@ def _difference(c: Any, elements: _Elements) -> tuple[dict[tuple[str, int], floa
     return coefs, const
 
 
-def _is_tie(c: Any, elements: _Elements) -> tuple[tuple[str, int], tuple[str, int]] | None:
+def _is_tie(c: Any, elements: _Elements, src: Source, pos: int) -> tuple[tuple[str, int], tuple[str, int]] | None:
     """The two input elements an ``(== a b)`` equates, else None."""
     if type(c).__name__ != "Equal":
         return None
-    coefs, const = _difference(c, elements)
+    coefs, const = _difference(c, elements, src, pos)
     coefs = {k: v for k, v in coefs.items() if v != 0.0}
     if const != 0.0 or len(coefs) != 2 or any(elements.kinds[k[0]] != "X" for k in coefs):
         return None
@@ -204,7 +212,7 @@ def _rows(
     """The rows ``coefs · v <= bound`` of one comparison over the joint variables; None when the
     comparison is a constant that is false (its conjunction cannot hold), [] when constantly true."""
     op = type(c).__name__
-    coefs, const = _difference(c, elements)
+    coefs, const = _difference(c, elements, src, pos)
     if op == "NotEqual":
         raise src.error(pos, "'!=' is not supported (it is not a convex constraint)")
     joint: dict[tuple[str, int], float] = {}
@@ -259,18 +267,18 @@ def read(src: Source) -> Query:
     except vnnlib.VNNLibException as e:
         raise _parse_error(src, e) from None
     elements = _Elements(query, src)
+    starts = _assert_positions(src)
     ties = set()
-    for dnf in dnfs:
+    for k, dnf in enumerate(dnfs):
         if len(dnf) != 1:
             continue
         for c in dnf[0]:
-            pair = _is_tie(c, elements)
+            pair = _is_tie(c, elements, src, starts[k] if k < len(starts) else 0)
             if pair is not None:
                 elements.tie(*pair)
                 ties.add(id(c))
     layout, joint_in, joint_out, names = elements.layout()
     asserts: list[tuple[Dnf, int]] = []
-    starts = _assert_positions(src)
     for k, dnf in enumerate(dnfs):
         pos = starts[k] if k < len(starts) else 0
         disjuncts: Dnf = []
