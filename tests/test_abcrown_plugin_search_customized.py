@@ -54,7 +54,8 @@ def test_a_missing_customized_file_is_one_line(tmp_path, P):
 def test_a_failure_inside_the_run_still_writes_error(tmp_path, P):
     """Whatever fails inside a run (here the user's verifier raising, in this process at P = 1, in a
     rank at P = 2) keeps its traceback on stderr, and the harness still gets ``error`` and exit 1."""
-    (tmp_path / "verifier.py").write_text("def verify(model_ori, vnnlib, onnx_path):\n    raise RuntimeError('boom')\n")
+    failing = "def verify(model_ori, vnnlib, onnx_path):\n    raise RuntimeError('boom')\n"
+    (tmp_path / "verifier.py").write_text(failing)
     cfg = config(tmp_path, YAML)
     proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_9_0.05.vnnlib"), P=P)
     assert proc.returncode == 1 and results == "error\n", proc.stderr[-2000:]

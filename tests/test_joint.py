@@ -274,7 +274,8 @@ def _pair_query(relation: str, shape: list[int], n_out: int, box: tuple[float, f
     dims = ",".join(map(str, shape))
     text = "(vnnlib-version <2.0>)\n"
     text += f"(declare-network f (declare-input Xf real [{dims}]) (declare-output Yf real [1,{n_out}]))\n"
-    text += f"(declare-network g ({relation} f) (declare-input Xg real [{dims}]) (declare-output Yg real [1,{n_out}]))\n"
+    text += f"(declare-network g ({relation} f) (declare-input Xg real [{dims}])"
+    text += f" (declare-output Yg real [1,{n_out}]))\n"
     for flat in range(int(np.prod(shape))):
         i = ",".join(map(str, np.unravel_index(flat, shape)))
         text += f"(assert (and (>= Xf[{i}] {box[0]}) (<= Xf[{i}] {box[1]})))\n(assert (== Xg[{i}] Xf[{i}]))\n"
@@ -287,7 +288,8 @@ def test_two_network_queries_on_the_plugin_route(tmp_path):
     ACAS-Xu-like net with a 1-D input evaluated twice (``equal-to``: the joint model takes the batch of
     restarts α,β-CROWN's attack runs; both copies share one shard) and a conv net with an isomorphic
     copy; ``unsat`` by construction (a gap of 100 between the evaluations), ``sat`` by construction
-    (the gap −100), every ``sat`` witness checked on onnxruntime; fsdp and tp, P = 1 to 3 (P = 2 in tp and 3 in fsdp: by hand)."""
+    (the gap −100), every ``sat`` witness checked on onnxruntime; fsdp and tp, P = 1 to 3 (P = 2 in tp and 3
+    in fsdp: by hand)."""
     f = wx_onnx(tmp_path / "f.onnx", [5, 16, 16, 5], 3)
     g1 = wx_onnx(tmp_path / "g1.onnx", [5, 16, 16, 5], 3)  # the same net: equal-to's file
     c1 = testing.cnn_onnx(tmp_path / "c1.onnx", 5, (1, 6, 6), channels=2, hidden=8, n_out=3)

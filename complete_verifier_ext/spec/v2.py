@@ -194,7 +194,9 @@ def _difference(
     return coefs, const
 
 
-def _is_tie(c: Any, elements: _Elements, src: Source, pos: int) -> tuple[tuple[str, int], tuple[str, int]] | None:
+def _is_tie(
+    c: Any, elements: _Elements, src: Source, pos: int
+) -> tuple[tuple[str, int], tuple[str, int]] | None:
     """The two input elements an ``(== a b)`` equates, else None."""
     if type(c).__name__ != "Equal":
         return None
