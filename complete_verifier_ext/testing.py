@@ -186,6 +186,32 @@ def cnn_onnx(path: str | os.PathLike, seed: int, input_shape: Sequence[int] = CN
     return _save(path, graph)
 
 
+def wx_onnx(path: str | os.PathLike, sizes: Sequence[int], seed: int) -> str:
+    """``mlp(sizes, seed)`` written as the ACAS Xu nets are: a 1-D input ``X`` (no batch axis) and
+    ``W @ x``; returns the path."""
+    lin = [m for m in mlp(sizes, seed) if isinstance(m, nn.Linear)]
+    nodes, inits, cur = [], [], "X"
+    for i, m in enumerate(lin):
+        inits += [numpy_helper.from_array(m.weight.detach().numpy(), f"W{i}"),
+                  numpy_helper.from_array(m.bias.detach().numpy(), f"B{i}")]  # fmt: skip
+        out = "Y" if i == len(lin) - 1 else f"H{i}"
+        nodes += [
+            helper.make_node("MatMul", [f"W{i}", cur], [f"M{i}"]),
+            helper.make_node("Add", [f"M{i}", f"B{i}"], [out]),
+        ]
+        if out != "Y":
+            nodes.append(helper.make_node("Relu", [out], [f"R{i}"]))
+            cur = f"R{i}"
+    graph = helper.make_graph(
+        nodes, "wx", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [sizes[0]])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [sizes[-1]])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, os.fspath(path))
+    return os.fspath(path)
+
+
 def residual_onnx(path: str | os.PathLike, seed: int) -> str:
     """Write a small residual conv net as ONNX: input ``"x"`` ``(batch, *RESIDUAL_INPUT_SHAPE)``, output
     ``"y"`` ``(batch, RESIDUAL_OUTPUTS)``.

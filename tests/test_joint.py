@@ -10,11 +10,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
 from plugin_support import LIMIT_S, needs_abcrown, plugin_env
 
 from complete_verifier_ext import testing
@@ -28,31 +26,6 @@ pytest.importorskip("vnnlib", reason="the reference VNN-LIB 2.0 parser (pip inst
 
 REPO = Path(__file__).resolve().parents[1]
 ISO = REPO.parent / "shared" / "benchmarks" / "vnnlib2" / "acasxu_isomorphic"
-
-
-def wx_onnx(path: Path, sizes: list[int], seed: int) -> str:
-    """``testing.mlp(sizes, seed)`` written as the ACAS Xu nets are: a 1-D input ``X`` and ``W @ x``."""
-    lin = [m for m in testing.mlp(sizes, seed) if isinstance(m, torch.nn.Linear)]
-    nodes, inits, cur = [], [], "X"
-    for i, m in enumerate(lin):
-        inits += [numpy_helper.from_array(m.weight.detach().numpy(), f"W{i}"),
-                  numpy_helper.from_array(m.bias.detach().numpy(), f"B{i}")]  # fmt: skip
-        out = "Y" if i == len(lin) - 1 else f"H{i}"
-        nodes += [
-            helper.make_node("MatMul", [f"W{i}", cur], [f"M{i}"]),
-            helper.make_node("Add", [f"M{i}", f"B{i}"], [out]),
-        ]
-        if out != "Y":
-            nodes.append(helper.make_node("Relu", [out], [f"R{i}"]))
-            cur = f"R{i}"
-    graph = helper.make_graph(
-        nodes, "wx", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [sizes[0]])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [sizes[-1]])], inits,
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return str(path)
 
 
 SPEC = """(vnnlib-version <2.0>)
@@ -70,7 +43,7 @@ SPEC = """(vnnlib-version <2.0>)
 def two_nets(tmp_path):
     """f: 3-8-2 written W @ x on a 1-D input; g: 4-6-6-2 with a batch axis; inputs partly tied
     (permuted), so the joint input has 5 elements: Xf[0], Xf[1], Xf[2], Xg[1], Xg[3]."""
-    f = wx_onnx(tmp_path / "f.onnx", [3, 8, 2], 1)
+    f = testing.wx_onnx(tmp_path / "f.onnx", [3, 8, 2], 1)
     g = testing.mlp_onnx(tmp_path / "g.onnx", [4, 6, 6, 2], 2)
     spec_file = tmp_path / "q.vnnlib"
     spec_file.write_text(SPEC.format(t="1000.0"))
@@ -290,8 +263,8 @@ def test_two_network_queries_on_the_plugin_route(tmp_path):
     copy; ``unsat`` by construction (a gap of 100 between the evaluations), ``sat`` by construction
     (the gap −100), every ``sat`` witness checked on onnxruntime; fsdp and tp, P = 1 to 3 (P = 2 in tp and 3
     in fsdp: by hand)."""
-    f = wx_onnx(tmp_path / "f.onnx", [5, 16, 16, 5], 3)
-    g1 = wx_onnx(tmp_path / "g1.onnx", [5, 16, 16, 5], 3)  # the same net: equal-to's file
+    f = testing.wx_onnx(tmp_path / "f.onnx", [5, 16, 16, 5], 3)
+    g1 = testing.wx_onnx(tmp_path / "g1.onnx", [5, 16, 16, 5], 3)  # the same net: equal-to's file
     c1 = testing.cnn_onnx(tmp_path / "c1.onnx", 5, (1, 6, 6), channels=2, hidden=8, n_out=3)
     c2 = testing.cnn_onnx(tmp_path / "c2.onnx", 6, (1, 6, 6), channels=2, hidden=8, n_out=3)
     cases = [  # (relation, net f, net g, input shape, runs: (P, mode))
