@@ -86,12 +86,14 @@ def summary_record(
     crown_batch_size: int,
     message: str = "",
     bab: dict | None = None,
+    started_at: float = 0.0,
     **extra: Any,
 ) -> dict:
     """The ``--summary`` record of one instance, one schema for both engines: the engine, the verdict,
     its time, the output bounds of each method (strict JSON numbers), the per-rank peak memory (MiB)
     and whether it was measured exactly, the CROWN pass size, a message, the :func:`bab_record`
-    where BaB ran, then what only this engine knows (``extra``)."""
+    where BaB ran, when the engine began work on the instance (``started_at``, seconds since the
+    epoch: what came before it is the run's fixed cost), then what only this engine knows (``extra``)."""
     return {
         "engine": engine,
         "verdict": verdict,
@@ -102,5 +104,6 @@ def summary_record(
         "crown_batch_size": crown_batch_size,
         "message": message,
         **({"bab": bab} if bab else {}),
+        "started_at": round(started_at, 3),
         **extra,
     }

@@ -29,6 +29,7 @@ from .bounds.graph import Graph
 from .bounds.mip import MipOptions, UnsupportedForMip
 from .bounds.split_refine import SplitOptions
 from .bounds.walk import Bounds, back_substitute
+from .clock import END_RESERVE_S
 from .config import Config
 from .errors import UserError
 from .model import joint
@@ -51,6 +52,7 @@ class InstanceResult:
     bab: dict = field(default_factory=dict)  # results.bab_record: domains, rounds, max_queue per rank
     peak_exact: bool = True  # False: peak_mb is an upper bound (the CPU allocator's kept blocks count too)
     crown_batch_size: int = 0  # neurons per CROWN back-substitution pass (solver.crown.batch_size, resolved)
+    started_at: float = 0.0  # time.time() when this rank began work on the instance (after start-up)
 
     def to_json(self) -> dict:
         """The summary record (:func:`~complete_verifier_ext.results.summary_record`)."""
@@ -64,6 +66,7 @@ class InstanceResult:
             crown_batch_size=self.crown_batch_size,
             message=self.message,
             bab=self.bab or None,
+            started_at=self.started_at,
         )
 
 
@@ -569,9 +572,6 @@ def load_instance(cfg: Config, onnx_arg: str, vnnlib_path: str) -> Loaded:
     return Loaded(graph, spec, onnx_path, networks)
 
 
-END_RESERVE_S = 2.0  # of a wall-clock timeout: for writing the results and ending the processes
-
-
 def verify_instance(
     cfg: Config,
     onnx_path: str,
@@ -584,6 +584,7 @@ def verify_instance(
     The clock starts at ``started`` (``time.monotonic()`` of the verifier's start, so that start-up
     counts as in VNN-COMP, and ``END_RESERVE_S`` is kept for the results), else now.  ``progress``
     receives a one-line status from every stage (PGD, each bound method, α-CROWN steps, BaB rounds)."""
+    began = time.time()
     t0 = time.monotonic()
     if started is not None:
         t0, timeout = started, max(0.0, timeout - END_RESERVE_S)
@@ -595,6 +596,7 @@ def verify_instance(
             res = _verify_instance(cfg, inst.graph, inst.spec, inst.model_path, timeout, t0, progress)
     finally:
         release_gather_buffers()  # the next instance's layers have other shapes
+    res.started_at = began
     return vnnlib2_result(res, inst)
 
 

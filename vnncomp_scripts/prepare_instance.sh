@@ -3,7 +3,9 @@
 # ONNX: a file (.onnx or .onnx.gz) or a VNN-COMP 2026 network list; VNNLIB: VNN-LIB 1.x or 2.0 (.gz too).
 # Accepts any category, as run_instance.sh does (configs/CATEGORY.yaml when it exists, else
 # configs/default.yaml), and checks that the two files exist. Exit 0 when the instance can be run.
-# It starts and stops nothing: other programs are never killed.
+# It starts (or finds running) the resident worker of the instance's engine, which has imported the
+# verifier once so that run_instance.sh does not pay for it (complete_verifier_ext/worker.py; it ends
+# on its own when idle; CVE_WORKER=off turns it off). Other programs are never killed.
 set -euo pipefail
 
 usage() {
@@ -17,6 +19,8 @@ CATEGORY="$2"
 ONNX="$3"
 VNNLIB="$4"
 TOOL_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=engine.sh
+source "$TOOL_DIR/vnncomp_scripts/engine.sh"
 
 CONFIG="$TOOL_DIR/configs/$CATEGORY.yaml"
 if [[ ! "$CATEGORY" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ || ! -f "$CONFIG" ]]; then
@@ -43,5 +47,9 @@ for f in "${FILES[@]}" "$VNNLIB"; do
     fi
 done
 
-echo "Prepared category '$CATEGORY' (config $CONFIG)"
+ENGINE="$(engine_of "$CONFIG")"
+if ! "${PYTHON:-python3}" -m complete_verifier_ext.worker start "$ENGINE"; then
+    echo "$0: no resident worker (run_instance.sh starts cold)" >&2
+fi
+echo "Prepared category '$CATEGORY' (config $CONFIG, engine $ENGINE)"
 exit 0

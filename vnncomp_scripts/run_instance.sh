@@ -28,6 +28,8 @@ VNNLIB="$4"
 RESULTS="$5"
 TIMEOUT="$6"
 TOOL_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=engine.sh
+source "$TOOL_DIR/vnncomp_scripts/engine.sh"
 
 if [[ ! "$TIMEOUT" =~ ^[0-9]+([.][0-9]*)?$ ]]; then
     echo "$0: TIMEOUT must be a number of seconds, got '$TIMEOUT'" >&2
@@ -40,26 +42,17 @@ if [[ ! "$CATEGORY" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ || ! -f "$CONFIG" ]]; then
     CONFIG="$TOOL_DIR/configs/default.yaml"
 fi
 
-if command -v abcrown >/dev/null 2>&1; then
-    ABCROWN=(abcrown)
-else
-    ABCROWN=("${PYTHON:-python3}" -m complete_verifier_ext.cli)
-fi
 read -r -a EXTRA <<< "${ABCROWN_EXTRA_ARGS:-}"
 
 rm -f -- "$RESULTS"  # never leave a stale result from an earlier run
-ENGINE="${CVE_ENGINE:-}"
-if [[ -z "$ENGINE" ]]; then
-    ENGINE=native
-    if [[ -n "${ABCROWN_PATH:-}" ]] || grep -Eq '^[[:space:]]*engine:[[:space:]]*abcrown' "$CONFIG"; then
-        ENGINE=abcrown
-    fi
-fi
+ENGINE="$(engine_of "$CONFIG")"
+# through the resident worker that prepare_instance.sh started, if one answers, else cold (worker.py)
+WORKER=("${PYTHON:-python3}" -m complete_verifier_ext.worker run "$ENGINE")
 if [[ "$ENGINE" == abcrown ]]; then
-    exec "${PYTHON:-python3}" -m complete_verifier_ext.abcrown_plugin.vnncomp "$CATEGORY" "$ONNX" "$VNNLIB" \
+    exec "${WORKER[@]}" vnncomp "$CATEGORY" "$ONNX" "$VNNLIB" \
         "$RESULTS" "$TIMEOUT" --ours "$CONFIG" ${EXTRA[@]+"${EXTRA[@]}"}
 fi
-exec "${ABCROWN[@]}" --config "$CONFIG" \
+exec "${WORKER[@]}" cli --config "$CONFIG" \
     --model.onnx_path "$ONNX" \
     --specification.vnnlib_path "$VNNLIB" \
     --general.results_file "$RESULTS" \

@@ -16,6 +16,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from ..clock import END_RESERVE_S
 from .locate import PluginError
 from .run import Clocks, Run
 
@@ -40,15 +41,16 @@ class OutOfTime(Exception):
 def record_start_time(run: Run, orig):
     """``Logger.record_start_time``: the first instance's clock (``Logger.start_time``, from which
     α,β-CROWN measures its timeout) starts at the verifier's start, so that start-up (imports, starting
-    the ranks) counts against the timeout as in a VNN-COMP harness; later instances start when they
-    start."""
+    the ranks) counts against the timeout as in a VNN-COMP harness, and ``END_RESERVE_S`` before it, so
+    that the search ends that much before the timeout and the answer is written inside it; later
+    instances start when they start."""
     clock = run.clock
 
     def record_start_time(logger):
         orig(logger)  # the same calls (and clock collectives) on every rank
         if clock.first:
             clock.first, clock.check = False, True
-            logger.start_time = min(logger.start_time, clock.started_wall)
+            logger.start_time = min(logger.start_time, clock.started_wall) - END_RESERVE_S
 
     return record_start_time
 

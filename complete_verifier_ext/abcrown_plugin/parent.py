@@ -129,6 +129,7 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
                 peak_mb_exact=result["peak_mb_exact"],
                 crown_batch_size=result["crown_batch_size"],
                 bab=bab_record(rec["bab_domains"], time_s=rec["bab_s"]),
+                started_at=rec["started_at"],
                 peak_mb_bounds=[round(v, 2) for v in result["peak_mb_bounds"]],
                 peak_mb_bab=[round(v, 2) for v in result["peak_mb_bab"]],
                 alpha_elements=result["alpha_elements"],

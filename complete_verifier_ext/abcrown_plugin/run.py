@@ -22,6 +22,7 @@ are top-level names in ``sys.modules``, so a process holds one checkout for its 
 from __future__ import annotations
 
 import collections
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class Record:
     bab_domains: int = 0  # domains visited by BaB
     bab_s: float = 0.0
     unstable: list[int] = field(default_factory=list)  # unstable neurons before each ReLU, after CROWN
+    started_at: float = field(default_factory=time.time)  # the rank began work on it (the first: at the
+    #   rank's start, α,β-CROWN imported)
 
 
 @dataclass

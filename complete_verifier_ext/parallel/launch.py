@@ -44,6 +44,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ..errors import UserError
+from ..worker import WARM_ENV
 from . import comm
 from .memory import EXACT_MEMORY_ENV, available_mb
 
@@ -167,7 +168,11 @@ def run(
     if world_size == 1:
         return fn(*args)
     backend = comm.resolve_backend(backend, world_size)
-    method = "fork" if fork and backend == "gloo" and exact_memory is False else "spawn"
+    # an instance forked from the resident worker (worker.py) has its imports and no OpenMP pool, and
+    # the worker's heap settings are EXACT_MEMORY_ENV's: its ranks are forked
+    warm = os.environ.get(WARM_ENV, "")
+    fork = fork or bool(warm)
+    method = "fork" if fork and backend == "gloo" and (exact_memory is False or warm == "exact") else "spawn"
     return _run_spawned(fn, world_size, args, backend, timeout_s, exact_memory, method)
 
 
