@@ -19,9 +19,10 @@ instance's clock still counts from ``run_instance.sh``'s start). One instance at
 ends after ``CVE_WORKER_IDLE_S`` seconds (default 600) without one, or on ``stop``. When the client
 goes (the harness killed ``run_instance.sh``), the instance's process group is killed.
 
-The worker is started with ``EXACT_MEMORY_ENV`` (so an instance's memory is measured as in a fresh
-rank) and runs no torch operation itself, so that ranks can be forked from an instance's process
-(``launch.run``'s ``fork``: no OpenMP pool exists to be lost in a fork). Set ``CVE_WORKER=off`` to
+The worker runs no torch operation itself, so that ranks can be forked from an instance's process
+(``launch.run``'s ``fork``: no OpenMP pool exists to be lost in a fork); with ``parallel.exact_memory``
+they are spawned fresh under ``EXACT_MEMORY_ENV`` as in a cold run (that heap setting, read at a
+process's start, would slow every instance if the worker had it). Set ``CVE_WORKER=off`` to
 always start cold; ``CVE_WORKER_DIR`` names the socket folder (default the temporary folder).
 """
 
@@ -42,7 +43,7 @@ from pathlib import Path
 
 ENGINES = ("native", "abcrown")
 ENTRIES = {"cli": "complete_verifier_ext.cli", "vnncomp": "complete_verifier_ext.abcrown_plugin.vnncomp"}
-WARM_ENV = "CVE_WARM"  # in an instance forked from a worker: "exact" (its heap is EXACT_MEMORY_ENV's) or "1"
+WARM_ENV = "CVE_WARM"  # "1" in an instance forked from a worker
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -56,8 +57,15 @@ def fingerprint(engine: str) -> str:
 
 
 def socket_path(engine: str) -> Path:
+    """The engine's socket: in ``CVE_WORKER_DIR`` (default the temporary folder), or, where that path
+    is longer than a Unix socket's name may be (108 bytes), under a short name in the temporary folder
+    derived from it."""
     folder = os.environ.get("CVE_WORKER_DIR") or tempfile.gettempdir()
-    return Path(folder) / f"cve-worker-{engine}-{fingerprint(engine)}.sock"
+    path = Path(folder) / f"cve-worker-{engine}-{fingerprint(engine)}.sock"
+    if len(os.fsencode(path)) < 100:
+        return path
+    short = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"cve-worker-{short}.sock"
 
 
 def _enabled() -> bool:
@@ -106,13 +114,11 @@ def alive(engine: str) -> bool:
 
 def start(engine: str, wait_s: float = 120.0) -> bool:
     """Start a worker for ``engine`` unless one answers; wait until it does. Returns whether it does."""
-    from .parallel.memory import EXACT_MEMORY_ENV
-
     if not _enabled() or alive(engine):
         return _enabled()
     path = socket_path(engine)
     log = open(path.with_suffix(".log"), "ab")
-    env = {**os.environ, **EXACT_MEMORY_ENV}
+    env = dict(os.environ)
     env.pop("CVE_CLOCK_START", None)
     cmd = [sys.executable, "-m", "complete_verifier_ext.worker", "serve", engine]
     subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
@@ -265,12 +271,9 @@ def _instance(request: dict, fds: list[int]) -> None:
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
         os.chdir(request["cwd"])
-        from .parallel.memory import EXACT_MEMORY_ENV
-
-        exact = all(os.environ.get(k) == v for k, v in EXACT_MEMORY_ENV.items())  # the worker's heap
         os.environ.clear()
         os.environ.update(request["env"])
-        os.environ[WARM_ENV] = "exact" if exact else "1"
+        os.environ[WARM_ENV] = "1"
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         from . import clock
         from .errors import end_cleanly_on_signals

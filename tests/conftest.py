@@ -17,6 +17,15 @@ import torch
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _end_the_resident_worker():
+    """The plugin tests' resident worker (``plugin_support.warm_prefix``) ends with the session."""
+    yield
+    from plugin_support import stop_worker
+
+    stop_worker()
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The read-only ``shared`` folder next to the repository checkout; skips the test when absent."""

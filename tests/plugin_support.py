@@ -84,15 +84,49 @@ def instance(net: str, prop: str) -> list[str]:
     return ["--onnx_path", str(MNIST / "onnx" / f"{net}.onnx"), "--vnnlib_path", str(MNIST / "vnnlib" / prop)]
 
 
+_WORKER: dict[str, str] = {}  # this pytest process's resident worker: {"dir": its socket folder}
+
+
+def warm_prefix(env: dict) -> list[str]:
+    """The command prefix that runs ``abcrown`` (the ``cli`` entry) on this pytest process's resident
+    worker (``complete_verifier_ext/worker.py``, started on first use: α,β-CROWN imported once per
+    pytest process instead of once per run), and sets ``env``'s ``CVE_WORKER_DIR``. The instance runs
+    in a process forked from the worker, exactly as a fresh ``python -m complete_verifier_ext.cli``;
+    with ``CVE_TEST_WORKER=off`` (or no worker) it is one."""
+    if os.environ.get("CVE_TEST_WORKER", "on") == "off" or _missing() is not None:
+        return [sys.executable, "-m", "complete_verifier_ext.cli"]
+    if "dir" not in _WORKER:
+        import tempfile
+
+        _WORKER["dir"] = tempfile.mkdtemp(prefix="cve_test_worker_")
+        start_env = plugin_env(CVE_WORKER_DIR=_WORKER["dir"], CVE_WORKER_IDLE_S="300")
+        subprocess.run([sys.executable, "-m", "complete_verifier_ext.worker", "start", "abcrown"],
+                       env=start_env, capture_output=True, timeout=LIMIT_S)  # fmt: skip
+    env["CVE_WORKER_DIR"] = _WORKER["dir"]
+    return [sys.executable, "-m", "complete_verifier_ext.worker", "run", "abcrown", "cli"]
+
+
+def stop_worker() -> None:
+    """End this pytest process's worker, if one was started (at the end of the session)."""
+    if "dir" in _WORKER:
+        env = plugin_env(CVE_WORKER_DIR=_WORKER["dir"])
+        subprocess.run([sys.executable, "-m", "complete_verifier_ext.worker", "stop", "abcrown"],
+                       env=env, capture_output=True, timeout=60)  # fmt: skip
+        import shutil
+
+        shutil.rmtree(_WORKER.pop("dir"), ignore_errors=True)
+
+
 def run(tmp: Path, cfg: str, *args: str, P: int = 1, env: dict | None = None, name="run", mode="fsdp"):
-    """One ``abcrown --general.engine abcrown`` process; returns (process, summary dict or None, results)."""
+    """One ``abcrown --general.engine abcrown`` run (on the resident worker: :func:`warm_prefix`);
+    returns (process, summary dict or None, results)."""
     out = tmp / name
     out.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", cfg, "--general.engine", "abcrown"]
+    env = dict(env or plugin_env())
+    cmd = [*warm_prefix(env), "--config", cfg, "--general.engine", "abcrown"]
     cmd += ["--summary", str(out / "s.json"), "--results_file", str(out / "out.txt"), *args]
     if P > 1:
         cmd += ["--parallel.mode", mode, "--parallel.world_size", str(P)]
-    env = env or plugin_env()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp)
     summary = json.loads((out / "s.json").read_text()) if (out / "s.json").exists() else None
     results = (out / "out.txt").read_text() if (out / "out.txt").exists() else None

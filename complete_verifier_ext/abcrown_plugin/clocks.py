@@ -48,8 +48,9 @@ def record_start_time(run: Run, orig):
 
     def record_start_time(logger):
         orig(logger)  # the same calls (and clock collectives) on every rank
+        clock.shift = 0.0
         if clock.first:
-            clock.first, clock.check = False, True
+            clock.first, clock.check, clock.shift = False, True, END_RESERVE_S
             logger.start_time = min(logger.start_time, clock.started_wall) - END_RESERVE_S
 
     return record_start_time

@@ -48,7 +48,8 @@ def summarize_results(run: Run, orig):
     """``Logger.summarize_results``: closes the probe's record of the instance with its verdict."""
 
     def summarize_results(self, verified_status, index):
-        run.probe.next_instance(vnncomp_verdict(verified_status), time.time() - self.start_time)
+        elapsed = time.time() - self.start_time - run.clock.shift  # the reserve is not time spent
+        run.probe.next_instance(vnncomp_verdict(verified_status), elapsed)
         return orig(self, verified_status, index)
 
     return summarize_results

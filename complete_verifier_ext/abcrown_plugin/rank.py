@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -196,6 +197,7 @@ def rank_main(job: RankJob) -> dict:
             full_live: list[list[str]] = []
             run.probe.on_phase = _phase_hook(run, phases, full_live if audit and run.sharded else None)
             phases.start("run")
+            run.probe.current.started_at = time.time()  # α,β-CROWN imported and patched: work begins
             with contextlib.suppress(OutOfTime):  # reported "timeout" already
                 abcrown.ABCROWN(args=bridge.rank_args(job.args[0], job.args[1:], rank, job.scratch)).main()
             phases.end("run")

@@ -42,8 +42,8 @@ class Record:
     bab_domains: int = 0  # domains visited by BaB
     bab_s: float = 0.0
     unstable: list[int] = field(default_factory=list)  # unstable neurons before each ReLU, after CROWN
-    started_at: float = field(default_factory=time.time)  # the rank began work on it (the first: at the
-    #   rank's start, α,β-CROWN imported)
+    started_at: float = field(default_factory=time.time)  # the rank began work on it (the first: when
+    #   α,β-CROWN, imported and patched, starts its run)
 
 
 @dataclass
@@ -74,6 +74,7 @@ class Clocks:
     first: bool = True  # no instance has started yet
     check: bool = False  # the first instance's time is still to be checked once its timeout is known
     local: bool = False  # the rank's own clock, not the ranks' maximum (rank-local work)
+    shift: float = 0.0  # seconds the instance's Logger.start_time was moved back beyond its start
 
 
 @dataclass

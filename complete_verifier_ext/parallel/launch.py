@@ -168,11 +168,9 @@ def run(
     if world_size == 1:
         return fn(*args)
     backend = comm.resolve_backend(backend, world_size)
-    # an instance forked from the resident worker (worker.py) has its imports and no OpenMP pool, and
-    # the worker's heap settings are EXACT_MEMORY_ENV's: its ranks are forked
-    warm = os.environ.get(WARM_ENV, "")
-    fork = fork or bool(warm)
-    method = "fork" if fork and backend == "gloo" and (exact_memory is False or warm == "exact") else "spawn"
+    # an instance forked from the resident worker (worker.py) has its imports and no OpenMP pool
+    fork = fork or os.environ.get(WARM_ENV) == "1"
+    method = "fork" if fork and backend == "gloo" and exact_memory is False else "spawn"
     return _run_spawned(fn, world_size, args, backend, timeout_s, exact_memory, method)
 
 
