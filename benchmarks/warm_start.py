@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -73,7 +74,7 @@ def main() -> None:
                     for onnx, vnnlib in todo:
                         rows.append(one(engine, world, warm, onnx, vnnlib, Path(tmp)))
                         print(rows[-1], flush=True)
-            subprocess.run(["python", "-m", "complete_verifier_ext.worker", "stop", engine], env=env)
+            subprocess.run([sys.executable, "-m", "complete_verifier_ext.worker", "stop", engine], env=env)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prov = provenance()

@@ -7,7 +7,9 @@
 * a rank that failed (:class:`~complete_verifier_ext.parallel.launch.RankFailure`): its first line,
   after the traceback when it was a bug, ``error``, exit 1; a bug in this process likewise (its
   traceback, then one line, ``error``, exit 1): the harness is never left without an answer;
-* Ctrl-C, SIGTERM or SIGHUP: a note, exit 130 / 143 / 129 (the ranks are stopped by ``launch``).
+* Ctrl-C, SIGTERM or SIGHUP: a note, exit 130 / 143 / 129 (the ranks are stopped by ``launch``);
+* ``CVE_DEADLINE`` (``run_instance.sh``): at that moment ``timeout``, the ranks killed, exit 0, unless
+  an answer was written (``deadline.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from . import deadline
 from .errors import UserError, interrupted_exit_code
 from .results import report_error
 
@@ -77,6 +80,9 @@ def run(body: Callable[[Shell], int]) -> int:
     from .parallel import launch
 
     shell = Shell()
+    at = deadline.from_env()  # run_instance.sh's hard end (deadline.py)
+    if at is not None and shell.writer:
+        deadline.arm(at, deadline.timeout_answer(lambda: shell.results_file))
     try:
         return body(shell)
     except USER_ERRORS as e:

@@ -52,7 +52,8 @@ def fingerprint(engine: str) -> str:
     file), the engine and, for ``abcrown``, the checkout."""
     newest = max(p.stat().st_mtime_ns for p in _PACKAGE.rglob("*.py"))
     checkout = os.path.realpath(os.environ.get("ABCROWN_PATH", "")) if engine == "abcrown" else ""
-    text = "\0".join([sys.executable, str(_PACKAGE), str(newest), engine, checkout, str(os.getuid())])
+    python = os.path.realpath(sys.executable)  # python, python3 and python3.11 are one interpreter
+    text = "\0".join([python, str(_PACKAGE), str(newest), engine, checkout, str(os.getuid())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -120,6 +121,7 @@ def start(engine: str, wait_s: float = 120.0) -> bool:
     log = open(path.with_suffix(".log"), "ab")
     env = dict(os.environ)
     env.pop("CVE_CLOCK_START", None)
+    env.pop("CVE_DEADLINE", None)
     cmd = [sys.executable, "-m", "complete_verifier_ext.worker", "serve", engine]
     subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
     log.close()

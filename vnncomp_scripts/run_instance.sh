@@ -35,6 +35,9 @@ if [[ ! "$TIMEOUT" =~ ^[0-9]+([.][0-9]*)?$ ]]; then
     echo "$0: TIMEOUT must be a number of seconds, got '$TIMEOUT'" >&2
     usage
 fi
+# the hard end: whatever runs then, the answer is "timeout", written 1 s before TIMEOUT (deadline.py)
+CVE_DEADLINE="$(awk -v s="$CVE_CLOCK_START" -v t="$TIMEOUT" 'BEGIN { printf "%.3f", s + t - 1.0 }')"
+export CVE_DEADLINE
 
 CONFIG="$TOOL_DIR/configs/$CATEGORY.yaml"
 if [[ ! "$CATEGORY" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ || ! -f "$CONFIG" ]]; then
