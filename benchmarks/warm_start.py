@@ -5,7 +5,10 @@ the wall time is the script's, as the harness counts it. Warm runs go through th
 ``prepare_instance.sh`` starts (``complete_verifier_ext/worker.py``); cold ones set ``CVE_WORKER=off``.
 
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/warm_start.py [--instances 20] \
-        [--engines native abcrown] [--worlds 1 2] [--out benchmarks/results/warm_start]
+        [--engines native abcrown] [--worlds 1 2] [--out benchmarks/results/warm_start] [--reuse]
+
+``--reuse`` keeps the rows of an earlier ``warm_start.json`` in ``--out`` (each with its own commit)
+and runs only the engines not in it.
 """
 
 from __future__ import annotations
@@ -60,9 +63,13 @@ def main() -> None:
     ap.add_argument("--engines", nargs="+", default=["native", "abcrown"])
     ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "warm_start"))
+    ap.add_argument("--reuse", action="store_true")
     args = ap.parse_args()
     todo = instances(args.instances)
-    rows = []
+    prov = provenance()
+    earlier = Path(args.out) / "warm_start.json"
+    rows = json.loads(earlier.read_text())["runs"] if args.reuse and earlier.exists() else []
+    args.engines = [e for e in args.engines if all(r["engine"] != e for r in rows)]
     with tempfile.TemporaryDirectory() as tmp:
         for engine in args.engines:
             env = {**os.environ, "CVE_ENGINE": engine, "CVE_WORKER_DIR": tmp}
@@ -72,12 +79,13 @@ def main() -> None:
             for world in args.worlds:
                 for warm in (False, True):
                     for onnx, vnnlib in todo:
-                        rows.append(one(engine, world, warm, onnx, vnnlib, Path(tmp)))
+                        rows.append(
+                            {**one(engine, world, warm, onnx, vnnlib, Path(tmp)), "commit": prov["commit"]}
+                        )
                         print(rows[-1], flush=True)
             subprocess.run([sys.executable, "-m", "complete_verifier_ext.worker", "stop", engine], env=env)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prov = provenance()
     (out / "warm_start.json").write_text(json.dumps({"runs": rows, "provenance": prov}, indent=1))
     lines = ["| engine | P | start | instances | fixed cost s (median, max) | wall s (median) | "
              "verdicts equal to cold |", "|---|---|---|---|---|---|---|"]  # fmt: skip

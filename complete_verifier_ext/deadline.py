@@ -34,12 +34,32 @@ def from_env() -> float | None:
         return None
 
 
-def arm(at: float, fire: Callable[[], None]) -> threading.Thread:
-    """At ``at`` (``time.time()``), ``fire()``, then the ranks are killed and the process ends (exit 0)."""
+class Guard:
+    """An armed deadline; :meth:`cancel` once the answer is out (after it, the deadline does nothing)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self.lock:  # waits for a firing deadline, which ends the process
+            self.cancelled = True
+
+
+def arm(at: float, fire: Callable[[], None]) -> Guard:
+    """At ``at`` (``time.time()``), unless cancelled: ``fire()``, then the ranks are killed and the
+    process ends (exit 0)."""
+    guard = Guard()
 
     def watch() -> None:
         while (left := at - time.time()) > 0:
-            time.sleep(min(left, 1.0))
+            time.sleep(min(left, 0.5))
+            if guard.cancelled:
+                return
+        guard.lock.acquire()  # held until the process ends
+        if guard.cancelled:
+            guard.lock.release()
+            return
         try:
             fire()
         finally:
@@ -51,9 +71,8 @@ def arm(at: float, fire: Callable[[], None]) -> threading.Thread:
             kill_descendants(os.getpid())
             os._exit(0)
 
-    thread = threading.Thread(target=watch, name="cve-deadline", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=watch, name="cve-deadline", daemon=True).start()
+    return guard
 
 
 def timeout_answer(results_file: Callable[[], str | None]) -> Callable[[], None]:

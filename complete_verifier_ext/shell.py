@@ -81,8 +81,9 @@ def run(body: Callable[[Shell], int]) -> int:
 
     shell = Shell()
     at = deadline.from_env()  # run_instance.sh's hard end (deadline.py)
-    if at is not None and shell.writer:
-        deadline.arm(at, deadline.timeout_answer(lambda: shell.results_file))
+    guard = (
+        deadline.arm(at, deadline.timeout_answer(lambda: shell.results_file)) if at and shell.writer else None
+    )
     try:
         return body(shell)
     except USER_ERRORS as e:
@@ -99,3 +100,6 @@ def run(body: Callable[[Shell], int]) -> int:
         traceback.print_exc()
         first = (str(e).splitlines() or [""])[0]
         return report_error(shell.results_file, shell.writer, f"{type(e).__name__}: {first}")
+    finally:
+        if guard is not None:
+            guard.cancel()

@@ -258,14 +258,19 @@ def verify(a: argparse.Namespace) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if a.timeout is not None:  # the hard end: "timed-out" 1 s before the timeout, whatever runs then
-        from . import deadline
+    from . import deadline
 
-        deadline.arm(clock.started_wall() + a.timeout - deadline.MARGIN_S, lambda: print("timed-out"))
-    os.environ.pop("CVE_DEADLINE", None)
+    guard = None
+    if a.timeout is not None:  # the hard end: "timed-out" 1 s before the timeout, whatever runs then
+        guard = deadline.arm(clock.started_wall() + a.timeout - deadline.MARGIN_S, lambda: print("timed-out"))
+    os.environ.pop(deadline.ENV, None)
     with tempfile.TemporaryDirectory(prefix="cve_verify_") as tmp:
         results = os.path.join(tmp, "results.txt")
-        code = _run(a, spec, onnx_arg, results, started)
+        try:
+            code = _run(a, spec, onnx_arg, results, started)
+        finally:
+            if guard is not None:
+                guard.cancel()
         text = Path(results).read_text() if os.path.isfile(results) else ""
     verdict, _, rest = text.partition("\n")
     verdict = verdict.strip()

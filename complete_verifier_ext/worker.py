@@ -43,7 +43,6 @@ from pathlib import Path
 
 ENGINES = ("native", "abcrown")
 ENTRIES = {"cli": "complete_verifier_ext.cli", "vnncomp": "complete_verifier_ext.abcrown_plugin.vnncomp"}
-WARM_ENV = "CVE_WARM"  # "1" in an instance forked from a worker
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -273,6 +272,8 @@ def _instance(request: dict, fds: list[int]) -> None:
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
         os.chdir(request["cwd"])
+        from .parallel.launch import WARM_ENV
+
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ[WARM_ENV] = "1"

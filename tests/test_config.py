@@ -598,14 +598,13 @@ def test_prepare_instance_accepts_any_category_and_checks_files(tmp_path):
 
 
 def test_run_instance_command_line(tmp_path):
-    """run_instance.sh calls abcrown with the category config and the instance overrides."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "abcrown"
+    """run_instance.sh runs abcrown (through the resident worker's client, which starts it cold when no
+    worker runs) with the category config and the instance overrides."""
+    fake = tmp_path / "python"
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ARGS_FILE"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     args_file = tmp_path / "args.txt"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ARGS_FILE": str(args_file)}
+    env = {**os.environ, "PYTHON": str(fake), "ARGS_FILE": str(args_file)}
     env["CVE_ENGINE"] = "native"  # the native route even where ABCROWN_PATH is set
     (tmp_path / "res.txt").write_text("stale")
 
@@ -622,6 +621,8 @@ def test_run_instance_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "res.txt").exists()  # a stale result is removed first
     args = args_file.read_text().splitlines()
+    assert args[:5] == ["-m", "complete_verifier_ext.worker", "run", "native", "cli"]
+    args = args[5:]
     assert args[:2] == ["--config", str(REPO / "configs" / "oval21.yaml")]
     assert args[2:] == [
         "--model.onnx_path",
@@ -641,7 +642,7 @@ def test_run_instance_command_line(tmp_path):
 
     result = run_script("run_instance.sh", "v1", "test", "net.onnx", "prop.vnnlib", "r.txt", "5", env=env)
     assert result.returncode == 0
-    assert args_file.read_text().splitlines()[1] == str(REPO / "configs" / "default.yaml")
+    assert args_file.read_text().splitlines()[6] == str(REPO / "configs" / "default.yaml")
 
 
 def test_tp_cannot_replicate_weights_in_bab(tmp_path):

@@ -44,7 +44,6 @@ import torch
 import torch.multiprocessing as mp
 
 from ..errors import UserError
-from ..worker import WARM_ENV
 from . import comm
 from .memory import EXACT_MEMORY_ENV, available_mb
 
@@ -239,6 +238,7 @@ def _child_environment() -> Iterator[None]:
             os.environ.pop(k, None)
 
 
+WARM_ENV = "CVE_WARM"  # "1" in an instance forked from the resident worker (worker.py)
 RANK_NAME = "cve-rank{}"  # the process name of a spawned or forked rank (``ps``, /proc/PID/comm)
 
 
@@ -273,6 +273,8 @@ def _child(
         signal.signal(sig, signal.SIG_DFL)
     try:
         comm.init(backend, rank, world_size, addr, port, timeout_s)
+        if world_size > 1:  # every rank's mesh complete before any rank may fail and end the run (a
+            torch.distributed.barrier()  # peer still connecting logged gloo's "connectFullMesh failed")
         conn.send(("joined",))
         result = fn(*args)
         message: tuple = ("ok", pickle.dumps(result, pickle.HIGHEST_PROTOCOL) if rank == 0 else None)
