@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from plugin_support import LIMIT_S, needs_abcrown, plugin_env
+from plugin_support import LIMIT_S, needs_abcrown, plugin_env, warm_prefix
 
 from complete_verifier_ext import testing
 from complete_verifier_ext.bounds.crown import crown
@@ -121,6 +121,8 @@ def _run(tmp: Path, engine: str, world: int, onnx_arg: str, spec: str, category:
     results = tmp / f"{engine}{world}.txt"
     extra = f"--parallel.world_size {world} --parallel.mode {mode}" if world > 1 else ""
     env = plugin_env(CVE_ENGINE=engine, ABCROWN_EXTRA_ARGS=extra, PYTHON=sys.executable)
+    if engine == "abcrown":
+        warm_prefix(env)  # run_instance.sh finds this pytest process's resident worker
     script = REPO / "vnncomp_scripts" / "run_instance.sh"
     out = subprocess.run(["bash", str(script), "v1", category, onnx_arg, spec, str(results), "60"],
                          env=env, capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp)  # fmt: skip
@@ -232,6 +234,8 @@ def test_bad_2026_inputs_are_one_line_and_error_at_p2(two_nets, tmp_path, engine
     script = REPO / "vnncomp_scripts" / "run_instance.sh"
     env = plugin_env(CVE_ENGINE=engine, ABCROWN_EXTRA_ARGS="--parallel.world_size 2 --parallel.mode fsdp",
                      PYTHON=sys.executable)  # fmt: skip
+    if engine == "abcrown":
+        warm_prefix(env)
     for arg, spec, words in cases:
         results = tmp_path / "r.txt"
         cmd = ["bash", str(script), "v1", "isomorphic_acasxu_2026", arg, str(spec), str(results), "60"]
