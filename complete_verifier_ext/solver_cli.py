@@ -30,8 +30,11 @@ import math
 import os
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
+
+from . import clock
 
 NAME = "complete_verifier_ext: sharded IBP, CROWN, alpha-CROWN and beta-CROWN branch and bound"
 INPUT_SPLIT_MAX_DIMS = 16  # input-split BaB up to this many input dimensions (ACAS Xu has 5)
@@ -111,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(SUPPORTS[args[1]]()))
             return 0
         if args and args[0] == "verify":
-            return verify(_verify_parser().parse_args(args[1:]))
+            a = _verify_parser().parse_args(args[1:])
+            # the timeout counts from the command's start, or from the call when called with argv
+            a.started_wall = clock.started_wall() if argv is None else time.time()
+            return verify(a)
         raise UsageError(
             "usage: complete-verifier-ext --name | --version | supports --FLAG | verify QUERY ..."
         )
@@ -241,11 +247,10 @@ VERDICTS = {"sat": "sat", "unsat": "unsat", "unknown": "unknown", "timeout": "ti
 
 def verify(a: argparse.Namespace) -> int:
     """``verify``: the verdict (and a ``sat``'s assignment) on stdout; see the module docstring."""
-    from . import clock
     from .errors import UserError
     from .spec import load_vnnlib
 
-    started = clock.started_monotonic()
+    started = clock.wall_to_monotonic(a.started_wall)
     try:
         networks = _networks(a.network)
         if not Path(a.query).is_file():
@@ -262,7 +267,7 @@ def verify(a: argparse.Namespace) -> int:
 
     guard = None
     if a.timeout is not None:  # the hard end: "timed-out" 1 s before the timeout, whatever runs then
-        guard = deadline.arm(clock.started_wall() + a.timeout - deadline.MARGIN_S, lambda: print("timed-out"))
+        guard = deadline.arm(a.started_wall + a.timeout - deadline.MARGIN_S, lambda: print("timed-out"))
     os.environ.pop(deadline.ENV, None)
     with tempfile.TemporaryDirectory(prefix="cve_verify_") as tmp:
         results = os.path.join(tmp, "results.txt")
@@ -317,7 +322,7 @@ def _run(a: argparse.Namespace, spec, onnx_arg: str, results: str, started: floa
 
 def _run_abcrown(a: argparse.Namespace, spec, onnx_arg: str, results: str, timeout: float) -> int:
     """The user's α,β-CROWN through the plugin: its config for the method (``--config``: the user's)."""
-    from . import abcrown_plugin, clock
+    from . import abcrown_plugin
     from .abcrown_plugin import locate
 
     if a.config:
@@ -332,7 +337,7 @@ def _run_abcrown(a: argparse.Namespace, spec, onnx_arg: str, results: str, timeo
     overrides += ["--timeout", str(timeout), "--device", a.device or "cpu"]
     if a.world_size > 1:
         overrides += ["--parallel.mode", a.mode, "--parallel.world_size", str(a.world_size)]
-    return abcrown_plugin.main(config, overrides, None, True, clock.started_wall())
+    return abcrown_plugin.main(config, overrides, None, True, a.started_wall)
 
 
 if __name__ == "__main__":

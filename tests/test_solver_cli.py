@@ -246,3 +246,22 @@ def test_what_supports_does_not_claim_is_one_line(capsys, tmp_path, declarations
         f"(assert {assertion})\n"
     )
     assert words in one_error(capsys, "verify", str(tmp_path / "q.vnnlib"), "--network", f"n={net}")
+
+
+def test_an_in_process_verify_counts_its_timeout_from_the_call(capsys, tmp_path, monkeypatch):
+    """Called from Python long after this package was imported (here: 1000 s), ``verify --timeout``
+    counts from the call: it neither times out at once nor ends its caller later (its hard end is
+    cancelled once the answer is out)."""
+    import time
+
+    from complete_verifier_ext import clock
+
+    monkeypatch.setattr(clock, "_IMPORTED_WALL", time.time() - 1000)
+    monkeypatch.setattr(clock, "_IMPORTED_MONO", time.monotonic() - 1000)
+    net = two_input_net(tmp_path / "mio.onnx")
+    (tmp_path / "q.vnnlib").write_text(MIO.format(t="-1000.0"))
+    code, out, err = ask(
+        capsys, "verify", str(tmp_path / "q.vnnlib"), "--network", f"n={net}", "--timeout", "3"
+    )
+    assert code == 0 and out.splitlines()[0] == "sat", err[-2000:]
+    time.sleep(3)  # past the hard end of that call: this process is still here
