@@ -276,3 +276,30 @@ def test_from_sequential_matches_torch(which: str) -> None:
 def test_from_sequential_unsupported_module() -> None:
     with pytest.raises(ModelError, match="Sigmoid"):
         from_sequential(nn.Sequential(nn.Linear(3, 3), nn.Sigmoid()), (3,))
+
+
+def test_what_the_loader_does_not_follow_is_one_line(tmp_path: Path) -> None:
+    """Opsets outside ``OPSETS``, ``Reshape`` with ``allowzero=1`` and a 0, ``BatchNormalization`` in
+    training mode: each a ModelError naming the file or node (what ``supports`` claims is what loads)."""
+    path = testing.mlp_onnx(tmp_path / "m.onnx", [2, 3, 2], 0)
+    for opset in (7, 22):
+        model = onnx.load(path)
+        model.opset_import[0].version = opset
+        onnx.save(model, tmp_path / f"o{opset}.onnx")
+        with pytest.raises(ModelError, match=f"opset {opset} is outside the supported 8..21"):
+            load_model(tmp_path / f"o{opset}.onnx")
+    shape = numpy_helper.from_array(np.array([0, 4], dtype=np.int64), "s")
+    reshape = helper.make_node("Reshape", ["x", "s"], ["y"], name="rs", allowzero=1)
+    io = helper.make_tensor_value_info
+    graph = helper.make_graph([reshape], "g", [io("x", TensorProto.FLOAT, [1, 4])],
+                              [io("y", TensorProto.FLOAT, [1, 4])], [shape])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), tmp_path / "r.onnx")
+    with pytest.raises(ModelError, match="rs.*allowzero=1"):
+        load_model(tmp_path / "r.onnx")
+    consts = [numpy_helper.from_array(np.ones(2, dtype=np.float32), n) for n in ("sc", "b", "m", "v")]
+    bn = helper.make_node("BatchNormalization", ["x", "sc", "b", "m", "v"], ["y"], name="bn", training_mode=1)
+    graph = helper.make_graph([bn], "g", [io("x", TensorProto.FLOAT, [1, 2, 2, 2])],
+                              [io("y", TensorProto.FLOAT, [1, 2, 2, 2])], consts)  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), tmp_path / "b.onnx")
+    with pytest.raises(ModelError, match="bn.*training_mode=1"):
+        load_model(tmp_path / "b.onnx")
