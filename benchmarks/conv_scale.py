@@ -15,8 +15,11 @@ them (the ε per shape is in ``CERTIFIED_EPS``; the counts per layer, α,β-CROW
 
 Each run is its own ``abcrown --general.engine abcrown`` process (one mode per process, every rank
 under ``MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1``), with α,β-CROWN's default config plus
-``complete_verifier: skip``, ``pgd_order: skip`` and α-CROWN's ``iteration`` (lr as configured:
-``--lr``). Peak: each rank's RSS high-water mark during ``LiRPANet.build`` (CROWN and α-CROWN) above the
+``complete_verifier: skip``, ``pgd_order: skip``, α-CROWN's ``iteration`` (lr as configured:
+``--lr``) and its ``max_time`` lifted: α,β-CROWN stops α-CROWN after ``max_time`` × ``bab.timeout``
+(1 × 360 s by default) of wall time, which a CNN7 at c = 16 reaches on this CPU, so the runs would do
+different numbers of iterations at each P (the "Early stop" lines of each run's log are in its row).
+Peak: each rank's RSS high-water mark during ``LiRPANet.build`` (CROWN and α-CROWN) above the
 RSS at its start (the plugin's ``peak_mb_bounds``). Floor: P = 1's peak / P + one layer in flight (the
 largest weight under fsdp, gathered; a shard of it under tp). Bounds: the α-CROWN lower bounds of every
 spec row against P = 1's (largest relative difference). With ``--unpatched``, α,β-CROWN's own
@@ -49,6 +52,7 @@ SHAPES = {  # name -> (kind, channels, side, classes)
     "cnn7-c8-cifar": ("cnn7", 8, 32, 10),
     "cnn7-c16-cifar": ("cnn7", 16, 32, 10),
     "cnn7-c32-cifar": ("cnn7", 32, 32, 10),
+    "cnn7-c48-cifar": ("cnn7", 48, 32, 10),
     "cnn7-c64-cifar": ("cnn7", 64, 32, 10),
     "cnn7-c128-cifar": ("cnn7", 128, 32, 10),
     "cnn7-c8-tiny": ("cnn7", 8, 64, 200),
@@ -74,6 +78,7 @@ solver:
     iteration: {iterations}
     lr_alpha: {lr}
     full_conv_alpha: {full}
+    max_time: 1000
 attack:
   pgd_order: skip
 """
@@ -146,6 +151,9 @@ def run_plugin(cfg: Path, onnx: Path, spec: Path, P: int, mode: str, tmp: Path, 
         return {"error": (text.strip().splitlines() or ["failed"])[-1][:200]}
     s = json.loads(summary.read_text())
     return {
+        "early_stop": [
+            line.strip() for line in text.splitlines() if "Early stop" in line or "verified at" in line
+        ],
         "peak_mb": s["peak_mb_bounds"],
         "wall_s": round(wall, 1),
         "rss_mb": round(rss, 1),
@@ -189,20 +197,20 @@ def _floor(base: dict, row: dict) -> float | None:
 def table(rows: list[dict]) -> str:
     out = [
         "| shape | regime | mode | P | peak MB per rank (max) | floor MB | × floor | × P = 1 | wall s "
-        "| α-CROWN vs P = 1 (rel) | CROWN vs P = 1 (rel) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| α-CROWN vs P = 1 (rel) | CROWN vs P = 1 (rel) | α-CROWN stopped early |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     bases = {(r["shape"], r["regime"]): r for r in rows if r["P"] == 1 and r["mode"] == "plugin"}
     for r in rows:
         base = bases.get((r["shape"], r["regime"]), {})
         head = f"| {r['shape']} | {r['regime']} | {r['mode']} | {r['P']} "
         if "error" in r:
-            out.append(head + f"| {r['error']} | | | | | | |")
+            out.append(head + f"| {r['error']} | | | | | | | |")
             continue
         if r["mode"] == "unpatched":
             ratio = f"{r['wall_s'] / base['wall_s']:.2f}" if base.get("wall_s") else ""
             out.append(head + f"| process RSS {r['rss_mb']:.0f} (plugin {base.get('rss_mb', 0):.0f}) | | | "
-                       f"| {r['wall_s']:.1f} (plugin ×{ratio}) | | |")  # fmt: skip
+                       f"| {r['wall_s']:.1f} (plugin ×{ratio}) | | | |")  # fmt: skip
             continue
         peak = max(r["peak_mb"])
         f = _floor(base, r)
@@ -210,7 +218,8 @@ def table(rows: list[dict]) -> str:
         times = f"{peak / max(base['peak_mb']):.2f}" if base.get("peak_mb") else ""
         diff = f"{rel_diff(base['lb'], r['lb']):.1e}" if base.get("lb") and r["P"] > 1 else ""
         cdiff = f"{rel_diff(base['crown'], r['crown']):.1e}" if base.get("crown") and r["P"] > 1 else ""
-        out.append(head + f"| {peak:.0f} | {fl} | {times} | {r['wall_s']:.1f} | {diff} | {cdiff} |")
+        stops = "; ".join(sorted(set(r.get("early_stop") or []))) or ("no" if "early_stop" in r else "")
+        out.append(head + f"| {peak:.0f} | {fl} | {times} | {r['wall_s']:.1f} | {diff} | {cdiff} | {stops} |")
     return "\n".join(out)
 
 
