@@ -106,3 +106,42 @@ def test_input_split_on_one_device(fake_cuda, net, prop, expected):
     onnx = str(acas / "onnx" / f"ACASXU_run2a_{net}_batch_2000.onnx")
     cpu, _ = _both(args, onnx, str(acas / "vnnlib" / f"prop_{prop}.vnnlib"))
     assert cpu.verdict == expected
+
+
+def test_out_of_memory_in_a_pass_halves_its_rows(fake_cuda, tmp_path, monkeypatch, capsys):
+    """A ``torch.OutOfMemoryError`` in a back-substitution pass (raised here for passes of more than 8
+    neurons, as a GPU would for passes too big for it): the pass runs again in halves, one warning line
+    each time, and the bounds are those of the run that never ran out; with not even one neuron fitting,
+    the run gives up with the error."""
+    from complete_verifier_ext.bounds import crown
+
+    onnx = testing.mlp_onnx(tmp_path / "m.onnx", [4, 40, 40, 3], seed=3)
+    spec = testing.write_vnnlib(tmp_path / "p.vnnlib", [-0.3] * 4, [0.3] * 4, 0, 3)
+    args = ["--general.complete_verifier", "skip", "--attack.pgd_order", "skip"]
+    args += ["--solver.alpha-crown.iteration", "3"]
+    cpu_cfg, _ = load_config(None, [*args, "--general.device", "cpu"])
+    gpu_cfg, _ = load_config(None, [*args, "--general.device", "cuda"])
+    whole = verify_instance(cpu_cfg, onnx, spec, timeout=120)
+    bound_rows, passes = crown._bound_unit_rows, []
+
+    def small_passes_only(graph, k, part, *rest):
+        passes.append(len(part))
+        if len(part) > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return bound_rows(graph, k, part, *rest)
+
+    monkeypatch.setattr(crown, "_bound_unit_rows", small_passes_only)
+    limit = 8
+    with FakeCuda():
+        halved = verify_instance(gpu_cfg, onnx, spec, timeout=120)
+    err = capsys.readouterr().err
+    assert max(passes) > limit and "retrying in passes of" in err, (passes, err)
+    assert all(line.startswith("warning: out of memory in a pass of") for line in err.splitlines())
+    assert halved.verdict == whole.verdict
+    assert {"crown", "alpha_crown"} <= set(whole.bounds), whole.bounds
+    for method, values in whole.bounds.items():
+        np.testing.assert_allclose(halved.bounds[method], values, rtol=1e-5, atol=1e-5)
+    limit = 0
+    with FakeCuda(), pytest.raises(torch.OutOfMemoryError):
+        verify_instance(gpu_cfg, onnx, spec, timeout=120)
+    assert "pass of 1 row(s) of" in capsys.readouterr().err

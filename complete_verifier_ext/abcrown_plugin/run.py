@@ -99,6 +99,7 @@ class Rows:
     owners: dict[str, Any] = field(default_factory=dict)  # start node -> the rank of each of its neurons
     module: Any = None  # weakref to the BoundedModule whose rows are dealt (set by its get_sparse_C)
     local_lA: list = field(default_factory=list)  # (node, counts): its lA holds this rank's spec rows
+    fits: dict[str, int] = field(default_factory=dict)  # layer -> rows per pass that fit after an OOM
 
 
 @dataclass

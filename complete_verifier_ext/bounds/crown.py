@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..parallel import comm
+from ..parallel import comm, memory
 from .graph import Graph
 from .ops import Slopes
 from .walk import Alphas, Bounds, Box, back_substitute, concretize, finite_batch, proven_only
@@ -122,14 +122,29 @@ def neuron_rows(
     most = max(sizes)
     step = max(1, min(chunk or most, most))
     lower, upper = [], []
-    for c0 in range(0, max(most, 1), step):
-        rows = slice(c0, min(c0 + step, r)) if pos is None else pos[c0 : c0 + step]
-        part = idx[r0:r1][rows]
-        m = len(part)
-        a = None if alphas is None else {j: _alpha_rows(t, r, rows) for j, t in alphas.items()}
-        lb = _bound_unit_rows(graph, k, part, bounds, box, a)  # (2m, B)
-        lower.append(lb[:m])
-        upper.append(lb[m:])
+
+    def one_pass(c0: int, end: int, s: int) -> list[tuple[Tensor, Tensor]]:
+        """Positions ``c0 .. end`` of this rank's share in sub-passes of ``s`` neurons."""
+        out = []
+        for a0 in range(c0, end, s):
+            a1 = min(a0 + s, end)
+            rows = slice(a0, min(a1, r)) if pos is None else pos[a0:a1]
+            part = idx[r0:r1][rows]
+            m = len(part)
+            a = None if alphas is None else {j: _alpha_rows(t, r, rows) for j, t in alphas.items()}
+            lb = _bound_unit_rows(graph, k, part, bounds, box, a)  # (2m, B)
+            out.append((lb[:m], lb[m:]))
+        return out
+
+    c0, end = 0, max(most, 1)
+    while c0 < end:  # out of memory: that pass again in halves (P = 1), and the next ones as small
+        n = min(step, end - c0)
+        parts, step = memory.halving_on_oom(
+            lambda s, c0=c0, n=n: one_pass(c0, c0 + n, s), n, graph.nodes[k].name, comm.world_size() == 1
+        )
+        lower += [lo for lo, _ in parts]
+        upper += [up for _, up in parts]
+        c0 += n
     both = torch.stack([torch.cat(lower).T, -torch.cat(upper).T])  # (2, B, rows bounded here)
     gathered = gather_rows(both, 2, grad, len(idx), sizes)  # (2, B, R)
     return gathered[0], gathered[1], gathered

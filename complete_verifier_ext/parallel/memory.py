@@ -37,6 +37,9 @@ per process, the same at every model size and every P (a GPU allocator never see
 call :func:`load_optimizer_libraries` before their first optimizer; the RSS it added is recorded and
 ``peak_mb`` leaves out what was loaded after ``start()`` (the modules stay resident to the end, so
 the high-water mark holds them exactly once).
+
+Out of memory in a bound pass (:func:`halving_on_oom`): the pass runs again with half its rows per
+sub-pass, down to one row, as GPU verifiers do; at P > 1 it cannot (the ranks' collectives would part).
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ from __future__ import annotations
 import gc
 import os
 import resource
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -53,6 +59,7 @@ __all__ = [
     "PeakMemory",
     "available_mb",
     "file_mb",
+    "halving_on_oom",
     "hwm_mb",
     "load_optimizer_libraries",
     "exact_memory_env_ok",
@@ -64,6 +71,7 @@ __all__ = [
 EXACT_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
 
 _MIB = 1024 * 1024
+T = TypeVar("T")
 # this process's lazily loaded torch libraries: their RSS, and the file-backed part of it
 _library = {"loaded": False, "mb": 0.0, "file_mb": 0.0}
 
@@ -223,3 +231,26 @@ class PeakMemory:
         """Peak above the baseline recorded at ``start()``, less library code loaded and code pages paged
         in since, MiB (never negative)."""
         return max(0.0, self.peak_total_mb() - self.baseline_mb - self.library_mb() - self.code_mb())
+
+
+def halving_on_oom(attempt: Callable[[int], T], size: int, where: str, retry: bool = True) -> tuple[T, int]:
+    """``attempt(size)``: a bound pass over rows in sub-passes of at most ``size`` rows. When the device
+    runs out of memory (``torch.OutOfMemoryError``, what CUDA raises), the pass runs again with half
+    the rows per sub-pass, one warning line on stderr each time, down to one row; below that, or
+    where no retry is possible (``retry`` False: at P > 1 a rank that left a pass midway no longer
+    issues the collectives the others do), the error is raised after one line saying so. Returns the
+    pass's result and the size that worked (the caller's next passes take it)."""
+    while True:
+        try:
+            return attempt(size), size
+        except torch.OutOfMemoryError:
+            if not retry or size <= 1:
+                why = "one row per pass" if retry else "at P > 1 the ranks cannot retry a pass in lockstep"
+                print(f"warning: out of memory in a pass of {size} row(s) of {where} ({why}): giving up",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                raise
+        failed, size = size, size // 2  # outside the handler: the failed pass's tensors are freed
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(f"warning: out of memory in a pass of {failed} rows of {where}; retrying in passes of {size}",
+              file=sys.stderr, flush=True)  # fmt: skip

@@ -52,7 +52,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from ...parallel import comm
+from ...parallel import comm, memory
 from ..run import Rows, Run
 
 
@@ -199,6 +199,43 @@ def batched_backward(run: Run, orig):
         return gathered(lbs, bound_lower), gathered(ubs, bound_upper)
 
     return batched_backward
+
+
+def halving_on_oom(run: Run, orig):
+    """``BoundedModule.compute_intermediate_bounds`` when the device runs out of memory bounding a layer:
+    at P = 1 the layer again with its rows in passes of half as many (``crown.batch_size`` for that
+    layer: half its neurons, then half again; auto_LiRPA's growing of it off), one warning line each
+    time, down to one row; at P > 1 one line and the error (the ranks cannot retry a pass in lockstep).
+    The size that fitted is kept for the layer's later bounds (α-CROWN's iterations, BaB's rounds).
+    A layer that never ran out is auto_LiRPA's (at P > 1, dealt)."""
+    fits = run.rows.fits
+
+    def compute_intermediate_bounds(self, node, prior_checked=False):
+        opts = self.bound_opts
+        saved = {key: opts.get(key) for key in ("batched_crown_max_vram_ratio", "crown_batch_size")}
+        whole = max(1, int(min(saved["crown_batch_size"] or math.inf, math.prod(node.output_shape[1:]))))
+
+        stale = [(n, n._lower, n._upper) for n in self.nodes() if not n.is_lower_bound_current()]
+
+        def attempt(size: int):
+            if size < whole:
+                opts.update(crown_batch_size=size, batched_crown_max_vram_ratio=0.0)
+                for n, lower, upper in stale:  # what a failed pass left (IBP's bounds) is not taken for done
+                    n._lower, n._upper = lower, upper
+                    n._is_lower_bound_current = n._is_upper_bound_current = False
+            return orig(self, node, prior_checked)
+
+        try:
+            ret, size = memory.halving_on_oom(
+                attempt, fits.get(node.name, whole), node.name, comm.world_size() == 1
+            )
+        finally:
+            opts.update(saved)
+        if size < whole:
+            fits[node.name] = size
+        return ret
+
+    return compute_intermediate_bounds
 
 
 def patches_sum(node) -> bool:

@@ -1,0 +1,94 @@
+"""Out of memory while auto_LiRPA bounds a layer (``weights/rows.halving_on_oom``): the layer again with its
+rows in passes of half as many, down to one row, and the bounds are those of a run that never ran out.
+
+No GPU here: the stand-in raises ``torch.OutOfMemoryError`` (what CUDA raises) from every
+back-substitution pass of an intermediate layer with more rows than a limit, in a real auto_LiRPA
+(α,β-CROWN's, from ``../shared/vendor``) bounding a small conv net with CROWN and α-CROWN.
+"""
+
+from __future__ import annotations
+
+import json
+
+from plugin_support import VENDOR, needs_abcrown, python
+
+pytestmark = needs_abcrown
+
+PROBE = """
+import json, math, sys
+import torch
+from complete_verifier_ext.abcrown_plugin import bridge, locate
+from complete_verifier_ext.abcrown_plugin.run import Rows
+from complete_verifier_ext.abcrown_plugin.weights import rows
+bridge.import_abcrown(locate.find({vendor!r}))
+from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
+
+torch.manual_seed(0)
+net = torch.nn.Sequential(
+    torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, stride=2, padding=1),
+    torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.ReLU(), torch.nn.Linear(20, 3))
+x = torch.rand(1, 1, 8, 8)
+armed = [False]
+
+def bounds(late):
+    m = BoundedModule(net, x, bound_opts={{"optimize_bound_args": {{"iteration": 3}}}}, device="cpu")
+    xb = BoundedTensor(x, PerturbationLpNorm(x_L=x - 0.1, x_U=x + 0.1))
+    armed[0] = not late  # late: out of memory only once α-CROWN runs
+    crown = m.compute_bounds(x=(xb,), method="CROWN")[0]
+    armed[0] = True
+    alpha = m.compute_bounds(x=(xb,), method="CROWN-Optimized")[0]
+    return [crown.detach().flatten().tolist(), alpha.detach().flatten().tolist()]
+
+ref = bounds(False)
+limit, late = {limit}, {late}
+backward_general = BoundedModule.backward_general
+
+def stand_in(self, node, C, *args, unstable_idx=None, **kwargs):
+    if armed[0] and node.name != self.final_name and type(C).__name__ != "BatchedCrownC":  # a real pass
+        if unstable_idx is None:
+            n = math.prod(node.output_shape[1:])
+        else:
+            n = (unstable_idx[0] if isinstance(unstable_idx, tuple) else unstable_idx).numel()
+        if n > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+    return backward_general(self, node, C, *args, unstable_idx=unstable_idx, **kwargs)
+
+class Run:
+    rows = Rows(active=False)
+
+BoundedModule.backward_general = stand_in
+BoundedModule.compute_intermediate_bounds = rows.halving_on_oom(Run, BoundedModule.compute_intermediate_bounds)
+print(json.dumps({{"ref": ref, "got": bounds(late), "fits": Run.rows.fits}}))
+"""
+
+
+def _warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("warning: out of memory")]
+
+
+def test_a_layer_that_runs_out_of_memory_is_bounded_in_halved_passes():
+    """Passes of more than 8 rows fail (from the first CROWN, or only once α-CROWN runs): each layer is
+    bounded again in passes of half as many rows until they fit (one warning line each time), keeps that
+    size for its later bounds, and CROWN and α-CROWN equal the bounds of the run that never ran out."""
+    for late in (False, True):
+        proc = python(PROBE.format(vendor=str(VENDOR), limit=8, late=late), timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["fits"] == {"/input-8": 8, "/input-12": 5}, out
+        for ref, got in zip(out["ref"], out["got"], strict=True):
+            assert max(abs(a - b) for a, b in zip(ref, got, strict=True)) < 1e-6, (late, out)
+        assert _warnings(proc.stderr) == [
+            "warning: out of memory in a pass of 64 rows of /input-8; retrying in passes of 32",
+            "warning: out of memory in a pass of 32 rows of /input-8; retrying in passes of 16",
+            "warning: out of memory in a pass of 16 rows of /input-8; retrying in passes of 8",
+            "warning: out of memory in a pass of 20 rows of /input-12; retrying in passes of 10",
+            "warning: out of memory in a pass of 10 rows of /input-12; retrying in passes of 5",
+        ], proc.stderr[-3000:]
+
+
+def test_not_even_one_row_fitting_gives_up_with_the_error():
+    proc = python(PROBE.format(vendor=str(VENDOR), limit=0, late=False), timeout=120)
+    assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr
+    assert _warnings(proc.stderr)[-1] == (
+        "warning: out of memory in a pass of 1 row(s) of /input-8 (one row per pass): giving up"
+    )
