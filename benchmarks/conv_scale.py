@@ -2,7 +2,7 @@
 
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/conv_scale.py \
         [--shapes cnn7-c16-cifar ...] [--regimes random certified] [--modes fsdp tp] [--worlds 2 4] \
-        [--iterations 20] [--unpatched] [--out benchmarks/results/conv_scale] [--reuse]
+        [--iterations 20] [--unpatched] [--out benchmarks/results/conv_scale] [--reuse] [--budget-gb 12]
 
 Shapes (``complete_verifier_ext.examples``; fixed-seed random weights, BatchNorm folded): CNN7 (five 3x3
 convs with c, c, 2c (stride 2), 2c, 2c channels, a 512-unit linear layer, the classifier) at a given
@@ -27,7 +27,8 @@ spec row against P = 1's (largest relative difference). With ``--unpatched``, α
 both measured from outside, for each.
 
 Writes ``conv_scale.{json,md,png}`` into ``--out`` with the commit and command; ``--reuse`` keeps the
-rows of an earlier ``conv_scale.json`` there and runs only what it lacks.
+rows of an earlier ``conv_scale.json`` there (each with the commit that made it) and runs only what it
+lacks; ``--budget-gb B`` also plots GB per rank against P with B and B / 2 (``conv_scale_budget.png``).
 """
 
 from __future__ import annotations
@@ -260,6 +261,37 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def budget_plot(rows: list[dict], budget_mb: float, path: Path) -> None:
+    """Peak per rank against P for each shape and mode, with the budget B and B / 2: P = 1 is the
+    plugin's peak and unpatched α,β-CROWN's process RSS (the budget's measure: all its memory)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key in sorted({(r["shape"], r["regime"]) for r in rows}):
+        same = [r for r in rows if (r["shape"], r["regime"]) == key and "error" not in r]
+        for mode in ("fsdp", "tp"):
+            pts = [(r["P"], max(r["peak_mb"]) / 1024) for r in same if r["mode"] in (mode, "plugin")]
+            if len(pts) > 1:
+                ps, ys = zip(*sorted(pts), strict=True)
+                ax.plot(ps, ys, marker="o", label=f"{key[0]} {key[1]} {mode} (peak of the bounds)")
+        for r in same:
+            if r["mode"] == "unpatched":
+                ax.scatter(
+                    [1], [r["rss_mb"] / 1024], marker="x", color="r", label="unpatched α,β-CROWN, process RSS"
+                )
+    ax.axhline(budget_mb / 1024, color="k", linestyle="--", label=f"budget B = {budget_mb / 1024:.0f} GB")
+    ax.axhline(budget_mb / 2048, color="grey", linestyle=":", label="B / 2")
+    ax.set_xlabel("ranks P")
+    ax.set_ylabel("GB per rank")
+    ax.set_title("alpha-CROWN stage through the plugin: peak per rank")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["cnn7-c16-cifar"])
@@ -273,6 +305,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "conv_scale"))
     ap.add_argument("--reuse", action="store_true", help="keep the rows of an earlier run in --out")
+    ap.add_argument("--budget-gb", type=float, help="also plot GB per rank against P with this budget")
     a = ap.parse_args()
     if not os.environ.get("ABCROWN_PATH"):
         os.environ["ABCROWN_PATH"] = str(checkout())
@@ -282,7 +315,8 @@ def main() -> None:
     meta = provenance()
     rows: list[dict] = []
     if a.reuse and results.exists():
-        rows = json.loads(results.read_text())["rows"]
+        earlier = json.loads(results.read_text())
+        rows = [{"commit": earlier["commit"], **r} for r in earlier["rows"]]  # each row keeps its commit
     done = {(r["shape"], r["regime"], r["mode"], r["P"]) for r in rows if "error" not in r}
     tmp = GENERATED / "runs"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -301,7 +335,7 @@ def main() -> None:
                     r = run_unpatched(cfg, onnx, spec, tmp, a.timeout)
                 else:
                     r = run_plugin(cfg, onnx, spec, P, mode if P > 1 else "fsdp", tmp, a.timeout)
-                r.update(shape=shape, regime=regime, mode=mode, P=P, layer_mb=layer_mb)
+                r.update(shape=shape, regime=regime, mode=mode, P=P, layer_mb=layer_mb, commit=meta["commit"])
                 rows = [
                     x
                     for x in rows
@@ -318,7 +352,9 @@ def main() -> None:
     md = [
         "# α-CROWN on conv nets through the plugin: per-rank peak against the floor",
         "",
-        f"Commit `{meta['commit']}`; command `{meta['command']}`; {meta['machine']}, gloo; α,β-CROWN "
+        f"Commit `{meta['commit']}` (each row's own in `conv_scale.json`: "
+        f"{', '.join(sorted({r['commit'] for r in rows}))}); last command `{meta['command']}`; "
+        f"{meta['machine']}, gloo; α,β-CROWN "
         "8250d5f / auto_LiRPA 0.7.0 from `$ABCROWN_PATH`. One process per run, every rank under "
         "`MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1`. Config (α,β-CROWN's defaults otherwise):",
         "",
@@ -338,6 +374,8 @@ def main() -> None:
     ]
     (out / "conv_scale.md").write_text("\n".join(md) + "\n")
     plot(rows, out / "conv_scale.png")
+    if a.budget_gb:
+        budget_plot(rows, a.budget_gb * 1024, out / "conv_scale_budget.png")
     print("\n".join(md))
 
 
