@@ -250,7 +250,8 @@ def prepare(
     # inherit CUDA state, and exact memory needs fresh interpreters
     cpu_gloo = device == "cpu" and shell.backend(par, device) == "gloo"
     fork = par.world_size > 1 and cpu_gloo and not par.exact_memory
-    job = RankJob(checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall)
+    one_pass = bool(crown_batch_args(all_args, par.world_size))  # P = 1 bounds each layer in one pass
+    job = RankJob(checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall, one_pass)
     return Prepared(job, all_args, par, device, fork)
 
 

@@ -162,6 +162,7 @@ class RankJob:
     scratch: str  # ranks other than 0 write their files and logs here
     quiet: bool
     started_wall: float  # the verifier's start (time.time())
+    one_pass: bool = False  # the config leaves crown.batch_size at its default: P = 1 bounds a layer at once
 
 
 def rank_main(job: RankJob) -> dict:
@@ -182,6 +183,7 @@ def rank_main(job: RankJob) -> dict:
     log = _open_log(job.scratch, rank, job.quiet)
     cache = str(cache_root() / "abcrown_specs" / f"rank{rank}")
     run = Run(job.par, world, cache, job.started_wall, served_at_start=dict(serve.stats()))
+    run.rows.one_pass = job.one_pass
     run.calls_at_start = lockstep_calls()
     try:
         with contextlib.ExitStack() as quiet_ctx:

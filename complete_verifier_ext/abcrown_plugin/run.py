@@ -100,6 +100,9 @@ class Rows:
     module: Any = None  # weakref to the BoundedModule whose rows are dealt (set by its get_sparse_C)
     local_lA: list = field(default_factory=list)  # (node, counts): its lA holds this rank's spec rows
     fits: dict[str, int] = field(default_factory=dict)  # layer -> rows per pass that fit after an OOM
+    one_pass: bool = False  # P = 1 would bound each layer in one pass (crown.batch_size at its default)
+    dense: set[str] = field(default_factory=set)  # conv start nodes bounded densely, by whole channels
+    dense_pass: Any = None  # the dense pass running now: (its channels, C, H·W), else None
 
 
 @dataclass

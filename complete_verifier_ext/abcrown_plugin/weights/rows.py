@@ -102,13 +102,14 @@ def split_passes(rows: Tensor, k: int) -> list[Tensor]:
     return [part if part.numel() else dummy for part in torch.tensor_split(rows, k)]
 
 
-def start_owners(state: Rows, module, node) -> Tensor:
+def start_owners(state: Rows, module, node, dense: bool = False) -> Tensor:
     """The rank of every neuron (flat position) of start node ``node``: whole channels where α is per
     channel (auto_LiRPA's rule of ``get_alpha_crown_start_nodes``; a stable neuron, bounded where
     auto_LiRPA bounds every neuron, uses its channel's α), else contiguous blocks of the unstable
-    neurons, -1 for the others (then dealt round-robin: their α rows are never trained). Computed from the
-    node's current bounds, the ones auto_LiRPA creates its α from; kept in ``state.owners`` while its
-    α is kept by row."""
+    neurons, -1 for the others (then dealt round-robin: their α rows are never trained); ``dense`` (a conv
+    start node bounded with dense patches, :func:`_dense_passes`: every neuron a row): contiguous blocks
+    of whole channels. Computed from the node's current bounds, the ones auto_LiRPA creates its α from;
+    kept in ``state.owners`` while its α is kept by row."""
     kind = start_kind(node)
     conv = kind in ("patches", "sum")
     shape = [int(s) for s in node.output_shape[1:]]
@@ -119,7 +120,9 @@ def start_owners(state: Rows, module, node) -> Tensor:
     per_channel = conv and (
         not opts.get("use_full_conv_alpha", False) or size > opts.get("use_full_conv_alpha_thresh", 512)
     )
-    if per_channel:  # every neuron of a channel with the channel (its α row), stable ones too
+    if dense:
+        owners = even_blocks(shape[0]).repeat_interleave(math.prod(shape[1:]))
+    elif per_channel:  # every neuron of a channel with the channel (its α row), stable ones too
         of_channel = channel_blocks(idx[0], shape[0])
         owners = of_channel.repeat_interleave(math.prod(shape[1:]))
     else:
@@ -158,6 +161,8 @@ def batched_backward(run: Run, orig):
         if not state.active or P == 1 or want_A:
             return orig(self, node, C, unstable_idx, batch_size, bound_lower, bound_upper, return_A)
         opts = self.bound_opts
+        if node.name in state.dense and isinstance(idx, tuple) and U == math.prod(shape):
+            return _dense_passes(state, self, node, batch_size, bound_lower, bound_upper)
         owners = _owners(state, node, idx)
         mine = (owners == comm.rank()).nonzero().squeeze(1)
         counts = torch.bincount(owners, minlength=P).tolist()
@@ -199,6 +204,83 @@ def batched_backward(run: Run, orig):
         return gathered(lbs, bound_lower), gathered(ubs, bound_upper)
 
     return batched_backward
+
+
+def _channel_owners(state: Rows, node) -> Tensor:
+    """The rank of every channel of a conv start node bounded densely: as its α's layout deals them
+    (whole channels, :func:`start_owners`), else contiguous blocks of channels."""
+    C, H, W = (int(s) for s in node.output_shape[1:])
+    table = state.owners.get(node.name)
+    if table is not None:
+        per = table.view(C, H * W)
+        if bool((per == per[:, :1]).all()) and bool((per >= 0).all()):
+            return per[:, 0].clone()
+    return even_blocks(C)
+
+
+def _dense_passes(state: Rows, module, node, batch_size: int, bound_lower: bool, bound_upper: bool):
+    """A conv start node that P = 1 bounds with auto_LiRPA's dense patches (every neuron, identity C):
+    each rank bounds its whole channels, in k passes (the same k on every rank; a rank short of channels
+    runs a pass of channel 0, dropped), each a dense C of unit patches on those channels: one pass where
+    P = 1 makes one, else passes of ``crown.batch_size`` rows' worth of channels. The relaxation's
+    slopes stay shared by the rows of a position, as at P = 1 (the sparse rows of ``batched_backward``
+    hold them once per row: twice P = 1's memory per row). Returns the ``(batch, C·H·W)`` bounds,
+    gathered, in flat order."""
+    from auto_LiRPA.patches import Patches
+
+    C, H, W = (int(s) for s in node.output_shape[1:])
+    P, me = comm.world_size(), comm.rank()
+    owners = _channel_owners(state, node)
+    counts = torch.bincount(owners, minlength=P).tolist()
+    mine = (owners == me).nonzero().squeeze(1)
+    # one pass where P = 1 makes one (what a pass holds once, the slopes and input bounds shared by its
+    # rows, would be held once per pass), else passes of ``crown.batch_size`` rows' worth of channels
+    per_pass = (
+        C if state.one_pass else max(1, int(min(module.bound_opts["crown_batch_size"], C * H * W)) // (H * W))
+    )
+    k = passes_per_rank(counts, per_pass)
+    dtype = next(module.parameters()).dtype
+    shape = node.output_shape
+    lbs, ubs = [], []
+    state.dealing.append(node.name)
+    try:
+        for part in split_passes(mine, k):
+            real = int((part >= 0).sum())
+            ch = part.clamp(min=0).to(module.device)  # a dummy: channel 0
+            n = int(ch.numel())
+            unit = torch.nn.functional.one_hot(ch, C).to(dtype).view(n, 1, 1, 1, C, 1, 1)
+            unit = unit.expand(n, batch_size, H, W, C, 1, 1)
+            pass_C = Patches(unit, 1, 0, unit.shape, output_shape=[batch_size, C, H, W])
+            state.dense_pass = (ch, C, H * W)
+            node.output_shape = torch.Size([batch_size, n, H, W])  # the bounds of this pass's channels
+            try:
+                lb, ub = module.backward_general(
+                    node, pass_C, bound_lower=bound_lower, bound_upper=bound_upper, unstable_idx=None
+                )[:2]
+            finally:
+                node.output_shape, state.dense_pass = shape, None
+            for act in module.nodes():  # the patch size α is made from (init_alpha): all C channels
+                sizes = getattr(act, "patch_size", None)
+                if isinstance(sizes, dict) and node.name in sizes:
+                    sizes[node.name] = [C, *list(sizes[node.name])[1:]]
+            lbs.append(None if lb is None else lb.reshape(batch_size, -1)[:, : real * H * W])
+            ubs.append(None if ub is None else ub.reshape(batch_size, -1)[:, : real * H * W])
+    finally:
+        state.dealing.pop()
+    state.dealt[type(node).__name__] += int(mine.numel()) * H * W
+    flat = owners.repeat_interleave(H * W)
+    order = torch.cat([(flat == q).nonzero().squeeze(1) for q in range(P)])  # gathered -> rows
+    take = torch.empty(C * H * W, dtype=torch.long)
+    take[order] = torch.arange(C * H * W)
+    take = take.to(module.device)
+    sizes = [c * H * W for c in counts]
+
+    def gathered(ts: list, wanted: bool):
+        if not wanted:
+            return None
+        return comm.all_gather_cat_grad(torch.cat(ts, 1), 1, sizes=sizes).index_select(1, take)
+
+    return gathered(lbs, bound_lower), gathered(ubs, bound_upper)
 
 
 def halving_on_oom(run: Run, orig):
@@ -298,7 +380,15 @@ def get_sparse_C(run: Run, orig):
         if conv:
             below = below and opts.get("sparse_conv_intermediate_bounds", False)
         sparse_C = (below and alpha_sparse is None) or alpha_sparse
-        batched = size > opts.get("crown_batch_size", float("inf")) and kind != "sum"
+        batch = opts.get("crown_batch_size", float("inf"))
+        if kind == "patches" and not sparse_C and (run.rows.one_pass or size <= batch):
+            # P = 1 bounds every neuron at once with auto_LiRPA's dense patches (the slopes shared by
+            # the rows of a position stay shared): dealt whole channels at a time, still dense
+            run.rows.dense.add(node.name)
+            idx = all_positions(shape, conv, ref_lb.device)
+            return BatchedCrownC("Patches"), True, idx, _unstable_size(idx)
+        run.rows.dense.discard(node.name)
+        batched = size > batch and kind != "sum"
         if not (batched or sparse_C):  # auto_LiRPA's dense C: every neuron
             idx = all_positions(shape, conv, ref_lb.device)
         C = BatchedCrownC({"linear": "OneHot", "patches": "Patches", "sum": "Patches", "other": "eye"}[kind])
@@ -551,8 +641,9 @@ def _layout(relu, start, module, state: Rows) -> AlphaLayout | None:
     n_alpha = int(relu.alpha[name].shape[1])
     lookup = (relu.alpha_lookup_idx or {}).get(name)
     owners = state.owners.get(name)
-    if owners is None:
-        owners = start_owners(state, module, node)
+    if owners is None:  # α without a lookup table on a conv start node in patches mode: bounded densely
+        dense = lookup is None and start_kind(node) == "patches" and name in state.dense
+        owners = start_owners(state, module, node, dense)
     channel_row = None
     if isinstance(out_shape, int) and len(shape) == 3:  # per channel
         channel_row = lookup.cpu() if lookup is not None else torch.arange(shape[0])
@@ -601,6 +692,8 @@ def select_alpha_by_idx(run: Run, orig):
         name = start_node.name
         layout = state.alpha.get(self, {}).get(name)
         local = self.alpha.get(name) if layout is not None else None
+        if state.dense_pass is not None and unstable_idx is None and state.dealing[-1] == name:
+            return _dense_alpha(self, orig, layout, local, last_lA, last_uA, start_node, state.dense_pass)
         if local is None or not layout.owns(local):
             return orig(self, last_lA, last_uA, unstable_idx, start_node)
         if state.dealing and state.dealing[-1] == name and (unstable_idx is not None or layout.final):
@@ -613,6 +706,24 @@ def select_alpha_by_idx(run: Run, orig):
             self.alpha[name] = local
 
     return select_alpha_by_idx
+
+
+def _dense_alpha(relu, orig, layout, local, last_lA, last_uA, start_node, dense_pass: tuple):
+    """The α of a dense pass over some channels of a conv start node (:func:`_dense_passes`): those
+    channels' α rows, in order: one per channel (α per channel) or one per neuron (full conv α)."""
+    channels, C, HW = dense_pass
+    flat = (channels[:, None] * HW + torch.arange(HW, device=channels.device)).reshape(-1)
+    if layout is not None and local is not None and layout.owns(local):
+        per_channel = layout.lookup.dim() == 1 and int(layout.lookup.numel()) == C
+        rows = layout.lookup[channels] if per_channel else layout.flat_lookup[flat]
+        return local.index_select(1, rows), None
+    selected, lookup = orig(relu, last_lA, last_uA, None, start_node)
+    if isinstance(selected, Tensor) and selected.dim() > 1 and lookup is None:
+        if int(selected.shape[1]) == C:  # α per channel, whole on every rank
+            selected = selected.index_select(1, channels)
+        elif int(selected.shape[1]) == C * HW:  # full conv α, whole on every rank
+            selected = selected.index_select(1, flat)
+    return selected, lookup
 
 
 def whole_alpha_dict(state: Rows, alphas: dict | None, only: str | None = None) -> None:
