@@ -25,6 +25,10 @@ gradient protocol makes the result that of one process:
   parameters stay equal on every rank, and so do all the decisions made from the bounds (early stop,
   best bounds, lr decay). The bounds are one process's up to the order of these sums.
 
+A conv start node that P = 1 bounds with auto_LiRPA's dense patches (every neuron, identity C) is dealt
+whole channels at a time and bounded densely (:func:`_dense_passes`): sparse rows would hold the slopes
+that a position's rows share once per row.
+
 ``return_A`` calls (which merge per-chunk A dictionaries) run unsharded.
 
 **Row-sharded α.** A ReLU's α for an intermediate start node (auto_LiRPA's ``alpha[start]``,
