@@ -57,7 +57,8 @@ class Run:
     rows = Rows(active=False)
 
 BoundedModule.backward_general = stand_in
-BoundedModule.compute_intermediate_bounds = rows.halving_on_oom(Run, BoundedModule.compute_intermediate_bounds)
+bounds_of_layer = BoundedModule.compute_intermediate_bounds
+BoundedModule.compute_intermediate_bounds = rows.halving_on_oom(Run, bounds_of_layer)
 print(json.dumps({{"ref": ref, "got": bounds(late), "fits": Run.rows.fits}}))
 """
 

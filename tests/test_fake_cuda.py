@@ -145,3 +145,32 @@ def test_out_of_memory_in_a_pass_halves_its_rows(fake_cuda, tmp_path, monkeypatc
     with FakeCuda(), pytest.raises(torch.OutOfMemoryError):
         verify_instance(gpu_cfg, onnx, spec, timeout=120)
     assert "pass of 1 row(s) of" in capsys.readouterr().err
+
+
+def _out_of_memory_at_p2() -> None:
+    """A rank of an fsdp CROWN pass whose passes of more than 2 neurons run out of memory."""
+    from complete_verifier_ext.bounds import crown
+    from complete_verifier_ext.model.torch_loader import from_sequential
+
+    bound_rows = crown._bound_unit_rows
+
+    def small_passes_only(graph, k, part, *rest):
+        if len(part) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return bound_rows(graph, k, part, *rest)
+
+    crown._bound_unit_rows = small_passes_only
+    graph = from_sequential(testing.mlp([4, 12, 12, 3], seed=3), (4,))
+    graph.shard("fsdp")
+    x = torch.zeros(1, 4)
+    crown.crown(graph, (x - 0.5, x + 0.5), torch.eye(3)[None])
+
+
+def test_out_of_memory_at_p2_ends_the_run_with_one_line(capfd):
+    """At P > 1 a rank that leaves a pass midway cannot retry it alone (the others wait in the pass's
+    collectives): the run ends with the error, not a hang, after one line saying why."""
+    from complete_verifier_ext.parallel import launch
+
+    with pytest.raises(launch.RankFailure, match="OutOfMemoryError"):
+        launch.run(_out_of_memory_at_p2, 2, (), backend="gloo")
+    assert "(at P > 1 the ranks cannot retry a pass in lockstep): giving up" in capfd.readouterr().err
