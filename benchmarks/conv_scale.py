@@ -16,7 +16,9 @@ them (the ε per shape is in ``CERTIFIED_EPS``; the counts per layer, α,β-CROW
 Each run is its own ``abcrown --general.engine abcrown`` process (one mode per process, every rank
 under ``MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1``), with α,β-CROWN's default config plus
 ``complete_verifier: skip``, ``pgd_order: skip``, α-CROWN's ``iteration`` (lr as configured:
-``--lr``) and its ``max_time`` lifted: α,β-CROWN stops α-CROWN after ``max_time`` × ``bab.timeout``
+``--lr``), ``parallel.threads`` = cores / P (every run on the whole machine, as unpatched
+α,β-CROWN with torch's default threads; the plugin's default leaves a core free) and α-CROWN's
+``max_time`` lifted: α,β-CROWN stops α-CROWN after ``max_time`` × ``bab.timeout``
 (1 × 360 s by default) of wall time, which a CNN7 at c = 16 reaches on this CPU, so the runs would do
 different numbers of iterations at each P (the "Early stop" lines of each run's log are in its row).
 Peak: each rank's RSS high-water mark during ``LiRPANet.build`` (CROWN and α-CROWN) above the
@@ -129,12 +131,19 @@ def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int, float]:
         time.sleep(0.2)
 
 
+def threads(P: int) -> int:
+    """Torch threads per rank: every run uses the whole machine, like unpatched α,β-CROWN (torch's
+    default, one per core), not the plugin's default of the cores less one."""
+    return max(1, (os.cpu_count() or 1) // P)
+
+
 def run_plugin(cfg: Path, onnx: Path, spec: Path, P: int, mode: str, tmp: Path, timeout: float) -> dict:
     summary = tmp / "s.json"
     summary.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", str(cfg), "--general.engine"]
     cmd += ["abcrown", "--onnx_path", str(onnx), "--vnnlib_path", str(spec), "--results_file"]
     cmd += [str(tmp / "out.txt"), "--summary", str(summary)]
+    cmd += ["--parallel.threads", str(threads(P))]
     if P > 1:
         cmd += ["--parallel.mode", mode, "--parallel.world_size", str(P)]
     env = {**os.environ, **EXACT_MEMORY_ENV}
