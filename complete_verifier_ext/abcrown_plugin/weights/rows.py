@@ -25,7 +25,8 @@ gradient protocol makes the result that of one process:
   parameters stay equal on every rank, and so do all the decisions made from the bounds (early stop,
   best bounds, lr decay). The bounds are one process's up to the order of these sums.
 
-A conv start node that P = 1 bounds with auto_LiRPA's dense patches (every neuron, identity C) is dealt
+A conv start node (or a residual sum in patches mode) that P = 1 bounds with auto_LiRPA's dense patches
+(every neuron, identity C) is dealt
 whole channels at a time and bounded densely (:func:`_dense_passes`): sparse rows would hold the slopes
 that a position's rows share once per row.
 
@@ -385,7 +386,7 @@ def get_sparse_C(run: Run, orig):
             below = below and opts.get("sparse_conv_intermediate_bounds", False)
         sparse_C = (below and alpha_sparse is None) or alpha_sparse
         batch = opts.get("crown_batch_size", float("inf"))
-        if kind == "patches" and not sparse_C and (run.rows.one_pass or size <= batch):
+        if conv and not sparse_C and (run.rows.one_pass or size <= batch or kind == "sum"):
             # P = 1 bounds every neuron at once with auto_LiRPA's dense patches (the slopes shared by
             # the rows of a position stay shared): dealt whole channels at a time, still dense
             run.rows.dense.add(node.name)
@@ -646,7 +647,7 @@ def _layout(relu, start, module, state: Rows) -> AlphaLayout | None:
     lookup = (relu.alpha_lookup_idx or {}).get(name)
     owners = state.owners.get(name)
     if owners is None:  # α without a lookup table on a conv start node in patches mode: bounded densely
-        dense = lookup is None and start_kind(node) == "patches" and name in state.dense
+        dense = lookup is None and start_kind(node) in ("patches", "sum") and name in state.dense
         owners = start_owners(state, module, node, dense)
     channel_row = None
     if isinstance(out_shape, int) and len(shape) == 3:  # per channel
