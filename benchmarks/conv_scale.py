@@ -24,9 +24,9 @@ different numbers of iterations at each P (the "Early stop" lines of each run's 
 Peak: each rank's RSS high-water mark during ``LiRPANet.build`` (CROWN and α-CROWN) above the
 RSS at its start (the plugin's ``peak_mb_bounds``). Floor: P = 1's peak / P + one layer in flight (the
 largest weight under fsdp, gathered; a shard of it under tp). Bounds: the α-CROWN lower bounds of every
-spec row against P = 1's (largest relative difference). With ``--unpatched``, α,β-CROWN's own
-``abcrown.py`` (nothing patched) runs beside the plugin at P = 1: wall time and the process's peak RSS,
-both measured from outside, for each.
+spec row against P = 1's (largest difference, relative; absolute below 1). With ``--unpatched``,
+α,β-CROWN's own ``abcrown.py`` (nothing patched) runs beside the plugin at P = 1: wall time and the
+process's peak RSS, both measured from outside, for each.
 
 Writes ``conv_scale.{json,md,png}`` into ``--out`` with the commit and command; ``--reuse`` keeps the
 rows of an earlier ``conv_scale.json`` there (each with the commit that made it) and runs only what it
@@ -193,8 +193,13 @@ def run_unpatched(cfg: Path, onnx: Path, spec: Path, tmp: Path, timeout: float) 
 
 
 def rel_diff(a: list, b: list) -> float:
+    """The largest difference of two runs' bounds, relative (absolute below 1), over the rows both
+    bound (α,β-CROWN reports a row CROWN verified, which α-CROWN then skips, as ``inf``)."""
     a, b = np.asarray(a, float), np.asarray(b, float)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-12)))
+    both = np.isfinite(a) & np.isfinite(b)
+    if not both.any():
+        return 0.0
+    return float(np.max(np.abs(a - b)[both] / np.maximum(np.abs(a[both]), 1.0)))
 
 
 def _floor(base: dict, row: dict) -> float | None:
@@ -373,7 +378,8 @@ def main() -> None:
         "",
         "Peak: per-rank RSS high-water mark of α,β-CROWN's incomplete phase (`LiRPANet.build`: CROWN, "
         "α-CROWN) above the RSS at its start. Floor: P = 1 / P + the largest weight (a shard of it under "
-        "tp). Bounds: the largest relative difference of the spec rows' lower bounds from P = 1.",
+        "tp). Bounds: the largest difference of the spec rows' lower bounds from P = 1, relative (absolute "
+        "below 1; `inf`: a row CROWN verified, not compared).",
         "",
         table(rows),
         "",
