@@ -199,7 +199,7 @@ def rel_diff(a: list, b: list) -> float:
     both = np.isfinite(a) & np.isfinite(b)
     if not both.any():
         return 0.0
-    return float(np.max(np.abs(a - b)[both] / np.maximum(np.abs(a[both]), 1.0)))
+    return float(np.max(np.abs(a[both] - b[both]) / np.maximum(np.abs(a[both]), 1.0)))
 
 
 def _floor(base: dict, row: dict) -> float | None:
