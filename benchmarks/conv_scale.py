@@ -212,7 +212,7 @@ def _floor(base: dict, row: dict) -> float | None:
 def table(rows: list[dict]) -> str:
     out = [
         "| shape | regime | mode | P | peak MB per rank (max) | floor MB | × floor | × P = 1 | wall s "
-        "| α-CROWN vs P = 1 (rel) | CROWN vs P = 1 (rel) | α-CROWN stopped early |",
+        "| α-CROWN vs P = 1 (rel.) | CROWN vs P = 1 (rel.) | α-CROWN stopped early |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     bases = {(r["shape"], r["regime"]): r for r in rows if r["P"] == 1 and r["mode"] == "plugin"}
