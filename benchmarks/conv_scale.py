@@ -267,9 +267,20 @@ def plot(rows: list[dict], path: Path) -> None:
                 ax.plot(ps, ys, marker="o", label=f"{key[0]} {key[1]} {mode}")
     ax.axhline(1.15, color="k", linestyle="--", label="1.15 × floor")
     ax.axhline(1.0, color="grey", linestyle=":")
+    _save(
+        fig,
+        ax,
+        "peak per rank / floor",
+        "alpha-CROWN stage through the plugin, per rank against its floor",
+        path,
+    )
+
+
+def _save(fig, ax, ylabel: str, title: str, path: Path) -> None:
+    """The labels, legend and file of a plot against P."""
     ax.set_xlabel("ranks P")
-    ax.set_ylabel("peak per rank / floor")
-    ax.set_title("alpha-CROWN stage through the plugin, per rank against its floor")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -298,12 +309,7 @@ def budget_plot(rows: list[dict], budget_mb: float, path: Path) -> None:
                 )
     ax.axhline(budget_mb / 1024, color="k", linestyle="--", label=f"budget B = {budget_mb / 1024:.0f} GB")
     ax.axhline(budget_mb / 2048, color="grey", linestyle=":", label="B / 2")
-    ax.set_xlabel("ranks P")
-    ax.set_ylabel("GB per rank")
-    ax.set_title("alpha-CROWN stage through the plugin: peak per rank")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, ax, "GB per rank", "alpha-CROWN stage through the plugin: peak per rank", path)
 
 
 def main() -> None:
