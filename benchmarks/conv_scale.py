@@ -38,8 +38,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,6 +164,7 @@ def run_plugin(cfg: Path, onnx: Path, spec: Path, P: int, mode: str, tmp: Path, 
         return {"error": (text.strip().splitlines() or ["failed"])[-1][:200]}
     s = json.loads(summary.read_text())
     return {
+        "iterations_run": ran_iterations(text),
         "early_stop": [
             line.strip() for line in text.splitlines() if "Early stop" in line or "verified at" in line
         ],
@@ -190,6 +194,12 @@ def run_unpatched(cfg: Path, onnx: Path, spec: Path, tmp: Path, timeout: float) 
     if rc != 0:
         return {"error": (tmp / "unpatched.log").read_text(errors="replace").strip().splitlines()[-1][:200]}
     return {"wall_s": round(time.monotonic() - t0, 1), "rss_mb": round(rss, 1)}
+
+
+def ran_iterations(log: str) -> int | None:
+    """α-CROWN's ``iteration`` as the run printed its configuration (the config the rank read)."""
+    m = re.search(r"^  alpha-crown:\n(?:    .*\n)*?    iteration: (\d+)$", log, re.M)
+    return int(m.group(1)) if m else None
 
 
 def rel_diff(a: list, b: list) -> float:
@@ -333,13 +343,19 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = out / "conv_scale.json"
     meta = provenance()
+    config = {"iterations": a.iterations, "lr": a.lr, "full_conv_alpha": a.full_conv_alpha}
     rows: list[dict] = []
     if a.reuse and results.exists():
         earlier = json.loads(results.read_text())
         rows = [{"commit": earlier["commit"], **r} for r in earlier["rows"]]  # each row keeps its commit
+        other = [r for r in rows if r.get("config") != config]
+        if other:  # rows of another α-CROWN config are not compared with these: dropped
+            print(f"dropping {len(other)} earlier rows of another config than {config}", flush=True)
+            rows = [r for r in rows if r.get("config") == config]
     done = {(r["shape"], r["regime"], r["mode"], r["P"]) for r in rows if "error" not in r}
-    tmp = GENERATED / "runs"
-    tmp.mkdir(parents=True, exist_ok=True)
+    GENERATED.mkdir(parents=True, exist_ok=True)
+    # this invocation's own config and run files: another invocation beside it cannot change them
+    tmp = Path(tempfile.mkdtemp(prefix="runs-", dir=GENERATED))
     cfg = tmp / "alpha.yaml"
     cfg.write_text(YAML.format(iterations=a.iterations, lr=a.lr, full=a.full_conv_alpha))
     for shape in a.shapes:
@@ -355,7 +371,10 @@ def main() -> None:
                     r = run_unpatched(cfg, onnx, spec, tmp, a.timeout)
                 else:
                     r = run_plugin(cfg, onnx, spec, P, mode if P > 1 else "fsdp", tmp, a.timeout)
+                if r.get("iterations_run", a.iterations) != a.iterations:  # the printed config says otherwise
+                    r = {"error": f"ran {r['iterations_run']} α-CROWN iterations, not {a.iterations}"}
                 r.update(shape=shape, regime=regime, mode=mode, P=P, layer_mb=layer_mb, commit=meta["commit"])
+                r["config"] = config
                 rows = [
                     x
                     for x in rows
@@ -365,6 +384,7 @@ def main() -> None:
                 print(json.dumps({k: v for k, v in r.items() if k not in ("lb", "crown", "unstable")})[:400],
                       flush=True)  # fmt: skip
                 results.write_text(json.dumps({**meta, "config": cfg.read_text(), "rows": rows}, indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
     order = {s: i for i, s in enumerate(SHAPES)}
     rows.sort(
         key=lambda r: (order.get(r["shape"], 99), r["regime"], r["mode"] != "plugin", r["mode"], r["P"])
