@@ -27,6 +27,7 @@ from measure import provenance
 from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 
 MNIST = BENCH / "mnist_fc"
+CIFAR100 = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
 PAPER = "21 MB + 0.373 MB × B (the paper's authors, one GPU, P = 1)"
 
 YAML = """general:
@@ -60,12 +61,42 @@ YAML_ITERATIONS = "  alpha-crown:\n    iteration: 20\n  beta-crown:\n    iterati
 WIDE_ITERATIONS = "  alpha-crown:\n    iteration: 2\n  beta-crown:\n    iteration: 5\n"
 
 
+def conv_config(batch: int, rounds: int, alpha_iterations: int | None) -> str:
+    """α,β-CROWN's own ``vnncomp24/cifar100.yaml`` (kFSB, β-CROWN 10 iterations) as a user runs it here
+    (``root_path`` / ``csv_name`` dropped, ``device: cpu``), with B domains a round, ``rounds`` BaB rounds,
+    PGD off and, if given, fewer α-CROWN iterations (the search's peak does not depend on them)."""
+    import yaml
+
+    data = yaml.safe_load((checkout() / CIFAR100).read_text())
+    data["general"] = {k: v for k, v in data["general"].items() if k not in ("root_path", "csv_name")}
+    data["general"].update(device="cpu", complete_verifier="bab")
+    data["solver"]["batch_size"] = batch
+    if alpha_iterations:
+        data["solver"]["alpha-crown"]["iteration"] = alpha_iterations
+    data["bab"].update(timeout=100000, max_iterations=rounds)
+    data["attack"] = {"pgd_order": "skip"}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def run_one(
-    batch: int, world: int, rounds: int, tmp: Path, timeout: float, weights: str, wide: int | None
+    batch: int,
+    world: int,
+    rounds: int,
+    tmp: Path,
+    timeout: float,
+    weights: str,
+    wide: int | None,
+    conv: tuple[str, str] | None = None,
+    alpha_iterations: int | None = None,
 ) -> dict:
     cfg = tmp / "bab.yaml"
     text = YAML.format(batch=batch, rounds=rounds)
-    if wide:
+    if conv:
+        from conv_scale import instance
+
+        onnx, spec = (str(p) for p in instance(*conv)[:2])
+        text = conv_config(batch, rounds, alpha_iterations)
+    elif wide:
         from abcrown_plugin_memory import make_instance
 
         onnx, spec = make_instance(tmp, wide)
@@ -78,6 +109,10 @@ def run_one(
     args += ["--results_file", str(tmp / "out.txt")]
     mode, held = WEIGHTS.get(weights, ("none", "auto"))
     args += ["--parallel.bab_weights", held] if world > 1 else []
+    if conv:  # every run on the whole machine (the plugin's default leaves a core free)
+        from conv_scale import threads
+
+        args += ["--parallel.threads", str(threads(world))]
     env = dict(EXACT_MEMORY_ENV)
     s = run_abcrown(args, tmp, timeout, world=world, env=env, mode=mode)
     if "error" in s:
@@ -114,20 +149,35 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--weights", nargs="+", default=list(WEIGHTS), choices=list(WEIGHTS))
     ap.add_argument("--wide", type=int, default=None, help="the MLP 784 -> H^4 -> 10 instead of mnist")
+    ap.add_argument("--conv", help="a conv_scale.py shape (e.g. cnn7-c16-cifar) with vnncomp24/cifar100.yaml")
+    ap.add_argument("--regime", default="certified", choices=["random", "certified"], help="with --conv")
+    ap.add_argument("--alpha-iterations", type=int, help="with --conv: α-CROWN's iterations before BaB")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_plugin_bab"))
     a = ap.parse_args()
     checkout()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance()
+    conv = (a.conv, a.regime) if a.conv else None
     name = f"abcrown_plugin_bab_wide{a.wide}" if a.wide else "abcrown_plugin_bab"
     model = f"the MLP 784-{a.wide}x4 (random weights, ε = 0.02)" if a.wide else "mnist-net_256x6, prop_2_0.05"
+    if conv:
+        name = f"abcrown_plugin_bab_{a.conv}_{a.regime}"
+        model = (
+            f"{a.conv} ({a.regime} regime of `conv_scale.py`), α,β-CROWN's `vnncomp24/cifar100.yaml` "
+            f"(α-CROWN {a.alpha_iterations or 20} iterations), threads = cores / P"
+        )
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         for B in a.batches:
             runs = [(1, "unpatched")] + [(P, w) for P in a.worlds for w in a.weights]
             for P, w in runs:
-                r = {"B": B, "P": P, "weights": w, **run_one(B, P, a.rounds, Path(d), a.timeout, w, a.wide)}
+                r = {
+                    "B": B,
+                    "P": P,
+                    "weights": w,
+                    **run_one(B, P, a.rounds, Path(d), a.timeout, w, a.wide, conv, a.alpha_iterations),
+                }
                 rows.append(r)
                 print(json.dumps(r), flush=True)
                 (out / f"{name}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
@@ -148,7 +198,7 @@ def main() -> None:
             f"| {r['B']} | {r['P']} | {r['weights']} | {r['verdict']} | {peak:.0f} | {ratio} | "
             f"{max(r['peak_mb']):.0f} | {r['domains']} | {r['domains_per_s']} | {r['wall_s']} |"
         )
-    ab = None if a.wide else fit(rows)  # one batch size on the wide MLP: nothing to fit
+    ab = None if a.wide or conv else fit(rows)  # one batch size on the wide MLP: nothing to fit
     md = [
         "# BaB inside alpha-beta-CROWN: peak per rank vs the batch of domains, domains split over ranks",
         "",

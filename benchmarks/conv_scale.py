@@ -58,6 +58,7 @@ SHAPES = {  # name -> (kind, channels, side, classes)
     "cnn7-c8-cifar": ("cnn7", 8, 32, 10),
     "cnn7-c16-cifar": ("cnn7", 16, 32, 10),
     "cnn7-c32-cifar": ("cnn7", 32, 32, 10),
+    "cnn7-c40-cifar": ("cnn7", 40, 32, 10),
     "cnn7-c48-cifar": ("cnn7", 48, 32, 10),
     "cnn7-c64-cifar": ("cnn7", 64, 32, 10),
     "cnn7-c128-cifar": ("cnn7", 128, 32, 10),
@@ -399,7 +400,7 @@ def main() -> None:
         "`MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1`. Config (α,β-CROWN's defaults otherwise):",
         "",
         "```yaml",
-        cfg.read_text().rstrip(),
+        YAML.format(iterations=a.iterations, lr=a.lr, full=a.full_conv_alpha).rstrip(),
         "```",
         "",
         "Peak: per-rank RSS high-water mark of α,β-CROWN's incomplete phase (`LiRPANet.build`: CROWN, "
