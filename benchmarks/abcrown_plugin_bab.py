@@ -94,7 +94,8 @@ def run_one(
     if conv:
         from conv_scale import instance
 
-        onnx, spec = (str(p) for p in instance(*conv)[:2])
+        path, where, layer_mb = instance(*conv)
+        onnx, spec = str(path), str(where)
         text = conv_config(batch, rounds, alpha_iterations)
     elif wide:
         from abcrown_plugin_memory import make_instance
@@ -127,6 +128,7 @@ def run_one(
         "domains_per_s": round(bab["domains"] / bab["time_s"], 1) if bab["time_s"] else None,
         "wall_s": s["wall_s"],
         "bab_weight_fetches": s.get("bab_weight_fetches"),
+        **({"layer_mb": layer_mb} if conv else {}),
     }
 
 
@@ -194,6 +196,9 @@ def main() -> None:
         peak = max(r["peak_mb_bab"])
         ref = base.get(r["B"])
         ratio = f"{peak / max(ref['peak_mb_bab']):.2f}" if ref and max(ref["peak_mb_bab"]) > 0 else ""
+        if ratio and "layer_mb" in r and r["P"] > 1:  # the floor: P = 1's peak / P + one layer (a shard: tp)
+            floor = max(ref["peak_mb_bab"]) / r["P"] + r["layer_mb"] / (r["P"] if r["weights"] == "tp" else 1)
+            ratio += f" ({peak / floor:.2f}× floor {floor:.0f} MB)"
         lines.append(
             f"| {r['B']} | {r['P']} | {r['weights']} | {r['verdict']} | {peak:.0f} | {ratio} | "
             f"{max(r['peak_mb']):.0f} | {r['domains']} | {r['domains_per_s']} | {r['wall_s']} |"
