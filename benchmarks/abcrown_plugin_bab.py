@@ -28,7 +28,7 @@ from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 
 MNIST = BENCH / "mnist_fc"
 CIFAR100 = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
-PAPER = "21 MB + 0.373 MB × B (the paper's authors, one GPU, P = 1)"
+PAPER = "21 MB + 0.373 MB × B (one GPU, P = 1)"
 
 YAML = """general:
   device: cpu
@@ -223,7 +223,11 @@ def main() -> None:
             if ab
             else ""
         )
-        + f"the paper's authors: {PAPER}."
+        + (
+            "Floor: P = 1's BaB peak / P + the largest weight (a shard of it under tp)."
+            if conv
+            else f"The paper's authors: {PAPER}."
+        )
         + (
             " On this MLP the weights are 57 MB whole: the unpatched run holds them before BaB starts, "
             "`fsdp-replicated` gathers them for the search (inside the BaB peak)."

@@ -80,8 +80,10 @@ def run_one(
     timeout: float,
     mode: str = "fsdp",
     config: str | None = None,
+    threads: int | None = None,
 ) -> dict:
-    """One measurement in its own process; ``config`` replaces this benchmark's YAML (the plugin only)."""
+    """One measurement in its own process; ``config`` replaces this benchmark's YAML (the plugin only);
+    ``threads``: torch threads per rank (``parallel.threads``; else the engine's default)."""
     m = {"crown": "crown", "alpha": "alpha-crown"}[method]
     cfg = tmp / f"{engine}-{method}.yaml"
     text = YAML.format(method=m, engine="  engine: abcrown\n" if engine == "abcrown" else "")
@@ -104,6 +106,8 @@ def run_one(
         ]
     if world > 1:
         cmd += ["--parallel.mode", mode, "--parallel.world_size", str(world)]
+    if threads:
+        cmd += ["--parallel.threads", str(threads)]
     env = {**os.environ, **EXACT_MEMORY_ENV}
     t0 = time.monotonic()
     try:

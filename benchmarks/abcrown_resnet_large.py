@@ -22,17 +22,20 @@ size of tensor b (32)"). Spec: ε = 1/255
 around a random image, the model's label against the other 99 (``resnet_large.specs``).
 
 Runs: unpatched α,β-CROWN (its own ``abcrown.py``, as ``abcrown_overhead.py`` runs it: wall time and
-verdict), then the plugin at P = 1 with ``solver.crown.batch_size: 512`` (the rows the ranks hold in
-flight together at P > 1: the floor's base), at P = 1 on the config as it is (the base of the × P = 1
-and bounds columns: α,β-CROWN with no sharding patch) and at every P and mode, each its own
-``abcrown`` process (``abcrown_plugin_memory.run_one``): per-rank peak of the incomplete phase, wall
-time, and the bounds against P = 1. Writes ``abcrown_resnet_large.{json,md,png}`` into ``--out``.
+verdict), then the plugin at P = 1 on the config as it is (α,β-CROWN with no sharding patch: the base
+of the floor, the × P = 1 and the bounds columns) and at every P and mode, each its own ``abcrown``
+process (``abcrown_plugin_memory.run_one``) with ``parallel.threads`` = cores / P (every run on the
+whole machine, as unpatched α,β-CROWN): per-rank peak of the incomplete phase, wall time, and the bounds
+against P = 1. Floor: P = 1's peak / P + the largest layer (a shard of it under tp): the ranks deal each
+layer's rows (a conv layer or residual sum bounded with dense patches: whole channels, one pass per
+rank where P = 1 makes one). Writes ``abcrown_resnet_large.{json,md,png}`` into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -42,8 +45,6 @@ from abcrown_common import checkout
 from abcrown_overhead import run_unpatched
 from abcrown_plugin_memory import rel_diff, run_one
 from measure import REPO, provenance
-
-from complete_verifier_ext.abcrown_plugin.parent import SHARDED_CROWN_BATCH
 
 VENDOR_CONFIG = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
 
@@ -63,10 +64,6 @@ def config(checkout: Path, plugin: bool, method: str, rows: int | None = None) -
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
-# the floor's base: P = 1 with the rows in flight at P > 1
-PASSES = f"plugin, {SHARDED_CROWN_BATCH}-row passes"
-
-
 def table(rows: list[dict]) -> str:
     out = [
         "| run | P | peak MB per rank (max) | × P = 1 | floor MB | × floor | wall s | × unpatched | "
@@ -74,7 +71,7 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     p1 = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
-    base = next((r for r in rows if r["run"] == PASSES and "peak_mb" in r), None)
+    base = p1
     unpatched = next((r for r in rows if r["run"] == "unpatched abcrown.py" and "error" not in r), None)
     for r in rows:
         if "error" in r:
@@ -119,7 +116,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    base = next((r for r in rows if r["run"] == PASSES and "peak_mb" in r), None)
+    base = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
     unpatched = next((r for r in rows if r["run"] == "unpatched abcrown.py" and "error" not in r), None)
     for mode in ("fsdp", "tp"):
         pts = sorted(
@@ -134,7 +131,6 @@ def plot(rows: list[dict], path: Path) -> None:
     if base is not None:
         b = max(base["peak_mb"])
         ax.plot(ps, [b / p + (base["layer_mb"] if p > 1 else 0) for p in ps], "k--", label="floor (fsdp)")
-        ax.plot([1], [b], "kx", label=PASSES)
     if unpatched is not None:
         ax2.axhline(unpatched["wall_s"], color="grey", linestyle=":", label="unpatched abcrown.py")
     ax.set_ylabel("peak MB per rank (incomplete phase)")
@@ -187,12 +183,14 @@ def main() -> None:
             r = run_unpatched({"config": str(plain), "onnx": onnx_path, "vnnlib": spec}, tmp)
             rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
             print(json.dumps(rows[-1]), flush=True)
-        passes = config(root, plugin=True, method=a.method, rows=SHARDED_CROWN_BATCH)
-        runs = [(PASSES, 1, "", passes), ("plugin", 1, "", text)]
+        runs = [("plugin", 1, "", text)]
         runs += [("plugin", P, m, text) for m in a.modes for P in a.worlds]
         for name, P, mode, cfg in (r for r in runs if r[:3] not in have):
             method = "alpha" if a.method == "alpha-crown" else "crown"
-            r = run_one("abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", cfg)
+            threads = max(1, (os.cpu_count() or 1) // P)
+            r = run_one(
+                "abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", cfg, threads
+            )
             rows.append({**r, "run": name, "P": P, "mode": mode, "layer_mb": layer_mb})
             print(json.dumps(rows[-1])[:300], flush=True)
             record = {**meta, "config": text, "divide": a.divide, "rows": rows}
@@ -207,10 +205,9 @@ def main() -> None:
         "skip` (the JSON has it whole). Peak: per-rank high-water mark of the incomplete phase above its "
         "start, code pages and torch's optimizer libraries left out. × P = 1 and the bounds: against the "
         "plugin at P = 1 on the config as it is (no patch: unpatched α,β-CROWN's memory), which bounds each "
-        "conv layer in one pass. Floor: the same at P = 1 in passes of the rows that the P ranks hold in "
-        f"flight together ({PASSES}: `solver.crown.batch_size: {SHARDED_CROWN_BATCH}`; at P > 1 the "
-        "plugin's passes are that / P rows for CROWN) / P + the largest layer "
-        f"({layer_mb:.2f} MB; a shard of it under tp). Wall: the whole process.{note}",
+        "conv layer in one pass. Floor: that peak / P + the largest layer "
+        f"({layer_mb:.2f} MB; a shard of it under tp). Threads: cores / P per rank. Wall: the whole "
+        f"process.{note}",
         "",
         table(rows),
     ]
