@@ -99,10 +99,14 @@ def _args(inst: dict, tmp: Path) -> list[str]:
     ]
 
 
-def run_unpatched(inst: dict, tmp: Path) -> dict:
+def run_unpatched(inst: dict, tmp: Path, env: dict | None = None, timeout: float = 900) -> dict:
+    """α,β-CROWN's own ``abcrown.py`` (nothing patched): verdict and wall time; ``env`` added to the
+    environment (the plugin's runs' ``EXACT_MEMORY_ENV`` where the two are timed side by side)."""
     cmd = [sys.executable, "-c", UNPATCHED, *_args(inst, tmp)]
     t0 = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp)
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env={**os.environ, **(env or {})}
+    )
     wall = time.monotonic() - t0
     verdict = (
         (tmp / "out.txt").read_text().split("\n", 1)[0].strip() if (tmp / "out.txt").exists() else "none"

@@ -46,6 +46,8 @@ from abcrown_overhead import run_unpatched
 from abcrown_plugin_memory import rel_diff, run_one
 from measure import REPO, provenance
 
+from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
+
 VENDOR_CONFIG = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
 
 
@@ -180,7 +182,8 @@ def main() -> None:
         plain = tmp / "cifar100_unpatched.yaml"
         plain.write_text(config(root, plugin=False, method=a.method))
         if ("unpatched abcrown.py", 1, "") not in have:
-            r = run_unpatched({"config": str(plain), "onnx": onnx_path, "vnnlib": spec}, tmp)
+            inst = {"config": str(plain), "onnx": onnx_path, "vnnlib": spec}
+            r = run_unpatched(inst, tmp, EXACT_MEMORY_ENV, a.timeout)  # as the plugin's runs (malloc)
             rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
             print(json.dumps(rows[-1]), flush=True)
         runs = [("plugin", 1, "", text)]
@@ -206,8 +209,9 @@ def main() -> None:
         "start, code pages and torch's optimizer libraries left out. × P = 1 and the bounds: against the "
         "plugin at P = 1 on the config as it is (no patch: unpatched α,β-CROWN's memory), which bounds each "
         "conv layer in one pass. Floor: that peak / P + the largest layer "
-        f"({layer_mb:.2f} MB; a shard of it under tp). Threads: cores / P per rank. Wall: the whole "
-        f"process.{note}",
+        f"({layer_mb:.2f} MB; a shard of it under tp). Threads: cores / P per rank (unpatched: torch's "
+        "default, the cores). Wall: the whole process, unpatched α,β-CROWN under the same malloc "
+        f"settings.{note}",
         "",
         table(rows),
     ]
