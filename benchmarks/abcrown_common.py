@@ -31,6 +31,23 @@ def checkout() -> Path:
     return path
 
 
+def vendor_config(root: Path, rel: str) -> dict:
+    """α,β-CROWN's own ``exp_configs/REL`` as a user runs it here: ``root_path`` / ``csv_name`` dropped
+    (the instance comes on the command line), ``device: cpu``."""
+    import yaml
+
+    data = yaml.safe_load((root / "complete_verifier" / "exp_configs" / rel).read_text())
+    general = {k: v for k, v in (data.get("general") or {}).items() if k not in ("root_path", "csv_name")}
+    data["general"] = {**general, "device": "cpu"}
+    return data
+
+
+def threads(P: int) -> int:
+    """Torch threads per rank: every run uses the whole machine, like unpatched α,β-CROWN (torch's
+    default, one per core), not the plugin's default of the cores less one."""
+    return max(1, (os.cpu_count() or 1) // P)
+
+
 def run_abcrown(
     args: list[str], tmp: Path, timeout: float, world: int = 1, env: dict | None = None, mode: str = "fsdp"
 ) -> dict:

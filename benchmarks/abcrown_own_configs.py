@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from abcrown_common import BENCH, checkout, run_abcrown
+from abcrown_common import BENCH, checkout, run_abcrown, vendor_config
 from measure import REPO, provenance
 
 ACAS = [("1_1", "prop_1"), ("2_7", "prop_1"), ("4_2", "prop_2"), ("3_3", "prop_9"), ("4_5", "prop_10"),
@@ -58,9 +58,7 @@ THREE = ("acasxu", 0)  # the one instance also run at P = 3
 
 
 def user_config(root: Path, rel: str, tmp: Path) -> Path:
-    data = yaml.safe_load((root / "complete_verifier" / "exp_configs" / rel).read_text())
-    general = {k: v for k, v in (data.get("general") or {}).items() if k not in ("root_path", "csv_name")}
-    data["general"] = {**general, "device": "cpu"}
+    data = vendor_config(root, rel)
     path = tmp / rel.replace("/", "_")
     path.write_text(yaml.safe_dump(data))
     return path

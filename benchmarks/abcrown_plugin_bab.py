@@ -21,13 +21,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from abcrown_common import BENCH, REPO, checkout, run_abcrown
+from abcrown_common import BENCH, REPO, checkout, run_abcrown, threads, vendor_config
+from abcrown_resnet_large import CIFAR100
 from measure import provenance
 
 from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 
 MNIST = BENCH / "mnist_fc"
-CIFAR100 = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
 PAPER = "21 MB + 0.373 MB × B (one GPU, P = 1)"
 
 YAML = """general:
@@ -67,9 +67,8 @@ def conv_config(batch: int, rounds: int, alpha_iterations: int | None) -> str:
     PGD off and, if given, fewer α-CROWN iterations (the search's peak does not depend on them)."""
     import yaml
 
-    data = yaml.safe_load((checkout() / CIFAR100).read_text())
-    data["general"] = {k: v for k, v in data["general"].items() if k not in ("root_path", "csv_name")}
-    data["general"].update(device="cpu", complete_verifier="bab")
+    data = vendor_config(checkout(), CIFAR100)
+    data["general"]["complete_verifier"] = "bab"
     data["solver"]["batch_size"] = batch
     if alpha_iterations:
         data["solver"]["alpha-crown"]["iteration"] = alpha_iterations
@@ -111,8 +110,6 @@ def run_one(
     mode, held = WEIGHTS.get(weights, ("none", "auto"))
     args += ["--parallel.bab_weights", held] if world > 1 else []
     if conv:  # every run on the whole machine (the plugin's default leaves a core free)
-        from conv_scale import threads
-
         args += ["--parallel.threads", str(threads(world))]
     env = dict(EXACT_MEMORY_ENV)
     s = run_abcrown(args, tmp, timeout, world=world, env=env, mode=mode)

@@ -35,32 +35,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
-from abcrown_common import checkout
+from abcrown_common import checkout, threads, vendor_config
 from abcrown_overhead import run_unpatched
 from abcrown_plugin_memory import rel_diff, run_one
 from measure import REPO, provenance
 
 from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 
-VENDOR_CONFIG = "complete_verifier/exp_configs/vnncomp24/cifar100.yaml"
+CIFAR100 = "vnncomp24/cifar100.yaml"
 
 
-def config(checkout: Path, plugin: bool, method: str, rows: int | None = None) -> str:
-    """α,β-CROWN's cifar100 config, made runnable here (see the module docstring); ``rows``: its
-    ``solver.crown.batch_size`` (the rows of a pass) instead of the default."""
-    cfg = yaml.safe_load((checkout / VENDOR_CONFIG).read_text())
-    if rows is not None:
-        cfg.setdefault("solver", {}).setdefault("crown", {})["batch_size"] = rows
-    general = cfg.setdefault("general", {})
-    for key in ("root_path", "csv_name"):
-        general.pop(key, None)
-    general.update(device="cpu", complete_verifier="skip", **({"engine": "abcrown"} if plugin else {}))
+def config(checkout: Path, plugin: bool, method: str) -> str:
+    """α,β-CROWN's cifar100 config, made runnable here (see the module docstring)."""
+    cfg = vendor_config(checkout, CIFAR100)
+    cfg["general"].update(complete_verifier="skip", **({"engine": "abcrown"} if plugin else {}))
     cfg.setdefault("attack", {})["pgd_order"] = "skip"
     cfg.setdefault("solver", {})["bound_prop_method"] = method
     return yaml.safe_dump(cfg, sort_keys=False)
@@ -73,7 +66,6 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     p1 = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
-    base = p1
     unpatched = next((r for r in rows if r["run"] == "unpatched abcrown.py" and "error" not in r), None)
     for r in rows:
         if "error" in r:
@@ -84,9 +76,9 @@ def table(rows: list[dict]) -> str:
             out.append(f"| {r['run']} | 1 | – | | | | {wall} | verdict {r['verdict']} |")
             continue
         peak, floor, ratio, diff = max(r["peak_mb"]), "| ", "", ""
-        if base is not None and r["P"] > 1:
+        if p1 is not None and r["P"] > 1:
             block = r["layer_mb"] / (r["P"] if r["mode"] == "tp" else 1)
-            f = max(base["peak_mb"]) / r["P"] + block
+            f = max(p1["peak_mb"]) / r["P"] + block
             floor = f"{f:.0f} | {peak / f:.2f}"
         if p1 is not None:
             ratio = f"{peak / max(p1['peak_mb']):.2f}"
@@ -190,9 +182,8 @@ def main() -> None:
         runs += [("plugin", P, m, text) for m in a.modes for P in a.worlds]
         for name, P, mode, cfg in (r for r in runs if r[:3] not in have):
             method = "alpha" if a.method == "alpha-crown" else "crown"
-            threads = max(1, (os.cpu_count() or 1) // P)
             r = run_one(
-                "abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", cfg, threads
+                "abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", cfg, threads(P)
             )
             rows.append({**r, "run": name, "P": P, "mode": mode, "layer_mb": layer_mb})
             print(json.dumps(rows[-1])[:300], flush=True)

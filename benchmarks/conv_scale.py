@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from abcrown_common import checkout
+from abcrown_common import checkout, threads
 from abcrown_overhead import UNPATCHED
 from measure import REPO, provenance
 
@@ -133,12 +133,6 @@ def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int, float]:
             proc.kill()
             raise subprocess.TimeoutExpired(proc.args, timeout)
         time.sleep(0.2)
-
-
-def threads(P: int) -> int:
-    """Torch threads per rank: every run uses the whole machine, like unpatched α,β-CROWN (torch's
-    default, one per core), not the plugin's default of the cores less one."""
-    return max(1, (os.cpu_count() or 1) // P)
 
 
 def run_plugin(cfg: Path, onnx: Path, spec: Path, P: int, mode: str, tmp: Path, timeout: float) -> dict:
