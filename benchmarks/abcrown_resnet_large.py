@@ -168,6 +168,11 @@ def main() -> None:
     text = config(root, plugin=True, method=a.method)
     rows, note = reused(a.reuse, text, a.divide)
     have = {(r["run"], r["P"], r["mode"]) for r in rows}
+
+    def save() -> None:  # after every run: the JSON holds each row the table shows
+        record = {**meta, "config": text, "divide": a.divide, "rows": rows}
+        (out / "abcrown_resnet_large.json").write_text(json.dumps(record))
+
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         onnx_path, spec, layer_mb = instance(tmp, a.divide)
@@ -178,6 +183,7 @@ def main() -> None:
             r = run_unpatched(inst, tmp, EXACT_MEMORY_ENV, a.timeout)  # as the plugin's runs (malloc)
             rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
             print(json.dumps(rows[-1]), flush=True)
+            save()
         runs = [("plugin", 1, "", text)]
         runs += [("plugin", P, m, text) for m in a.modes for P in a.worlds]
         for name, P, mode, cfg in (r for r in runs if r[:3] not in have):
@@ -187,8 +193,7 @@ def main() -> None:
             )
             rows.append({**r, "run": name, "P": P, "mode": mode, "layer_mb": layer_mb})
             print(json.dumps(rows[-1])[:300], flush=True)
-            record = {**meta, "config": text, "divide": a.divide, "rows": rows}
-            (out / "abcrown_resnet_large.json").write_text(json.dumps(record))
+            save()
     md = [
         f"# α,β-CROWN's vnncomp24/cifar100.yaml ({a.method}), ResNet-large shape (channels / {a.divide})",
         "",
