@@ -50,20 +50,25 @@ from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 CIFAR100 = "vnncomp24/cifar100.yaml"
 
 
-def config(checkout: Path, plugin: bool, method: str) -> str:
-    """α,β-CROWN's cifar100 config, made runnable here (see the module docstring)."""
+def config(checkout: Path, plugin: bool, method: str, double: bool = False) -> str:
+    """α,β-CROWN's cifar100 config, made runnable here (see the module docstring); ``double``: in
+    float64 (α,β-CROWN's ``general.double_fp``)."""
     cfg = vendor_config(checkout, CIFAR100)
     cfg["general"].update(complete_verifier="skip", **({"engine": "abcrown"} if plugin else {}))
+    if double:
+        cfg["general"]["double_fp"] = True
     cfg.setdefault("attack", {})["pgd_order"] = "skip"
     cfg.setdefault("solver", {})["bound_prop_method"] = method
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], against: dict | None = None) -> str:
+    """The table; ``against``: the plugin's P = 1 row of another run (``--against``), a last column."""
+    last = " bounds vs `--against` P = 1 (rel) |" if against else ""
     out = [
         "| run | P | peak MB per rank (max) | × P = 1 | floor MB | × floor | wall s | × unpatched | "
-        "bounds vs P = 1 (rel) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"bounds vs P = 1 (rel) |{last}",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if against else ""),
     ]
     p1 = next((r for r in rows if r["run"] == "plugin" and r["P"] == 1 and "peak_mb" in r), None)
     unpatched = next((r for r in rows if r["run"] == "unpatched abcrown.py" and "error" not in r), None)
@@ -84,7 +89,10 @@ def table(rows: list[dict]) -> str:
             ratio = f"{peak / max(p1['peak_mb']):.2f}"
             diff = f"{rel_diff(p1['lb'], r['lb']):.1e}" if r.get("lb") else ""
         name = f"{r['run']} {r['mode']}".strip()
-        out.append(f"| {name} | {r['P']} | {peak:.0f} | {ratio} | {floor} | {wall} | {diff} |")
+        other = ""
+        if against:
+            other = f" {rel_diff(against['lb'], r['lb']):.1e} |" if r.get("lb") else " |"
+        out.append(f"| {name} | {r['P']} | {peak:.0f} | {ratio} | {floor} | {wall} | {diff} |{other}")
     return "\n".join(out)
 
 
@@ -158,6 +166,10 @@ def main() -> None:
     ap.add_argument("--method", choices=["crown", "alpha-crown"], default="crown")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_resnet_large"))
+    ap.add_argument("--double", action="store_true", help="every run in float64 (general.double_fp)")
+    ap.add_argument("--no-unpatched", action="store_true", help="leave out the unpatched abcrown.py run")
+    ap.add_argument("--against", help="this script's JSON of another run (e.g. float32 against --double): "
+                    "a column of every row's bounds against its plugin P = 1 row")  # fmt: skip
     ap.add_argument("--reuse", help="this script's JSON of an earlier run (same config and --divide): its "
                     "rows are kept and only the runs it lacks are run")  # fmt: skip
     a = ap.parse_args()
@@ -165,7 +177,11 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance()
-    text = config(root, plugin=True, method=a.method)
+    text = config(root, plugin=True, method=a.method, double=a.double)
+    against = None
+    if a.against:
+        other = json.loads(Path(a.against).read_text())
+        against = next(r for r in other["rows"] if r["run"] == "plugin" and r["P"] == 1 and r.get("lb"))
     rows, note = reused(a.reuse, text, a.divide)
     have = {(r["run"], r["P"], r["mode"]) for r in rows}
 
@@ -177,8 +193,8 @@ def main() -> None:
         tmp = Path(d)
         onnx_path, spec, layer_mb = instance(tmp, a.divide)
         plain = tmp / "cifar100_unpatched.yaml"
-        plain.write_text(config(root, plugin=False, method=a.method))
-        if ("unpatched abcrown.py", 1, "") not in have:
+        plain.write_text(config(root, plugin=False, method=a.method, double=a.double))
+        if ("unpatched abcrown.py", 1, "") not in have and not a.no_unpatched:
             inst = {"config": str(plain), "onnx": onnx_path, "vnnlib": spec}
             r = run_unpatched(inst, tmp, EXACT_MEMORY_ENV, a.timeout)  # as the plugin's runs (malloc)
             rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
@@ -207,9 +223,11 @@ def main() -> None:
         "conv layer in one pass. Floor: that peak / P + the largest layer "
         f"({layer_mb:.2f} MB; a shard of it under tp). Threads: cores / P per rank (unpatched: torch's "
         "default, the cores). Wall: the whole process, unpatched α,β-CROWN under the same malloc "
-        f"settings.{note}",
+        f"settings.{note}"
+        + (" Every run in float64 (`general.double_fp`)." if a.double else "")
+        + (f" Last column: against the plugin's P = 1 row of `{a.against}`." if a.against else ""),
         "",
-        table(rows),
+        table(rows, against),
     ]
     (out / "abcrown_resnet_large.md").write_text("\n".join(md) + "\n")
     plot(rows, out / "abcrown_resnet_large.png")
