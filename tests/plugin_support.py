@@ -145,3 +145,38 @@ def run_jobs(*jobs) -> list[dict]:
     from complete_verifier_ext.abcrown_plugin.rank import rank_main
 
     return [rank_main(job) for job in jobs]
+
+
+def run_jobs_out_of_memory(limit: int, *jobs) -> list[dict]:
+    """:func:`run_jobs` with a stand-in for a GPU that runs out of memory: on rank 1, a ReLU's step of
+    the back-substitution of an intermediate layer raises ``torch.OutOfMemoryError`` (what CUDA raises)
+    when the A-matrix it receives has more than ``limit`` elements, midway through a pass (after the
+    collectives of the layers above it)."""
+    import torch
+
+    from complete_verifier_ext.abcrown_plugin import bridge, locate
+    from complete_verifier_ext.parallel import comm
+
+    bridge.import_abcrown(locate.find(str(VENDOR)))
+    from auto_LiRPA.operators import BoundRelu
+    from auto_LiRPA.patches import Patches
+
+    orig = BoundRelu.bound_backward
+
+    def size(A) -> int:
+        if isinstance(A, Patches):
+            return 0 if A.patches is None else A.patches.numel()
+        return A.numel() if isinstance(A, torch.Tensor) else 0
+
+    def stand_in(self, last_lA, last_uA, *args, **kwargs):
+        start = kwargs.get("start_node")
+        intermediate = start is not None and bool(start.output_name)
+        if comm.rank() == 1 and intermediate and max(size(last_lA), size(last_uA)) > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return orig(self, last_lA, last_uA, *args, **kwargs)
+
+    BoundRelu.bound_backward = stand_in
+    try:
+        return run_jobs(*jobs)
+    finally:
+        BoundRelu.bound_backward = orig

@@ -9,6 +9,7 @@ back-substitution pass of an intermediate layer with more rows than a limit, in 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from plugin_support import VENDOR, needs_abcrown, python
 
@@ -93,3 +94,77 @@ def test_not_even_one_row_fitting_gives_up_with_the_error():
     assert _warnings(proc.stderr)[-1] == (
         "warning: out of memory in a pass of 1 row(s) of /input-8 (one row per pass): giving up"
     )
+
+
+LOCKSTEP = """
+import json, sys, tempfile, time
+sys.path.insert(0, {tests!r})
+import plugin_support
+from complete_verifier_ext import shell
+from complete_verifier_ext.abcrown_plugin import parent
+from complete_verifier_ext.parallel import launch
+
+def job(name):
+    overrides = ["--onnx_path", {onnx!r}, "--vnnlib_path", {spec!r}, "--results_file", f"{tmp}/{{name}}.txt",
+                 "--parallel.mode", "tp", "--parallel.world_size", "2"]
+    scratch = tempfile.mkdtemp(dir={tmp!r})
+    return parent.prepare(shell.Shell(), {cfg!r}, overrides, None, True, time.time(), scratch)
+
+a, b = job("ref"), job("oom")
+ref = launch.run(plugin_support.run_jobs, 2, (a.job,), backend="gloo")
+got = launch.run(plugin_support.run_jobs_out_of_memory, 2, ({limit}, b.job), backend="gloo")
+print(json.dumps([parent.summary_json(r, a.par) for r in (*ref, *got)]))
+"""
+
+CNN7_YAML = """general:
+  device: cpu
+  complete_verifier: skip
+  double_fp: true
+solver:
+  alpha-crown:
+    iteration: 3
+    full_conv_alpha: false
+attack:
+  pgd_order: skip
+"""
+
+
+def test_at_p2_a_pass_that_runs_out_on_one_rank_runs_again_in_halves_on_every_rank(tmp_path):
+    """tp, P = 2, a CNN7 of 4 channels on 8x8 inputs in float64, CROWN and α-CROWN: on rank 1 alone every
+    back-substitution step of an intermediate layer whose A-matrix has more than 8000 elements runs out
+    of memory, midway through a pass. That rank ends the pass's collectives over a dummy row, and every
+    rank runs the pass, and the passes after it, again in halves (dense conv passes by whole channels,
+    the fc layer's rows), one line each time, until rank 1's fit; later bounds of the layer start from
+    that size. The bounds are those of the run that never ran out (to 1e-9), every rank bounds the same
+    rows, and both ranks issue the same collectives."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from complete_verifier_ext.examples.cnn7 import build
+    from complete_verifier_ext.testing import write_vnnlib
+
+    onnx = tmp_path / "cnn7.onnx"
+    build(onnx, width=4, shape=(3, 8, 8))
+    x = torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(3)).numpy()
+    label = int(ort.InferenceSession(str(onnx)).run(None, {"x": x})[0].argmax())
+    spec = write_vnnlib(tmp_path / "s.vnnlib", np.clip(x - 0.01, 0, 1), np.clip(x + 0.01, 0, 1), label, 10)
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(CNN7_YAML)
+    tests = str(Path(__file__).parent)
+    code = LOCKSTEP.format(
+        tests=tests, onnx=str(onnx), spec=str(spec), cfg=str(cfg), tmp=str(tmp_path), limit=8000
+    )
+    proc = python(code, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref, got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for method in ("crown", "alpha_crown"):
+        a, b = ref["bounds"][method], got["bounds"][method]
+        assert max(abs(u - v) / abs(u) for u, v in zip(a, b, strict=True)) < 1e-9, method
+    assert got["rows_dealt"] == ref["rows_dealt"]
+    assert len(set(got["collectives"])) == 1 and got["collectives"][0] > ref["collectives"][0]
+    lines = sorted({ln for log in tmp_path.rglob("rank1.log") for ln in _warnings(log.read_text())})
+    assert any("in a pass of 4 channels of" in ln for ln in lines), lines  # a conv layer's dense pass
+    assert any("in a pass of 256 rows of" in ln for ln in lines), lines  # the fc layer's rows
+    assert all(ln.endswith("; every rank runs that pass again in two halves") for ln in lines), lines
+    assert not [ln for log in tmp_path.rglob("rank0.log") for ln in _warnings(log.read_text())]

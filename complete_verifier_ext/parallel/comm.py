@@ -30,10 +30,16 @@ world size 1.
 Lockstep rule: every rank (of the group) must call the same helpers in the same order with the same
 ``sizes`` / ``recv_shape`` arguments (sizes are global knowledge, e.g. from ``shard_range``), whatever its
 data. Helpers skip a transfer only on conditions every rank sees identically (e.g. all blocks empty).
+
+``issued()`` counts the helpers this process called (a helper that calls another is one). A rank that
+left a pass midway (out of memory) ends it with the others by running it again over a dummy row
+inside ``replaying(n)``: the n helpers it called already are not called again but stood in for by a
+result of their shape (``memory.lockstep_on_oom``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -74,6 +80,9 @@ __all__ = [
     "barrier",
     "stats",
     "reset_stats",
+    "issued",
+    "replaying",
+    "NotReplayable",
 ]
 
 _REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
@@ -230,6 +239,92 @@ def lockstep(on: bool) -> Iterator[None]:
         _lockstep = before
 
 
+@dataclass
+class _Issued:
+    """The lockstep collectives this process issued (outermost helper calls; a helper that calls another
+    is one), and, while it replays a pass it left midway (:func:`replaying`), how many of the next
+    ones it issued already."""
+
+    count: int = 0
+    skip: int = 0
+    depth: int = 0
+
+
+_ISSUED = _Issued()
+
+
+class NotReplayable(RuntimeError):
+    """A collective whose result a rank cannot stand in for (it depends on the other ranks' data)."""
+
+
+def _counted(stand_in: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Count a public collective helper in :func:`issued`; inside :func:`replaying` it is not issued
+    again while calls are left to skip: ``stand_in`` (same arguments) returns a result of its shape."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def helper(*args: Any, **kwargs: Any) -> Any:
+            if _ISSUED.depth or not _parallel(kwargs.get("group")):
+                return fn(*args, **kwargs)
+            if _ISSUED.skip:
+                _ISSUED.skip -= 1
+                return stand_in(*args, **kwargs)
+            _ISSUED.depth += 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                _ISSUED.depth -= 1
+            _ISSUED.count += 1
+            return out
+
+        return helper
+
+    return wrap
+
+
+def issued() -> int:
+    """How many lockstep collectives this process has issued (every rank the same at the same point)."""
+    return _ISSUED.count
+
+
+@contextmanager
+def replaying(n: int) -> Iterator[None]:
+    """The next ``n`` collectives were issued already, by a pass this rank left midway (out of memory):
+    inside, the same pass runs again (over fewer rows) without issuing them again, so that it ends
+    having issued what the other ranks' passes issue. Each skipped helper returns a stand-in of its
+    result's shape (values undefined: the pass's result is dropped). Raises where the pass issued
+    fewer than ``n`` or one whose result cannot be stood in for (:class:`NotReplayable`)."""
+    _ISSUED.skip = n
+    try:
+        yield
+    finally:
+        left, _ISSUED.skip = _ISSUED.skip, 0
+    if left:
+        raise RuntimeError(f"a replayed pass issued {n - left} of the {n} collectives of the pass it replays")
+
+
+def _not_replayable(name: str) -> Callable[..., Any]:
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        raise NotReplayable(f"{name}: its result depends on the other ranks' data; cannot replay it")
+
+    return stand_in
+
+
+def _gathered_like(t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None, **_: Any) -> Tensor:
+    """The shape of ``all_gather_cat(t, dim, sizes=sizes)`` (zeros)."""
+    if sizes is None:
+        raise NotReplayable("all_gather_cat without sizes: cannot replay it")
+    shape = list(t.shape)
+    shape[dim % t.dim()] = sum(sizes)
+    return t.new_zeros(shape)
+
+
+def _received_like(t: Tensor, recv_shape: Sequence[int] | None = None, **_: Any) -> RingPass:
+    if recv_shape is None:
+        raise NotReplayable("ring_pass_start without recv_shape: cannot replay it")
+    return RingPass(t.new_empty(recv_shape), [])
+
+
 def _global_rank(group: ProcessGroup | None, group_rank: int) -> int:
     """The world rank of rank ``group_rank`` of ``group`` (itself for the default group)."""
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
@@ -300,6 +395,7 @@ def _all_gather_flat(out: Tensor, block: Tensor, group: ProcessGroup | None = No
     gather(out, block, group=group)
 
 
+@_counted(lambda out, block, **_: out)
 def all_gather_into(out: Tensor, block: Tensor, *, group: ProcessGroup | None = None) -> Tensor:
     """All-gather equal-size blocks: ``out`` (P * block.numel() elements, contiguous) receives every
     rank's ``block`` in rank order. No autograd; returns ``out``. One ``all_gather``.
@@ -363,6 +459,7 @@ def _gather_dim0(block: Tensor, sizes: Sequence[int], group: ProcessGroup | None
     return torch.cat([out[q * most : q * most + s] for q, s in enumerate(sizes)], 0)
 
 
+@_counted(_gathered_like)
 def all_gather_cat(
     t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None, group: ProcessGroup | None = None
 ) -> Tensor:
@@ -414,6 +511,7 @@ def _starts(sizes: Sequence[int]) -> list[int]:
     return [sum(sizes[:q]) for q in range(len(sizes))]
 
 
+@_counted(lambda t, op="sum", **_: t.detach().clone())
 def all_reduce(t: Tensor, op: str = "sum", *, group: ProcessGroup | None = None) -> Tensor:
     """Element-wise reduction over ranks (``"sum"``, ``"max"``, ``"min"``); out of place, no autograd."""
     if op not in _REDUCE_OPS:
@@ -426,6 +524,7 @@ def all_reduce(t: Tensor, op: str = "sum", *, group: ProcessGroup | None = None)
     return out
 
 
+@_counted(_not_replayable("all_reduce_flag"))
 def all_reduce_flag(flag: bool, op: str = "or", *, group: ProcessGroup | None = None) -> bool:
     """Collective decision: logical ``"or"`` / ``"and"`` of every rank's ``flag``."""
     if op not in ("or", "and"):
@@ -438,6 +537,7 @@ def all_reduce_flag(flag: bool, op: str = "or", *, group: ProcessGroup | None = 
     return bool(t.item())
 
 
+@_counted(lambda t, src=0, **_: t.detach().clone())
 def broadcast(t: Tensor, src: int = 0, *, group: ProcessGroup | None = None) -> Tensor:
     """Rank ``src``'s ``t`` (``src`` is a rank of ``group``) on every rank. Every rank passes a tensor of
     the same shape and dtype.
@@ -455,6 +555,7 @@ def broadcast(t: Tensor, src: int = 0, *, group: ProcessGroup | None = None) -> 
     return buf
 
 
+@_counted(_not_replayable("broadcast_object"))
 def broadcast_object(obj: Any, src: int = 0, *, group: ProcessGroup | None = None) -> Any:
     """Rank ``src``'s (of ``group``) picklable ``obj`` on every rank (others pass anything, e.g. None)."""
     if not _parallel(group):
@@ -465,6 +566,7 @@ def broadcast_object(obj: Any, src: int = 0, *, group: ProcessGroup | None = Non
     return box[0]
 
 
+@_counted(_not_replayable("all_gather_object"))
 def all_gather_object(obj: Any, *, group: ProcessGroup | None = None) -> list[Any]:
     """Every rank's picklable ``obj``, in rank order, on every rank."""
     if not _parallel(group):
@@ -478,6 +580,7 @@ def all_gather_object(obj: Any, *, group: ProcessGroup | None = None) -> list[An
 _PATIENT = iter(range(1 << 62))  # one store key per patient wait, the same sequence on every rank
 
 
+@_counted(_not_replayable("wait_patiently"))
 def wait_patiently(poll_s: float = 0.02) -> None:
     """Wait, however long it takes, until every rank of the default group has called this (the same
     number of times): for the end of rank-local work of very unequal length (a rank's share of MIP
@@ -508,6 +611,7 @@ def from_rank0(compute: Callable[[], Any]) -> Any:
     return broadcast_object(result, 0)
 
 
+@_counted(lambda **_: None)
 def barrier(*, group: ProcessGroup | None = None) -> None:
     """Wait for every rank."""
     if not _parallel(group):
@@ -550,6 +654,7 @@ def _p2p(send: Tensor, recv: Tensor, group: ProcessGroup | None = None, shift: i
     return RingPass(recv, list(works))
 
 
+@_counted(_received_like)
 def ring_pass_start(
     t: Tensor, recv_shape: Sequence[int] | None = None, *, group: ProcessGroup | None = None
 ) -> RingPass:
@@ -568,6 +673,7 @@ def ring_pass_start(
     return _p2p(send, recv, group)
 
 
+@_counted(lambda send, recv, k, **_: recv)
 def shard_pass(send: Tensor, recv: Tensor, k: int, *, group: ProcessGroup | None = None) -> Tensor:
     """Step ``k`` (1 .. P-1) of passing every rank's resident shard to every other: send ``send`` to
     rank + k, receive rank - k's into ``recv`` (a buffer the caller may reuse from step to step; empty
@@ -585,6 +691,7 @@ def ring_pass(
     return ring_pass_start(t, recv_shape, group=group).wait()
 
 
+@_counted(lambda sends, recvs, **_: None)
 def exchange(
     sends: Sequence[tuple[int, Tensor]],
     recvs: Sequence[tuple[int, Tensor]],
@@ -640,6 +747,7 @@ def _sizes_along(t: Tensor, dim: int, sizes: Sequence[int] | None, group: Proces
     return list(sizes) if sizes is not None else _exchange_sizes(t.shape[dim], t.device, group)
 
 
+@_counted(_gathered_like)
 def all_gather_cat_grad(
     t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None, group: ProcessGroup | None = None
 ) -> Tensor:
@@ -671,6 +779,7 @@ class _GatherCatSameLoss(torch.autograd.Function):
         return grad.narrow(ctx.dim, start, ctx.sizes[ctx.rank]), None, None, None
 
 
+@_counted(_gathered_like)
 def all_gather_cat_same_loss(
     t: Tensor, dim: int = 0, *, sizes: Sequence[int] | None = None, group: ProcessGroup | None = None
 ) -> Tensor:
@@ -696,6 +805,7 @@ class _ReduceGrad(torch.autograd.Function):
         return all_reduce(grad.contiguous(), "sum", group=ctx.group), None
 
 
+@_counted(lambda t, **_: t)
 def reduce_grad(t: Tensor, *, group: ProcessGroup | None = None) -> Tensor:
     """Mark a replicated tensor whose gradient every rank needs in full.
 

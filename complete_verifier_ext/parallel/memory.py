@@ -254,3 +254,49 @@ def halving_on_oom(attempt: Callable[[int], T], size: int, where: str, retry: bo
             torch.cuda.empty_cache()
         print(f"warning: out of memory in a pass of {failed} rows of {where}; retrying in passes of {size}",
               file=sys.stderr, flush=True)  # fmt: skip
+
+
+def lockstep_on_oom(
+    attempt: Callable[[], T], shadow: Callable[[], object], rows: int, where: str, what: str = "rows"
+) -> tuple[T | None, int]:
+    """One pass of this rank's ``rows`` rows (``attempt()``; ``what``: what it counts, e.g. channels of
+    dense rows, the smallest pass one of them) where the other ranks run theirs, in
+    lockstep. Where this rank runs out of memory midway (``torch.OutOfMemoryError``, what CUDA raises),
+    it runs ``shadow()``, the same pass over one dummy row, without issuing again the collectives it
+    issued before it stopped (:func:`.comm.replaying`): every rank then ends the pass having issued
+    the same ones. Then the ranks vote (one ``all_reduce``). Returns ``(result, 0)``, or ``(None, n)``
+    on every rank where some rank ran out, ``n`` the most rows of a pass that did: the caller runs each
+    rank's pass again as two passes of half its rows. Where a rank ran out on a pass of one row, every
+    rank raises ``torch.OutOfMemoryError`` (one line on the rank that ran out); where even ``shadow()``
+    runs out, that rank raises, and the launcher ends the others."""
+    from . import comm
+
+    before = comm.issued()
+    result, failed = None, False
+    try:
+        result = attempt()
+    except torch.OutOfMemoryError:
+        failed = True
+    if failed:  # outside the handler: the failed pass's tensors are freed
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        try:
+            with comm.replaying(comm.issued() - before):
+                shadow()
+        except torch.OutOfMemoryError:
+            print(f"warning: out of memory on rank {comm.rank()} in a dummy pass of {where}: giving up",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            raise
+    rows = max(1, rows)  # a dummy pass is one row
+    vote = torch.tensor([rows if failed else 0, int(failed and rows == 1)], device=comm.device())
+    most, stuck = (int(v) for v in comm.all_reduce(vote, "max").tolist())
+    me = f"rank {comm.rank()}"
+    if stuck:
+        if failed and rows == 1:
+            print(f"warning: out of memory on {me} in a pass of 1 of {where}'s {what} (the smallest "
+                  "pass): giving up", file=sys.stderr, flush=True)  # fmt: skip
+        raise torch.OutOfMemoryError(f"out of memory in a pass of 1 of {where}'s {what} (a rank at P > 1)")
+    if failed:
+        print(f"warning: out of memory on {me} in a pass of {rows} {what} of {where}; every rank runs "
+              "that pass again in two halves", file=sys.stderr, flush=True)  # fmt: skip
+    return (None, most) if most else (result, 0)

@@ -101,10 +101,38 @@ def passes_per_rank(counts: list[int], batch: int) -> int:
     return max(1, max(-(-n // max(1, batch)) for n in counts))
 
 
+DUMMY = torch.full((1,), -1, dtype=torch.long)
+"""A pass of no real row (one row bounded and dropped: the same collectives as any pass)."""
+
+
 def split_passes(rows: Tensor, k: int) -> list[Tensor]:
     """A rank's rows in ``k`` passes of near-equal size (an empty one: a one-row dummy, ``-1``)."""
-    dummy = torch.full((1,), -1, dtype=torch.long)
-    return [part if part.numel() else dummy for part in torch.tensor_split(rows, k)]
+    return [part if part.numel() else DUMMY for part in torch.tensor_split(rows, k)]
+
+
+def _in_lockstep(state: Rows, name: str, parts: list[Tensor], one_pass, unit: int = 1) -> tuple[list, list]:
+    """``one_pass(part)`` -> (lb, ub) over this rank's passes ``parts`` (each a tensor of row positions,
+    or of channels, ``unit`` rows each; -1 a dummy), in lockstep with the other ranks' passes. A pass
+    that runs out of memory on any rank runs again on every rank as two passes of half its positions,
+    and so does each pass after it (:func:`.memory.lockstep_on_oom`; a dummy splits into two dummies,
+    so every rank runs as many passes); the layer's later bounds take passes of at most half the rows
+    of the largest pass that failed (``state.fits``, in rows). Returns the bounds of every pass, in
+    ``parts``' order."""
+    queue, lbs, ubs = list(parts), [], []
+    what = "rows" if unit == 1 else "channels"
+    while queue:
+        part = queue.pop(0)
+        real = int((part >= 0).sum())
+        out, failed = memory.lockstep_on_oom(
+            lambda part=part: one_pass(part), lambda: one_pass(DUMMY), real, name, what
+        )
+        if out is None:
+            state.fits[name] = max(1, min(state.fits.get(name, failed * unit), failed * unit // 2))
+            queue = [half for p in (part, *queue) for half in split_passes(p[p >= 0], 2)]
+            continue
+        lbs.append(out[0])
+        ubs.append(out[1])
+    return lbs, ubs
 
 
 def start_owners(state: Rows, module, node, dense: bool = False) -> Tensor:
@@ -171,25 +199,26 @@ def batched_backward(run: Run, orig):
         owners = _owners(state, node, idx)
         mine = (owners == comm.rank()).nonzero().squeeze(1)
         counts = torch.bincount(owners, minlength=P).tolist()
-        k = passes_per_rank(counts, int(opts["crown_batch_size"]))
+        k = passes_per_rank(counts, min(int(opts["crown_batch_size"]), state.fits.get(node.name, math.inf)))
         saved = {key: opts.get(key) for key in ("batched_crown_max_vram_ratio", "crown_batch_size")}
         opts["batched_crown_max_vram_ratio"] = 0.0  # never enlarge a pass on one rank only
+
+        def one_pass(part: Tensor):
+            real = part >= 0
+            rows = _rows(idx, torch.where(real, part, 0).to(self.device))  # a dummy: row 0
+            opts["crown_batch_size"] = int(part.numel())
+            if patches_sum(node):
+                c = int(part.numel())
+                lb, ub = _sum_passes(self, node, rows, c, batch_size, bound_lower, bound_upper)
+            else:
+                lb, ub = orig(self, node, C, rows, batch_size, bound_lower, bound_upper, False)[:2]
+            n = int(real.sum())  # a dummy's bound is dropped, its graph kept (the gather's backward)
+            return (None if lb is None else lb.reshape(batch_size, -1)[:, :n],
+                    None if ub is None else ub.reshape(batch_size, -1)[:, :n])  # fmt: skip
+
         state.dealing.append(node.name)
-        lbs, ubs = [], []
         try:
-            for part in split_passes(mine, k):
-                real = part >= 0
-                rows = _rows(idx, torch.where(real, part, 0).to(self.device))  # a dummy: row 0
-                opts["crown_batch_size"] = int(part.numel())
-                if patches_sum(node):
-                    lb, ub = _sum_passes(
-                        self, node, rows, int(part.numel()), batch_size, bound_lower, bound_upper
-                    )
-                else:
-                    lb, ub = orig(self, node, C, rows, batch_size, bound_lower, bound_upper, False)[:2]
-                n = int(real.sum())  # a dummy's bound is dropped, its graph kept (the gather's backward)
-                lbs.append(None if lb is None else lb.reshape(batch_size, -1)[:, :n])
-                ubs.append(None if ub is None else ub.reshape(batch_size, -1)[:, :n])
+            lbs, ubs = _in_lockstep(state, node.name, split_passes(mine, k), one_pass)
         finally:
             opts.update(saved)
             state.dealing.pop()
@@ -243,33 +272,37 @@ def _dense_passes(state: Rows, module, node, batch_size: int, bound_lower: bool,
     per_pass = (
         C if state.one_pass else max(1, int(min(module.bound_opts["crown_batch_size"], C * H * W)) // (H * W))
     )
+    if node.name in state.fits:  # a pass ran out of memory: at most that many rows' worth of channels
+        per_pass = max(1, min(per_pass, state.fits[node.name] // (H * W)))
     k = passes_per_rank(counts, per_pass)
     dtype = next(module.parameters()).dtype
     shape = node.output_shape
-    lbs, ubs = [], []
+
+    def one_pass(part: Tensor):
+        real = int((part >= 0).sum())
+        ch = part.clamp(min=0).to(module.device)  # a dummy: channel 0
+        n = int(ch.numel())
+        unit = torch.nn.functional.one_hot(ch, C).to(dtype).view(n, 1, 1, 1, C, 1, 1)
+        unit = unit.expand(n, batch_size, H, W, C, 1, 1)
+        pass_C = Patches(unit, 1, 0, unit.shape, output_shape=[batch_size, C, H, W])
+        state.dense_pass = (ch, C, H * W)
+        node.output_shape = torch.Size([batch_size, n, H, W])  # the bounds of this pass's channels
+        try:
+            lb, ub = module.backward_general(
+                node, pass_C, bound_lower=bound_lower, bound_upper=bound_upper, unstable_idx=None
+            )[:2]
+        finally:
+            node.output_shape, state.dense_pass = shape, None
+        for act in module.nodes():  # the patch size α is made from (init_alpha): all C channels
+            sizes = getattr(act, "patch_size", None)
+            if isinstance(sizes, dict) and node.name in sizes:
+                sizes[node.name] = [C, *list(sizes[node.name])[1:]]
+        return (None if lb is None else lb.reshape(batch_size, -1)[:, : real * H * W],
+                None if ub is None else ub.reshape(batch_size, -1)[:, : real * H * W])  # fmt: skip
+
     state.dealing.append(node.name)
     try:
-        for part in split_passes(mine, k):
-            real = int((part >= 0).sum())
-            ch = part.clamp(min=0).to(module.device)  # a dummy: channel 0
-            n = int(ch.numel())
-            unit = torch.nn.functional.one_hot(ch, C).to(dtype).view(n, 1, 1, 1, C, 1, 1)
-            unit = unit.expand(n, batch_size, H, W, C, 1, 1)
-            pass_C = Patches(unit, 1, 0, unit.shape, output_shape=[batch_size, C, H, W])
-            state.dense_pass = (ch, C, H * W)
-            node.output_shape = torch.Size([batch_size, n, H, W])  # the bounds of this pass's channels
-            try:
-                lb, ub = module.backward_general(
-                    node, pass_C, bound_lower=bound_lower, bound_upper=bound_upper, unstable_idx=None
-                )[:2]
-            finally:
-                node.output_shape, state.dense_pass = shape, None
-            for act in module.nodes():  # the patch size α is made from (init_alpha): all C channels
-                sizes = getattr(act, "patch_size", None)
-                if isinstance(sizes, dict) and node.name in sizes:
-                    sizes[node.name] = [C, *list(sizes[node.name])[1:]]
-            lbs.append(None if lb is None else lb.reshape(batch_size, -1)[:, : real * H * W])
-            ubs.append(None if ub is None else ub.reshape(batch_size, -1)[:, : real * H * W])
+        lbs, ubs = _in_lockstep(state, node.name, split_passes(mine, k), one_pass, unit=H * W)
     finally:
         state.dealing.pop()
     state.dealt[type(node).__name__] += int(mine.numel()) * H * W
@@ -292,9 +325,10 @@ def halving_on_oom(run: Run, orig):
     """``BoundedModule.compute_intermediate_bounds`` when the device runs out of memory bounding a layer:
     at P = 1 the layer again with its rows in passes of half as many (``crown.batch_size`` for that
     layer: half its neurons, then half again; auto_LiRPA's growing of it off), one warning line each
-    time, down to one row; at P > 1 one line and the error (the ranks cannot retry a pass in lockstep).
-    The size that fitted is kept for the layer's later bounds (α-CROWN's iterations, BaB's rounds).
-    A layer that never ran out is auto_LiRPA's (at P > 1, dealt)."""
+    time, down to one row. At P > 1 a dealt pass that runs out of memory on any rank runs again on
+    every rank in halves (:func:`_in_lockstep`), and this sees only what ran out elsewhere: one line and
+    the error. The size that fitted is kept for the layer's later bounds (α-CROWN's iterations, BaB's
+    rounds). A layer that never ran out is auto_LiRPA's (at P > 1, dealt)."""
     fits = run.rows.fits
 
     def compute_intermediate_bounds(self, node, prior_checked=False):
@@ -318,8 +352,8 @@ def halving_on_oom(run: Run, orig):
             )
         finally:
             opts.update(saved)
-        if size < whole:
-            fits[node.name] = size
+        if size < whole:  # (a dealt pass that ran out at P > 1 may have set a smaller one meanwhile)
+            fits[node.name] = min(size, fits.get(node.name, size))
         return ret
 
     return compute_intermediate_bounds
