@@ -147,11 +147,12 @@ def run_jobs(*jobs) -> list[dict]:
     return [rank_main(job) for job in jobs]
 
 
-def run_jobs_out_of_memory(limit: int, *jobs) -> list[dict]:
+def run_jobs_out_of_memory(limit: int, late: bool, *jobs) -> list[dict]:
     """:func:`run_jobs` with a stand-in for a GPU that runs out of memory: on rank 1, a ReLU's step of
     the back-substitution of an intermediate layer raises ``torch.OutOfMemoryError`` (what CUDA raises)
     when the A-matrix it receives has more than ``limit`` elements, midway through a pass (after the
-    collectives of the layers above it)."""
+    collectives of the layers above it); ``late``: only where autograd records (α-CROWN's iterations,
+    not the CROWN pass before them)."""
     import torch
 
     from complete_verifier_ext.abcrown_plugin import bridge, locate
@@ -171,7 +172,8 @@ def run_jobs_out_of_memory(limit: int, *jobs) -> list[dict]:
     def stand_in(self, last_lA, last_uA, *args, **kwargs):
         start = kwargs.get("start_node")
         intermediate = start is not None and bool(start.output_name)
-        if comm.rank() == 1 and intermediate and max(size(last_lA), size(last_uA)) > limit:
+        armed = comm.rank() == 1 and intermediate and (torch.is_grad_enabled() or not late)
+        if armed and max(size(last_lA), size(last_uA)) > limit:
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
         return orig(self, last_lA, last_uA, *args, **kwargs)
 
