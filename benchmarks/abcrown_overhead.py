@@ -82,7 +82,7 @@ runpy.run_path(str(checkout.complete_verifier / "abcrown.py"), run_name="__main_
 """
 
 
-def _args(inst: dict, tmp: Path) -> list[str]:
+def _args(inst: dict, tmp: Path, verifier_timeout: float = 300) -> list[str]:
     return [
         "--config",
         inst["config"],
@@ -95,14 +95,18 @@ def _args(inst: dict, tmp: Path) -> list[str]:
         "--results_file",
         str(tmp / "out.txt"),
         "--timeout",
-        "300",
+        str(verifier_timeout),
     ]
 
 
-def run_unpatched(inst: dict, tmp: Path, env: dict | None = None, timeout: float = 900) -> dict:
+def run_unpatched(
+    inst: dict, tmp: Path, env: dict | None = None, timeout: float = 900, verifier_timeout: float = 300
+) -> dict:
     """α,β-CROWN's own ``abcrown.py`` (nothing patched): verdict and wall time; ``env`` added to the
-    environment (the plugin's runs' ``EXACT_MEMORY_ENV`` where the two are timed side by side)."""
-    cmd = [sys.executable, "-c", UNPATCHED, *_args(inst, tmp)]
+    environment (the plugin's runs' ``EXACT_MEMORY_ENV`` where the two are timed side by side);
+    ``verifier_timeout``: its ``--timeout`` (``bab.timeout``, which also limits α-CROWN's time: the
+    plugin runs it is compared with must have the same)."""
+    cmd = [sys.executable, "-c", UNPATCHED, *_args(inst, tmp, verifier_timeout)]
     t0 = time.monotonic()
     out = subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env={**os.environ, **(env or {})}

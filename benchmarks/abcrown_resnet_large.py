@@ -48,6 +48,7 @@ from measure import REPO, provenance
 from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
 
 CIFAR100 = "vnncomp24/cifar100.yaml"
+TIMEOUT_S = 100000  # bab.timeout: α-CROWN runs all its iterations (see config)
 
 
 def config(checkout: Path, plugin: bool, method: str, double: bool = False) -> str:
@@ -59,6 +60,10 @@ def config(checkout: Path, plugin: bool, method: str, double: bool = False) -> s
         cfg["general"]["double_fp"] = True
     cfg.setdefault("attack", {})["pgd_order"] = "skip"
     cfg.setdefault("solver", {})["bound_prop_method"] = method
+    # α-CROWN stops after solver.alpha-crown.max_time (1.0) x bab.timeout (360 s by default) of
+    # optimisation: on this machine a stage near 360 s would end after fewer iterations in the slower
+    # runs, and the bounds would compare unequal stages
+    cfg.setdefault("bab", {})["timeout"] = TIMEOUT_S
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
@@ -196,7 +201,7 @@ def main() -> None:
         plain.write_text(config(root, plugin=False, method=a.method, double=a.double))
         if ("unpatched abcrown.py", 1, "") not in have and not a.no_unpatched:
             inst = {"config": str(plain), "onnx": onnx_path, "vnnlib": spec}
-            r = run_unpatched(inst, tmp, EXACT_MEMORY_ENV, a.timeout)  # as the plugin's runs (malloc)
+            r = run_unpatched(inst, tmp, EXACT_MEMORY_ENV, a.timeout, TIMEOUT_S)  # as the plugin's runs
             rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
             print(json.dumps(rows[-1]), flush=True)
             save()
@@ -223,7 +228,8 @@ def main() -> None:
         "conv layer in one pass. Floor: that peak / P + the largest layer "
         f"({layer_mb:.2f} MB; a shard of it under tp). Threads: cores / P per rank (unpatched: torch's "
         "default, the cores). Wall: the whole process, unpatched α,β-CROWN under the same malloc "
-        f"settings.{note}"
+        f"settings. `bab.timeout: {TIMEOUT_S}`: α-CROWN's time limit (1.0 × it) never cuts its iterations "
+        f"short.{note}"
         + (" Every run in float64 (`general.double_fp`)." if a.double else "")
         + (f" Last column: against the plugin's P = 1 row of `{a.against}`." if a.against else ""),
         "",
