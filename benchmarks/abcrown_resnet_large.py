@@ -166,7 +166,7 @@ def reused(path: str | None, text: str, divide: int) -> tuple[list[dict], str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--divide", type=int, default=8, help="channels and fc width divided by this")
-    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--worlds", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--modes", nargs="+", default=["fsdp", "tp"])
     ap.add_argument("--method", choices=["crown", "alpha-crown"], default="crown")
     ap.add_argument("--timeout", type=float, default=1800)
