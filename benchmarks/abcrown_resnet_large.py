@@ -215,6 +215,7 @@ def main() -> None:
             rows.append({**r, "run": name, "P": P, "mode": mode, "layer_mb": layer_mb})
             print(json.dumps(rows[-1])[:300], flush=True)
             save()
+    save()  # (also when every row came from --reuse)
     md = [
         f"# α,β-CROWN's vnncomp24/cifar100.yaml ({a.method}), ResNet-large shape (channels / {a.divide})",
         "",
