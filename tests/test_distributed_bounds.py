@@ -79,7 +79,8 @@ def test_sharded_equals_single_on_every_rank(world, mode, kind):
 
 def test_collective_counts_per_crown_pass():
     """FSDP CROWN: one all-gather per refined layer and for the output rows, one weight gather per
-    Linear back-substitution step, and one activation all-gather per Linear in the IBP sweep."""
+    Linear back-substitution step, one activation all-gather per Linear in the IBP sweep, and one
+    all-reduce per pass (the ranks' vote on running out of memory)."""
     per_rank = launch.run(_all_ranks, 2, ("mlp", "fsdp"))
     res = per_rank[0]
     n_lin, n_ref = res["n_linear"], res["n_refined"]
@@ -90,4 +91,6 @@ def test_collective_counts_per_crown_pass():
     steps = sum(range(2, n_ref + 2)) + n_lin
     expected = n_lin + n_ref + 1 + steps  # IBP sweep + row gathers + output gather + weight gathers
     assert res["crown_stats"]["all_gather"]["calls"] == expected
+    # one out-of-memory vote per back-substitution pass (memory.lockstep_on_oom): refined layers, output
+    assert res["crown_stats"]["all_reduce"]["calls"] == n_ref + 1
     assert "all_gather_sizes" not in res["crown_stats"]  # sizes are global knowledge

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..parallel import comm, memory
-from .crown import CrownState, ancestors_relus, final_bounds, gather_rows, sweep, unstable_index
+from .crown import CrownState, Fits, ancestors_relus, final_bounds, gather_rows, sweep, unstable_index
 from .graph import Graph
 from .ops import Relu, Slopes
 from .walk import Alphas, Box
@@ -97,11 +97,14 @@ def alpha_crown(
     best_alpha = {j: _param(a).detach().clone() for j, a in alphas.get(out, {}).items()}
     last = state
     ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
+    fits: Fits = {}  # passes that ran out of memory: their size that fitted, for the next iterations
     for it in range(opts.iteration):
-        cur = sweep(graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True, chunk=opts.chunk)
+        cur = sweep(
+            graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True, chunk=opts.chunk, fits=fits
+        )
         for k in state.rows:
             ref[k] = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
-        lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), grad=True)  # (B, S), (S_r, B)
+        lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), True, fits)  # (B, S), (S_r, B)
         better = lb_local.detach() > (-torch.inf if best is None else best[:, s0:s1].T)  # (S_r, B)
         best = lb.detach() if best is None else torch.maximum(best, lb.detach())
         for j, a in alphas.get(out, {}).items():
@@ -120,7 +123,7 @@ def alpha_crown(
         loss.backward()  # steps every α as soon as its gradient is complete (_step_in_backward)
         sched.step()
     if best is None:  # zero iterations requested
-        best, _ = final_bounds(graph, state, box, C)
+        best, _ = final_bounds(graph, state, box, C, fits=fits)
     out_alpha = {
         j: _dense_out(graph, state, j, alphas[out][j], gather_rows(a, 0, False, C.shape[0]))
         for j, a in best_alpha.items()

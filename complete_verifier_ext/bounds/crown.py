@@ -15,6 +15,7 @@ import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -24,6 +25,11 @@ from .graph import Graph
 from .ops import Slopes
 from .walk import Alphas, Bounds, Box, back_substitute, concretize, finite_batch, proven_only
 from .window import Window
+
+T = TypeVar("T")
+Fits = dict[str, int]
+"""Where a pass ran out of memory: node name -> the most rows per pass since (the same on every rank);
+α-CROWN keeps one across its iterations, so that a layer is not run out of memory on again each time."""
 
 
 @dataclass
@@ -98,6 +104,7 @@ def neuron_rows(
     grad: bool,
     chunk: int | None = None,
     keep: Tensor | None = None,
+    fits: Fits | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """CROWN lower and upper bounds of neurons ``idx`` of node k, this rank's share computed here.
 
@@ -136,18 +143,59 @@ def neuron_rows(
             out.append((lb[:m], lb[m:]))
         return out
 
-    c0, end = 0, max(most, 1)
-    while c0 < end:  # out of memory: that pass again in halves (P = 1), and the next ones as small
-        n = min(step, end - c0)
-        parts, step = memory.halving_on_oom(
-            lambda s, c0=c0, n=n: one_pass(c0, c0 + n, s), n, graph.nodes[k].name, comm.world_size() == 1
-        )
-        lower += [lo for lo, _ in parts]
-        upper += [up for _, up in parts]
-        c0 += n
+    mine = r if pos is None else len(pos)
+    for lo, up in in_passes(one_pass, max(most, 1), step, mine, graph.nodes[k].name, fits):
+        lower.append(lo)
+        upper.append(up)
     both = torch.stack([torch.cat(lower).T, -torch.cat(upper).T])  # (2, B, rows bounded here)
     gathered = gather_rows(both, 2, grad, len(idx), sizes)  # (2, B, R)
     return gathered[0], gathered[1], gathered
+
+
+def in_passes(
+    run: Callable[[int, int, int], list[T]],
+    end: int,
+    step: int,
+    mine: int,
+    where: str,
+    fits: Fits | None = None,
+) -> list[T]:
+    """``run(c0, c1, s)``: positions ``c0 .. c1`` of this rank's rows in sub-passes of ``s`` (positions
+    past its ``mine`` rows: a pass of no row, as a rank with fewer rows than another makes), a list of
+    one result per sub-pass; here over positions ``0 .. end`` (the same on every rank) in passes of
+    ``step``. Out of memory: at P = 1 that pass again in halves, and the next ones as small
+    (:func:`.memory.halving_on_oom`); at P > 1 every rank runs that pass and the next ones in halves,
+    in lockstep (:func:`.memory.passes_in_lockstep`); ``fits[where]`` then keeps the size that fitted
+    for the next call, and caps ``step``. Returns the results of every sub-pass, in order."""
+    fits = {} if fits is None else fits
+    step = max(1, min(step, fits.get(where, step)))
+    out: list[T] = []
+    if comm.world_size() == 1:
+        c0, start = 0, step
+        while c0 < end:
+            n = min(step, end - c0)
+            parts, step = memory.halving_on_oom(lambda s, c0=c0, n=n: run(c0, c0 + n, s), n, where)
+            out += parts
+            c0 += n
+        if step < start:
+            fits[where] = step
+        return out
+
+    def shadow() -> object:
+        with torch.no_grad():  # positions past every rank's rows: a pass of no row
+            return run(end, end + 1, 1)
+
+    def halve(p: tuple[int, int]) -> list[tuple[int, int]]:
+        h = p[1] - p[1] // 2
+        return [q for q in ((p[0], h), (p[0] + h, p[1] // 2)) if q[1] > 0]
+
+    passes = [(c, min(step, end - c)) for c in range(0, end, step)]
+    done = memory.passes_in_lockstep(
+        passes, lambda p: run(p[0], p[0] + p[1], p[1]), shadow,
+        lambda p: max(0, min(p[0] + p[1], mine) - p[0]), halve, where,
+        on_failure=lambda n: fits.__setitem__(where, max(1, min(fits.get(where, n), n // 2))),
+    )  # fmt: skip
+    return [one for parts in done for one in parts]
 
 
 def _bound_unit_rows(
@@ -273,6 +321,7 @@ def sweep(
     intersect: bool = True,
     chunk: int | None = None,
     on_layer: Callable[[int, int, Box], None] | None = None,
+    fits: Fits | None = None,
 ) -> CrownState:
     """IBP for every node, CROWN for every pre-activation node.
 
@@ -283,7 +332,7 @@ def sweep(
     ``intersect``: keep the IBP bound of a neuron where it is tighter than CROWN's (sound, and much
     tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN); ``chunk``: neurons per
     back-substitution pass (see :func:`neuron_rows`); ``on_layer(k, rows, bounds of k)`` is told of every
-    layer refined (progress, benchmarks).
+    layer refined (progress, benchmarks); ``fits``: passes that ran out of memory before (:data:`Fits`).
 
     Under autograd (α-CROWN) IBP is computed without it: the gradient of a bound goes to the CROWN
     rows that set it (:func:`tighten`), and the neurons no rows were computed for are stable, so their
@@ -313,7 +362,7 @@ def sweep(
         if len(idx) == 0 or (keep is not None and not bool(keep.any())):  # every rank knows: nothing
             continue  # to refine
         lo_rows, hi_rows, g = neuron_rows(
-            graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad, chunk, keep
+            graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad, chunk, keep, fits
         )
         gathered.append(g)
         bounds[k] = tighten(bounds[k], idx if keep is None else idx[keep], lo_rows, hi_rows, intersect)
@@ -330,7 +379,13 @@ def spec_matrix(C: Tensor, B: int, out_shape) -> Tensor:
 
 
 def final_bounds(
-    graph: Graph, state: CrownState, box: Box, C: Tensor, alphas: Alphas | None = None, grad: bool = False
+    graph: Graph,
+    state: CrownState,
+    box: Box,
+    C: Tensor,
+    alphas: Alphas | None = None,
+    grad: bool = False,
+    fits: Fits | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Lower bounds of ``C @ y`` over the box: (B, S); the output rows are split over the ranks.
 
@@ -338,11 +393,30 @@ def final_bounds(
     """
     out = len(graph.nodes) - 1
     s0, s1 = comm.shard_range(C.shape[0])
-    B = box[0].shape[0]
-    lb_local = back_substitute(
-        graph, out, spec_matrix(C[s0:s1], B, graph.nodes[out].shape), state.bounds, box, alphas
+    B, mine = box[0].shape[0], s1 - s0
+
+    def run(c0: int, c1: int, s: int) -> list[Tensor]:
+        """This rank's spec rows ``c0 .. c1`` in sub-passes of ``s``: (rows, B) each."""
+        parts = []
+        for a0 in range(c0, c1, s):
+            a1 = max(a0, min(a0 + s, c1, mine))  # past this rank's rows: a pass of none
+            a = None if alphas is None else {j: _spec_rows(t, a0, a1) for j, t in alphas.items()}
+            A = spec_matrix(C[s0 + a0 : s0 + a1], B, graph.nodes[out].shape)
+            parts.append(back_substitute(graph, out, A, state.bounds, box, a))
+        return parts
+
+    most = max(comm.shard_sizes(C.shape[0]))  # every rank runs the passes of the largest share
+    lb_local = torch.cat(
+        in_passes(run, max(most, 1), max(most, 1), mine, graph.nodes[out].name, fits)
     )  # (S_r, B)
     return gather_rows(lb_local, 0, grad, C.shape[0]).T, lb_local
+
+
+def _spec_rows(alpha: Tensor | Slopes, a0: int, a1: int) -> Tensor | Slopes:
+    """Rows ``a0 .. a1`` of an output α (a view: its gradient reaches the whole)."""
+    if isinstance(alpha, Slopes):
+        return Slopes(alpha.values[a0:a1], alpha.index)
+    return alpha[a0:a1]
 
 
 def ibp_final(graph: Graph, bounds: Bounds, C: Tensor) -> Tensor:

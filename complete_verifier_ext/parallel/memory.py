@@ -38,8 +38,10 @@ call :func:`load_optimizer_libraries` before their first optimizer; the RSS it a
 ``peak_mb`` leaves out what was loaded after ``start()`` (the modules stay resident to the end, so
 the high-water mark holds them exactly once).
 
-Out of memory in a bound pass (:func:`halving_on_oom`): the pass runs again with half its rows per
-sub-pass, down to one row, as GPU verifiers do; at P > 1 it cannot (the ranks' collectives would part).
+Out of memory in a bound pass: at P = 1 (:func:`halving_on_oom`) the pass runs again with half its rows
+per sub-pass, down to one row, as GPU verifiers do; at P > 1 (:func:`passes_in_lockstep`) the rank that
+ran out ends the pass with the others over a dummy row, the ranks vote, and every rank runs that pass and
+the ones after it in halves (:func:`lockstep_on_oom`), so their collectives never part.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ __all__ = [
     "halving_on_oom",
     "hwm_mb",
     "load_optimizer_libraries",
+    "lockstep_on_oom",
+    "passes_in_lockstep",
     "exact_memory_env_ok",
     "not_bound_mb",
     "rss_mb",
@@ -72,6 +76,7 @@ EXACT_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1
 
 _MIB = 1024 * 1024
 T = TypeVar("T")
+Part = TypeVar("Part")
 # this process's lazily loaded torch libraries: their RSS, and the file-backed part of it
 _library = {"loaded": False, "mb": 0.0, "file_mb": 0.0}
 
@@ -300,3 +305,32 @@ def lockstep_on_oom(
         print(f"warning: out of memory on {me} in a pass of {rows} {what} of {where}; every rank runs "
               "that pass again in two halves", file=sys.stderr, flush=True)  # fmt: skip
     return (None, most) if most else (result, 0)
+
+
+def passes_in_lockstep(
+    parts: list[Part],
+    attempt: Callable[[Part], T],
+    shadow: Callable[[], object],
+    real: Callable[[Part], int],
+    halve: Callable[[Part], list[Part]],
+    where: str,
+    what: str = "rows",
+    on_failure: Callable[[int], None] | None = None,
+) -> list[T]:
+    """``attempt(part)`` for this rank's passes ``parts`` (``real(part)`` rows each; every rank has as many
+    passes, run in lockstep with theirs), each under :func:`lockstep_on_oom` (``shadow()``: a pass over
+    one dummy row). A pass that runs out of memory on any rank runs again on every rank as two passes
+    (``halve(part)``: the two halves of its rows, a dummy into two dummies: every rank splits as many),
+    and so does each pass after it; ``on_failure(n)`` is told the most rows of the pass that failed.
+    Returns every pass's result, in ``parts``' order."""
+    queue, done = list(parts), []
+    while queue:
+        part = queue.pop(0)
+        out, failed = lockstep_on_oom(lambda part=part: attempt(part), shadow, real(part), where, what)
+        if out is None:
+            if on_failure is not None:
+                on_failure(failed)
+            queue = [half for p in (part, *queue) for half in halve(p)]
+            continue
+        done.append(out)
+    return done

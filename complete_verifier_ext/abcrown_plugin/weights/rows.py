@@ -118,21 +118,15 @@ def _in_lockstep(state: Rows, name: str, parts: list[Tensor], one_pass, unit: in
     so every rank runs as many passes); the layer's later bounds take passes of at most half the rows
     of the largest pass that failed (``state.fits``, in rows). Returns the bounds of every pass, in
     ``parts``' order."""
-    queue, lbs, ubs = list(parts), [], []
-    what = "rows" if unit == 1 else "channels"
-    while queue:
-        part = queue.pop(0)
-        real = int((part >= 0).sum())
-        out, failed = memory.lockstep_on_oom(
-            lambda part=part: one_pass(part), lambda: one_pass(DUMMY), real, name, what
-        )
-        if out is None:
-            state.fits[name] = max(1, min(state.fits.get(name, failed * unit), failed * unit // 2))
-            queue = [half for p in (part, *queue) for half in split_passes(p[p >= 0], 2)]
-            continue
-        lbs.append(out[0])
-        ubs.append(out[1])
-    return lbs, ubs
+
+    def failed(n: int) -> None:
+        state.fits[name] = max(1, min(state.fits.get(name, n * unit), n * unit // 2))
+
+    done = memory.passes_in_lockstep(
+        parts, one_pass, lambda: one_pass(DUMMY), lambda part: int((part >= 0).sum()),
+        lambda part: split_passes(part[part >= 0], 2), name, "rows" if unit == 1 else "channels", failed,
+    )  # fmt: skip
+    return [lb for lb, _ in done], [ub for _, ub in done]
 
 
 def start_owners(state: Rows, module, node, dense: bool = False) -> Tensor:
