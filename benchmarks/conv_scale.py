@@ -110,7 +110,8 @@ def instance(shape: str, regime: str) -> tuple[Path, Path, float]:
         else:
             from complete_verifier_ext.examples.resnet import build as build_resnet
 
-            build_resnet(path, stages=(c, 2 * c, 4 * c, 8 * c), side=side, fc=512 // 16, classes=classes)
+            stages = (c, 2 * c, 4 * c, 8 * c)  # no normalisation nodes: α,β-CROWN stops on them (patches)
+            build_resnet(path, stages=stages, side=side, fc=512 // 16, classes=classes, normalise=False)
     eps = RANDOM_EPS if regime == "random" else CERTIFIED_EPS[shape]
     spec = GENERATED / f"{shape}-{regime}.vnnlib"
     if not spec.exists():
