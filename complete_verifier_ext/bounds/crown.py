@@ -189,11 +189,13 @@ def in_passes(
         h = p[1] - p[1] // 2
         return [q for q in ((p[0], h), (p[0] + h, p[1] // 2)) if q[1] > 0]
 
+    def failed(n: int) -> None:  # the same n on every rank: so are the passes after it
+        fits[where] = max(1, min(fits.get(where, n), n // 2))
+
     passes = [(c, min(step, end - c)) for c in range(0, end, step)]
     done = memory.passes_in_lockstep(
         passes, lambda p: run(p[0], p[0] + p[1], p[1]), shadow,
-        lambda p: max(0, min(p[0] + p[1], mine) - p[0]), halve, where,
-        on_failure=lambda n: fits.__setitem__(where, max(1, min(fits.get(where, n), n // 2))),
+        lambda p: max(0, min(p[0] + p[1], mine) - p[0]), halve, where, on_failure=failed,
     )  # fmt: skip
     return [one for parts in done for one in parts]
 
