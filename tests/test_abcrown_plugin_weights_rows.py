@@ -48,6 +48,39 @@ def test_rows_dealt_evenly_in_as_many_passes_on_every_rank(P):
     assert int(rows.max()) <= 5000 / P + int(torch.bincount(channels).max())
 
 
+
+class _Relu:  # what whole_alpha_dict reads of a BoundRelu: its name (a weak key of ``Rows.alpha``)
+    name = "relu"
+
+
+def _alpha_round_trip() -> dict:
+    """On each rank: an α (float64, float32, float16) of 7 start rows split by row as ``init_opt_parameters``
+    keeps it, then made whole by ``whole_alpha_dict`` as α,β-CROWN's BaB and ``recover`` read it."""
+    from complete_verifier_ext.abcrown_plugin.run import Rows
+    from complete_verifier_ext.abcrown_plugin.weights.rows import AlphaLayout, even_blocks, whole_alpha_dict
+
+    out = {}
+    for dtype in (torch.float64, torch.float32, torch.float16):
+        alpha = torch.rand(2, 7, 1, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        alpha = alpha.to(dtype)
+        layout = AlphaLayout(even_blocks(7), torch.arange(7), False, 7, (7,))
+        state, relu = Rows(active=True), _Relu()
+        state.alpha[relu] = {"start": layout}
+        saved = {"relu": {"start": layout.split(alpha)}}
+        whole_alpha_dict(state, saved)
+        got = saved["relu"]["start"]
+        out[str(dtype)] = (got.dtype == dtype, torch.equal(got, alpha))
+    return out
+
+
+def test_alpha_kept_by_row_is_made_whole_bit_for_bit_in_its_dtype():
+    """The α kept by row, made whole again for BaB, is the α in its own dtype bit for bit: float64
+    (``double_fp``, ``alpha_dtype: auto``) not rounded through float32 on the way."""
+    from complete_verifier_ext.parallel import launch
+
+    got = launch.run(_alpha_round_trip, 2, timeout_s=60)
+    assert got == {str(d): (True, True) for d in (torch.float64, torch.float32, torch.float16)}
+
 @needs_abcrown
 @pytest.mark.parametrize(("P", "mode"), [(3, "fsdp"), (3, "tp")])  # P = 2: test_tp_conv…, test_bab…
 def test_bounds_equal_unpatched_with_split_rows(unpatched, P, mode):

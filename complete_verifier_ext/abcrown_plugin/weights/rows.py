@@ -771,7 +771,10 @@ def whole_alpha_dict(state: Rows, alphas: dict | None, only: str | None = None) 
         for name, layout in table.items():
             a = per_start.get(name)
             if (only is None or name == only) and isinstance(a, Tensor) and layout.owns(a):
-                whole = layout.whole(a.detach().to(comm.device(), torch.float32))
+                # α,β-CROWN stores α in float16 by default (``alpha_dtype``): gathered in float32 at
+                # least, float64 kept (``double_fp`` with ``alpha_dtype: auto``)
+                wide = torch.promote_types(a.dtype, torch.float32)
+                whole = layout.whole(a.detach().to(comm.device(), wide))
                 per_start[name] = whole.to(a.device, a.dtype)
 
 
