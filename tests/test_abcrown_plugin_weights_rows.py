@@ -48,7 +48,6 @@ def test_rows_dealt_evenly_in_as_many_passes_on_every_rank(P):
     assert int(rows.max()) <= 5000 / P + int(torch.bincount(channels).max())
 
 
-
 class _Relu:  # what whole_alpha_dict reads of a BoundRelu: its name (a weak key of ``Rows.alpha``)
     name = "relu"
 
@@ -80,6 +79,7 @@ def test_alpha_kept_by_row_is_made_whole_bit_for_bit_in_its_dtype():
 
     got = launch.run(_alpha_round_trip, 2, timeout_s=60)
     assert got == {str(d): (True, True) for d in (torch.float64, torch.float32, torch.float16)}
+
 
 @needs_abcrown
 @pytest.mark.parametrize(("P", "mode"), [(3, "fsdp"), (3, "tp")])  # P = 2: test_tp_conv…, test_bab…
