@@ -182,3 +182,31 @@ def run_jobs_out_of_memory(limit: int, late: bool, *jobs) -> list[dict]:
         return run_jobs(*jobs)
     finally:
         BoundRelu.bound_backward = orig
+
+
+def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], *jobs) -> list[dict]:
+    """:func:`run_jobs` with a stand-in for a GPU that runs out of memory in BaB: on the ranks
+    ``ranks``, β-CROWN's bounding of a round's children (``LiRPANet.update_bounds``) raises
+    ``torch.OutOfMemoryError`` (what CUDA raises) when they are more than ``limit`` domains, after the
+    round's domains were picked off the list and branched."""
+    import torch
+
+    from complete_verifier_ext.abcrown_plugin import bridge, locate
+    from complete_verifier_ext.parallel import comm
+
+    bridge.import_abcrown(locate.find(str(VENDOR)))
+    from beta_CROWN_solver import LiRPANet
+
+    orig = LiRPANet.update_bounds
+
+    def stand_in(self, d, *args, **kwargs):
+        children = int(next(iter(d["lower_bounds"].values())).shape[0])
+        if comm.rank() in ranks and children > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return orig(self, d, *args, **kwargs)
+
+    LiRPANet.update_bounds = stand_in
+    try:
+        return run_jobs(*jobs)
+    finally:
+        LiRPANet.update_bounds = orig

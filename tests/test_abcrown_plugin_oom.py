@@ -9,6 +9,7 @@ back-substitution pass of an intermediate layer with more rows than a limit, in 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from plugin_support import VENDOR, needs_abcrown, python
@@ -172,3 +173,66 @@ def test_at_p2_a_pass_that_runs_out_on_one_rank_runs_again_in_halves_on_every_ra
     assert any("in a pass of 256 rows of" in ln for ln in every), every  # the fc layer's rows
     assert all(ln.endswith("; every rank runs that pass again in two halves") for ln in every), every
     assert not [ln for log in tmp_path.rglob("rank0.log") for ln in _warnings(log.read_text())]
+
+
+BAB = """
+import json, sys, tempfile, time
+sys.path.insert(0, {tests!r})
+import plugin_support
+from complete_verifier_ext import shell
+from complete_verifier_ext.abcrown_plugin import parent
+from complete_verifier_ext.parallel import launch
+
+def job(name, P):
+    overrides = ["--results_file", f"{tmp}/{{name}}.txt", "--parallel.world_size", str(P),
+                 "--parallel.mode", "fsdp" if P > 1 else "none", *{args!r}]
+    scratch = tempfile.mkdtemp(dir={tmp!r})
+    return parent.prepare(shell.Shell(), {cfg!r}, overrides, None, True, time.time(), scratch)
+
+out = []
+for P, limit, ref in {cases!r}:
+    a = job(f"{{P}}_{{limit}}", P)
+    fn, args = (plugin_support.run_jobs, (a.job,)) if ref else (
+        plugin_support.run_jobs_bab_out_of_memory, (limit, (0,), a.job))
+    out += [parent.summary_json(r, a.par) for r in launch.run(fn, P, args, backend="gloo")]
+print(json.dumps(out))
+"""
+
+
+def _bab(tmp_path, cases) -> subprocess.CompletedProcess:
+    from plugin_support import BAB_YAML, config, instance
+
+    args = instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
+    code = BAB.format(tests=str(Path(__file__).parent), cfg=config(tmp_path, BAB_YAML), tmp=str(tmp_path),
+                      args=args, cases=cases)  # fmt: skip
+    return python(code, timeout=600)
+
+
+def test_a_bab_round_that_runs_out_of_memory_runs_again_with_fewer_domains(tmp_path):
+    """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round; 16 domains in 4 rounds): on rank 0, every
+    ``update_bounds`` of more than 6 domains runs out of memory (kFSB scores 3 candidates, 2 children
+    each, of every domain: 2 domains are 12). The round's domains go back on the list and the round
+    runs again with half as many, one warning line, and the later rounds pick at most that many: at
+    P = 1 the first round (2 domains) and 7 rounds of 1 after it; at P = 2 the third round on rank 0
+    alone, while rank 1 goes on with its share (rank-local work: the round's collectives are the same
+    on both ranks). Every run is unsat after the 16 domains of the run that never ran out."""
+    proc = _bab(tmp_path, [(1, 0, True), (1, 6, False), (2, 0, True), (2, 6, False)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref1, oom1, ref2, oom2 = json.loads(proc.stdout.strip().splitlines()[-1])
+    for got in (ref1, oom1, ref2, oom2):
+        assert (got["verdict"], got["bab"]["domains"]) == ("unsat", 16), got
+    assert "bab_fits" not in ref1 and "bab_fits" not in ref2
+    assert oom1["bab_fits"] == [1] and oom2["bab_fits"] == [1, None]
+    assert len(oom1["bab_collectives"][0]) == 0  # (P = 1: no round collectives)
+    rounds = oom2["bab_collectives"]
+    assert rounds[0] == rounds[1] == ref2["bab_collectives"][0], rounds
+    line = "warning: out of memory in a BaB round of 2 domain(s); retrying with 1 a round"
+    assert _warnings(proc.stderr) == [line, line], proc.stderr[-3000:]
+
+
+def test_a_bab_round_of_one_domain_split_once_that_runs_out_gives_up_with_the_error(tmp_path):
+    proc = _bab(tmp_path, [(1, 1, False)])
+    assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr
+    assert _warnings(proc.stderr)[-1] == (
+        "warning: out of memory in a BaB round of 1 domain(s) (one domain a round): giving up"
+    ), proc.stderr[-3000:]

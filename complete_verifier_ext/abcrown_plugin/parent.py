@@ -140,6 +140,7 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
                 },
                 bab_weight_fetches=result["bab_weight_fetches"],
                 bab_collectives=result["bab_collectives"],
+                **({"bab_fits": result["bab_fits"]} if any(f for f in result["bab_fits"]) else {}),
                 rows_dealt=result["rows_dealt"],
                 collectives=result["collectives"],
                 unstable_per_layer=rec["unstable"],

@@ -143,6 +143,8 @@ def gathered_result(run: Run, phases: Phases, full_live: list[list[str]] | None,
         # weights fetched on request in BaB rounds with the weights sharded (whole ones, single shards)
         "bab_weight_fetches": [[int(a), int(b)] for a, b in every[:, 4:6].tolist()],
         "bab_collectives": comm.all_gather_object(list(run.rounds.collectives)),
+        # domains a round that fit after BaB ran out of memory (None: never ran out), per rank
+        "bab_fits": comm.all_gather_object(run.rounds.fits),
         "rows_dealt": comm.all_gather_object(dict(sorted(run.rows.dealt.items()))),
         # every lockstep collective of the run: the same count on every rank, or the ranks diverged
         "collectives": comm.all_gather_object(lockstep_calls() - run.calls_at_start),

@@ -109,6 +109,8 @@ class Rows:
 class Rounds:
     picked: tuple[int, int] | None = None  # inside a round: (this rank's picks, all ranks' picks)
     collectives: list[int] = field(default_factory=list)  # lockstep collectives of each round here
+    fits: int | None = None  # domains a round (this rank's) that fit after running out of memory
+    undo: Any = None  # the last pick_out's search.oom.Undo (the round's domains back on the list)
 
 
 @dataclass

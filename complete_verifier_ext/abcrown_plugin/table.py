@@ -24,7 +24,7 @@ from typing import Any
 from . import clocks, inputs, probe
 from .patcher import Patcher, check_signature
 from .run import Run
-from .search import activation, customized, cuts, input_split, mip, rounds
+from .search import activation, customized, cuts, input_split, mip, oom, rounds
 from .weights import fsdp, rows, tp
 
 Make = Callable[[Run, Any], Any]
@@ -79,6 +79,7 @@ _LINEAR_BACKWARD = ("self", "last_lA", "last_uA", "x", "start_node", "reduce_bia
 _CONV_BACKWARD = ("self", "last_lA", "last_uA", "x", "kwargs")
 _LINEAR_IBP, _IBP = ("self", "v", "C", "w"), ("self", "v", "C")
 _SOLVER = ("self", "v", "model", "C", "model_type", "solver_pkg")
+_ROUND = ("domains", "net", "batch", "iter_idx", "stats", "branching_heuristic")
 
 # fmt: off
 TABLE: tuple[Patch, ...] = (
@@ -132,10 +133,18 @@ TABLE: tuple[Patch, ...] = (
           "no progress bar for each dealt pass (every layer is bounded in passes at P > 1)", None),
     Patch(f"{_BM}.optim", "P>1", rows.optim,
           "Adam and SGD sum every gradient over the ranks before their step", None),
+    # out of memory in a BaB round: the round again with half its domains (search/oom.py)
+    Patch("branching_domains.BatchedDomainList.pick_out", "always", oom.pick_out,
+          "what a pick takes off the domain list is recorded, to be put back", ("self", "batch", "device")),
+    Patch("bab.split_domain", "always", oom.split_domain,
+          "out of memory in a BaB round: its domains back on the list, the round with half of them",
+          ("net", "domains", "d", "batch", "stats", "set_init_alpha", "fix_interm_bounds",
+           "branching_heuristic", "iter_idx")),
+    Patch("bab.act_split_round", "always", oom.act_split_round,
+          "after running out of memory a round picks at most the domains that fitted", _ROUND),
     # the BaB domain list split over the ranks (search/)
     Patch("bab.act_split_round", "P>1", activation.act_split_round,
-          "each rank splits and bounds its share of the domains; one agreement a round",
-          ("domains", "net", "batch", "iter_idx", "stats", "branching_heuristic")),
+          "each rank splits and bounds its share of the domains; one agreement a round", _ROUND),
     Patch("bab.get_split_depth", "P>1", activation.get_split_depth,
           "the split depth from the round's total batch", ("batch_size", "min_batch_size", "min_depth")),
     Patch("branching_domains.BatchedDomainList.__len__", "P>1", rounds.list_len, _LEN, ("self",)),

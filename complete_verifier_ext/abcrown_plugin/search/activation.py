@@ -168,13 +168,14 @@ def act_split_round(run: Run, orig):
         picks, batch = deal_round(ListQueue(domains, take, put), batch)
         visited = stats.visited
         with local_clock(run), fetched(run):
-            if picks[me] > 0:
+            mine = min(picks[me], run.rounds.fits or picks[me])  # after running out of memory (oom.py)
+            if mine > 0:
                 stats.timer.start("pickout")
-                d = domains.pick_out(batch=picks[me], device=net.device)
+                d = domains.pick_out(batch=mine, device=net.device)
                 if bab_args["vanilla_crown"]:
                     d["history"] = None
                 stats.timer.add("pickout")
-                run.rounds.picked = (picks[me], sum(picks))
+                run.rounds.picked = (mine, sum(picks))
                 try:
                     fix = not bab_args["recompute_interm"]
                     split_domain(net, domains, d, batch, stats=stats, fix_interm_bounds=fix,
