@@ -190,11 +190,11 @@ def job(name, P):
     return parent.prepare(shell.Shell(), {cfg!r}, overrides, None, True, time.time(), scratch)
 
 out = []
-for P, limit, ref in {cases!r}:
+for P, limit in {cases!r}:
     a = job(f"{{P}}_{{limit}}", P)
-    fn, args = (plugin_support.run_jobs, (a.job,)) if ref else (
-        plugin_support.run_jobs_bab_out_of_memory, (limit, (0,), a.job))
-    out += [parent.summary_json(r, a.par) for r in launch.run(fn, P, args, backend="gloo")]
+    args = (limit, (0,), a.job)
+    out += [parent.summary_json(r, a.par)
+            for r in launch.run(plugin_support.run_jobs_bab_out_of_memory, P, args, backend="gloo")]
 print(json.dumps(out))
 """
 
@@ -209,29 +209,28 @@ def _bab(tmp_path, cases) -> subprocess.CompletedProcess:
 
 
 def test_a_bab_round_that_runs_out_of_memory_runs_again_with_fewer_domains(tmp_path):
-    """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round; 16 domains in 4 rounds): on rank 0, every
+    """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round; unpatched α,β-CROWN: unsat after 16 domains
+    in 4 rounds, ``BAB_P1`` of test_abcrown_plugin_search_activation): on rank 0, every
     ``update_bounds`` of more than 6 domains runs out of memory (kFSB scores 3 candidates, 2 children
     each, of every domain: 2 domains are 12). The round's domains go back on the list and the round
     runs again with half as many, one warning line, and the later rounds pick at most that many: at
     P = 1 the first round (2 domains) and 7 rounds of 1 after it; at P = 2 the third round on rank 0
     alone, while rank 1 goes on with its share (rank-local work: the round's collectives are the same
-    on both ranks). Every run is unsat after the 16 domains of the run that never ran out."""
-    proc = _bab(tmp_path, [(1, 0, True), (1, 6, False), (2, 0, True), (2, 6, False)])
+    on both ranks). Both are unsat after the 16 domains of the run that never ran out."""
+    proc = _bab(tmp_path, [(1, 6), (2, 6)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ref1, oom1, ref2, oom2 = json.loads(proc.stdout.strip().splitlines()[-1])
-    for got in (ref1, oom1, ref2, oom2):
+    p1, p2 = json.loads(proc.stdout.strip().splitlines()[-1])
+    for got in (p1, p2):
         assert (got["verdict"], got["bab"]["domains"]) == ("unsat", 16), got
-    assert "bab_fits" not in ref1 and "bab_fits" not in ref2
-    assert oom1["bab_fits"] == [1] and oom2["bab_fits"] == [1, None]
-    assert len(oom1["bab_collectives"][0]) == 0  # (P = 1: no round collectives)
-    rounds = oom2["bab_collectives"]
-    assert rounds[0] == rounds[1] == ref2["bab_collectives"][0], rounds
+    assert p1["bab_fits"] == [1] and p2["bab_fits"] == [1, None]
+    rounds = p2["bab_collectives"]
+    assert len(rounds[0]) == 4 and rounds[0] == rounds[1], rounds
     line = "warning: out of memory in a BaB round of 2 domain(s); retrying with 1 a round"
     assert _warnings(proc.stderr) == [line, line], proc.stderr[-3000:]
 
 
 def test_a_bab_round_of_one_domain_split_once_that_runs_out_gives_up_with_the_error(tmp_path):
-    proc = _bab(tmp_path, [(1, 1, False)])
+    proc = _bab(tmp_path, [(1, 1)])
     assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr
     assert _warnings(proc.stderr)[-1] == (
         "warning: out of memory in a BaB round of 1 domain(s) (one domain a round): giving up"
