@@ -97,6 +97,69 @@ def test_not_even_one_row_fitting_gives_up_with_the_error():
     )
 
 
+
+FINAL = """
+import json, sys
+import torch
+from complete_verifier_ext.abcrown_plugin import bridge, locate
+from complete_verifier_ext.abcrown_plugin.run import Rows
+from complete_verifier_ext.abcrown_plugin.weights import rows
+bridge.import_abcrown(locate.find({vendor!r}))
+from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
+
+torch.manual_seed(0)
+net = torch.nn.Sequential(
+    torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, stride=2, padding=1),
+    torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.ReLU(), torch.nn.Linear(20, 10))
+x, C = torch.rand(1, 1, 8, 8), torch.randn(1, 9, 10)  # 9 spec rows, as α,β-CROWN passes them
+armed = [False]
+
+def bounds(late):
+    m = BoundedModule(net, x, bound_opts={{"optimize_bound_args": {{"iteration": 3}}}}, device="cpu")
+    xb = BoundedTensor(x, PerturbationLpNorm(x_L=x - 0.1, x_U=x + 0.1))
+    armed[0] = not late  # late: out of memory only once α-CROWN runs
+    crown = m.compute_bounds(x=(xb,), C=C, method="CROWN")
+    lA = [r.lA.flatten().tolist() for r in m.relus]  # what α,β-CROWN's get_lA reads for BaB
+    armed[0] = True
+    alpha = m.compute_bounds(x=(xb,), C=C, method="CROWN-Optimized")
+    return [crown[0].detach().flatten().tolist(), crown[1].detach().flatten().tolist(),
+            alpha[0].detach().flatten().tolist(), alpha[1].detach().flatten().tolist(), *lA]
+
+ref = bounds(False)
+limit, late = {limit}, {late}
+backward_general = BoundedModule.backward_general
+
+def stand_in(self, node, C, *args, **kwargs):
+    if armed[0] and node.name == self.final_name and C.shape[1] > limit:
+        raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+    return backward_general(self, node, C, *args, **kwargs)
+
+class Run:
+    rows = Rows(active=False)
+
+BoundedModule.backward_general = rows.backward_general(Run, stand_in)
+print(json.dumps({{"ref": ref, "got": bounds(late), "fits": Run.rows.fits}}))
+"""
+
+
+def test_the_output_node_that_runs_out_of_memory_is_bounded_in_halved_passes_of_spec_rows():
+    """P = 1: the output node's back-substitution over more than 2 of its 9 spec rows fails (from the
+    first CROWN, or only once α-CROWN runs): it runs again in passes of 4 (then 2) spec rows, each
+    auto_LiRPA's with its rows' α, one warning line each time, and keeps that size; CROWN's and
+    α-CROWN's bounds (both sides) and the A-matrices it leaves on every ReLU (BaB's branching reads
+    them) equal those of the run that never ran out."""
+    for late in (False, True):
+        proc = python(FINAL.format(vendor=str(VENDOR), limit=2, late=late), timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["fits"] == {"/16": 2}, out["fits"]
+        for ref, got in zip(out["ref"], out["got"], strict=True):
+            assert len(ref) == len(got) and max(abs(a - b) for a, b in zip(ref, got, strict=True)) < 1e-6
+        assert _warnings(proc.stderr) == [
+            "warning: out of memory in a pass of 9 rows of /16; retrying in passes of 4",
+            "warning: out of memory in a pass of 4 rows of /16; retrying in passes of 2",
+        ], proc.stderr[-3000:]
+
 LOCKSTEP = """
 import json, sys, tempfile, time
 sys.path.insert(0, {tests!r})
@@ -111,11 +174,12 @@ def job(name):
     scratch = tempfile.mkdtemp(dir={tmp!r})
     return parent.prepare(shell.Shell(), {cfg!r}, overrides, None, True, time.time(), scratch)
 
-a, b, c = job("ref"), job("oom"), job("oom_late")
+a, b, c, d = job("ref"), job("oom"), job("oom_late"), job("oom_final")
 ref = launch.run(plugin_support.run_jobs, 2, (a.job,), backend="gloo")
 oom = launch.run(plugin_support.run_jobs_out_of_memory, 2, ({limit}, False, b.job), backend="gloo")
 late = launch.run(plugin_support.run_jobs_out_of_memory, 2, ({limit}, True, c.job), backend="gloo")
-print(json.dumps([parent.summary_json(r, a.par) for r in (*ref, *oom, *late)]))
+final = launch.run(plugin_support.run_jobs_final_out_of_memory, 2, (2, d.job), backend="gloo")
+print(json.dumps([parent.summary_json(r, a.par) for r in (*ref, *oom, *late, *final)]))
 """
 
 CNN7_YAML = """general:
@@ -137,9 +201,10 @@ def test_at_p2_a_pass_that_runs_out_on_one_rank_runs_again_in_halves_on_every_ra
     of memory, midway through a pass, from the first CROWN pass on (or only in α-CROWN's iterations,
     under autograd). That rank ends the pass's collectives over a dummy row, and every rank runs the
     pass, and the passes after it, again in halves (dense conv passes by whole channels, the fc layer's
-    rows), one line each time, until rank 1's fit; later bounds of the layer start from that size. The
-    bounds are those of the run that never ran out (to 1e-9), every rank bounds the same rows, and both
-    ranks issue the same collectives."""
+    rows), one line each time, until rank 1's fit; later bounds of the layer start from that size. And
+    the same with the output node's passes of more than 2 spec rows failing on rank 1 (CROWN's, whole on
+    every rank, and α-CROWN's, dealt by spec rows). The bounds are those of the run that never ran out
+    (to 1e-9), every rank bounds the same rows, and both ranks issue the same collectives."""
     import numpy as np
     import onnxruntime as ort
     import torch
@@ -173,6 +238,10 @@ def test_at_p2_a_pass_that_runs_out_on_one_rank_runs_again_in_halves_on_every_ra
     assert any("in a pass of 256 rows of" in ln for ln in every), every  # the fc layer's rows
     assert all(ln.endswith("; every rank runs that pass again in two halves") for ln in every), every
     assert not [ln for log in tmp_path.rglob("rank0.log") for ln in _warnings(log.read_text())]
+    # the output node (/42, 9 spec rows): CROWN's whole pass on every rank, 9 -> 5 + 4 -> 3 + 2 + 2 + 2 rows;
+    # then passes of 1 (α-CROWN's dealt shares of 5 and 4: 5 passes on each rank, one a dummy on rank 1)
+    final = [ln for ln in every if " rows of /42;" in ln]
+    assert [ln.split(" in a pass of ")[1].split()[0] for ln in final] == ["9", "5", "3"], final
 
 
 BAB = """

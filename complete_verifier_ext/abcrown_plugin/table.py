@@ -104,8 +104,9 @@ TABLE: tuple[Patch, ...] = (
     Patch(f"{_AV}.get_sparse_C", "P>1", rows.get_sparse_C,
           "a patches-mode residual sum's unstable rows bounded in passes too (to be dealt)",
           ("self", "node", "ref_intermediate")),
-    Patch(f"{_AV}.backward_general", "P>1", rows.backward_general,
-          "the output node's spec rows dealt in α-CROWN's iterations, with its α",
+    Patch(f"{_AV}.backward_general", "always", rows.backward_general,
+          "the output node's spec rows dealt in α-CROWN's iterations (P > 1), with its α; in passes of "
+          "fewer where one runs out of memory",
           ("self", "bound_node", "C", "start_backpropagation_at_node", "bound_lower", "bound_upper",
            "average_A", "need_A_only", "unstable_idx", "update_mask", "apply_output_constraints_to",
            "initial_As", "initial_lb", "initial_ub")),

@@ -110,23 +110,22 @@ def split_passes(rows: Tensor, k: int) -> list[Tensor]:
     return [part if part.numel() else DUMMY for part in torch.tensor_split(rows, k)]
 
 
-def _in_lockstep(state: Rows, name: str, parts: list[Tensor], one_pass, unit: int = 1) -> tuple[list, list]:
-    """``one_pass(part)`` -> (lb, ub) over this rank's passes ``parts`` (each a tensor of row positions,
-    or of channels, ``unit`` rows each; -1 a dummy), in lockstep with the other ranks' passes. A pass
-    that runs out of memory on any rank runs again on every rank as two passes of half its positions,
-    and so does each pass after it (:func:`.memory.lockstep_on_oom`; a dummy splits into two dummies,
-    so every rank runs as many passes); the layer's later bounds take passes of at most half the rows
-    of the largest pass that failed (``state.fits``, in rows). Returns the bounds of every pass, in
-    ``parts``' order."""
+def _in_lockstep(state: Rows, name: str, parts: list[Tensor], one_pass, unit: int = 1) -> list:
+    """``one_pass(part)`` (the pass's bounds, ...) over this rank's passes ``parts`` (each a tensor of
+    row positions, or of channels, ``unit`` rows each; -1 a dummy), in lockstep with the other ranks'
+    passes. A pass that runs out of memory on any rank runs again on every rank as two passes of half
+    its positions, and so does each pass after it (:func:`.memory.lockstep_on_oom`; a dummy splits
+    into two dummies, so every rank runs as many passes); the layer's later bounds take passes of at
+    most half the rows of the largest pass that failed (``state.fits``, in rows). Returns what every
+    pass returned, in ``parts``' order."""
 
     def failed(n: int) -> None:
         state.fits[name] = max(1, min(state.fits.get(name, n * unit), n * unit // 2))
 
-    done = memory.passes_in_lockstep(
+    return memory.passes_in_lockstep(
         parts, one_pass, lambda: one_pass(DUMMY), lambda part: int((part >= 0).sum()),
         lambda part: split_passes(part[part >= 0], 2), name, "rows" if unit == 1 else "channels", failed,
     )  # fmt: skip
-    return [lb for lb, _ in done], [ub for _, ub in done]
 
 
 def start_owners(state: Rows, module, node, dense: bool = False) -> Tensor:
@@ -212,7 +211,7 @@ def batched_backward(run: Run, orig):
 
         state.dealing.append(node.name)
         try:
-            lbs, ubs = _in_lockstep(state, node.name, split_passes(mine, k), one_pass)
+            lbs, ubs = zip(*_in_lockstep(state, node.name, split_passes(mine, k), one_pass), strict=True)
         finally:
             opts.update(saved)
             state.dealing.pop()
@@ -296,7 +295,8 @@ def _dense_passes(state: Rows, module, node, batch_size: int, bound_lower: bool,
 
     state.dealing.append(node.name)
     try:
-        lbs, ubs = _in_lockstep(state, node.name, split_passes(mine, k), one_pass, unit=H * W)
+        done = _in_lockstep(state, node.name, split_passes(mine, k), one_pass, unit=H * W)
+        lbs, ubs = zip(*done, strict=True)
     finally:
         state.dealing.pop()
     state.dealt[type(node).__name__] += int(mine.numel()) * H * W
@@ -487,6 +487,22 @@ def compute_bounds_main(run: Run, orig):
     return _compute_bounds_main
 
 
+def _spec_passes_possible(module, bound_node, C, plain: bool) -> bool:
+    """Whether the back-substitution of ``bound_node`` can run in passes of spec rows: the output node,
+    a plain C over several spec rows (``(batch, spec, ...)``), nothing else asked of it (no A-matrices
+    returned, no cuts, no output constraints)."""
+    return (
+        plain
+        and bound_node.name == module.final_name
+        and isinstance(C, Tensor)
+        and C.dim() >= 3
+        and int(C.shape[1]) > 1
+        and not module.return_A
+        and not getattr(module, "cut_used", False)
+        and not module.invprop_enabled()
+    )
+
+
 def _final_dealt(state: Rows, module, bound_node, C, plain: bool) -> bool:
     """Whether the output node's spec rows are dealt in this back-substitution: inside α-CROWN's
     iterations with a gradient (the last one, without, runs whole on every rank: α,β-CROWN reads its
@@ -494,16 +510,9 @@ def _final_dealt(state: Rows, module, bound_node, C, plain: bool) -> bool:
     return (
         state.active
         and comm.world_size() > 1
-        and plain
         and torch.is_grad_enabled()
-        and bound_node.name == module.final_name
-        and isinstance(C, Tensor)
-        and C.dim() >= 3
-        and int(C.shape[1]) > 1
         and type(bound_node).__name__ in ("BoundLinear", "BoundMatMul")  # its A-matrices stay dense
-        and not module.return_A
-        and not getattr(module, "cut_used", False)
-        and not module.invprop_enabled()
+        and _spec_passes_possible(module, bound_node, C, plain)
         and _final_alpha_by_row(state, module)
     )
 
@@ -541,9 +550,11 @@ def _final_alpha_by_row(state: Rows, module) -> bool:
 
 
 def backward_general(run: Run, orig):
-    """``BoundedModule.backward_general``: the output node's back-substitution is dealt by spec rows
-    (C's rows, ``(batch, spec, ...)``) in contiguous blocks, with the α of the output node kept by spec
-    row; the bounds are all-gathered (differentiable). Every other call is auto_LiRPA's."""
+    """``BoundedModule.backward_general`` of the output node, over a plain C of spec rows: at P > 1 in
+    α-CROWN's iterations dealt by spec rows (C's rows, ``(batch, spec, ...)``) in contiguous blocks,
+    with the α of the output node kept by spec row, the bounds all-gathered (differentiable); and at
+    every P in passes of spec rows where a pass runs out of memory (:func:`_spec_passes`). Every other
+    call is auto_LiRPA's."""
     state = run.rows
 
     def backward_general(self, bound_node, C, start_backpropagation_at_node=None, bound_lower=True,
@@ -556,18 +567,20 @@ def backward_general(run: Run, orig):
         plain = start_backpropagation_at_node is None and not (average_A or need_A_only)
         plain = plain and unstable_idx is None and initial_As is None and initial_lb is None
         plain = plain and initial_ub is None and not apply_output_constraints_to
-        if not _final_dealt(state, self, bound_node, C, plain):
+        if not _spec_passes_possible(self, bound_node, C, plain):
             if bound_node.name == self.final_name:
                 state.local_lA.clear()  # a whole pass: every lA whole again
             return orig(self, bound_node, C, *args)
         S, batch = int(C.shape[1]), int(C.shape[0])
+        dealt = _final_dealt(state, self, bound_node, C, plain)
         counts = comm.shard_sizes(S)
-        lo = sum(counts[: comm.rank()])
-        mine = counts[comm.rank()]
-        part = C[:, lo : lo + max(1, mine)]  # an empty share: a one-row dummy
+        lo, mine = sum(counts[: comm.rank()]), counts[comm.rank()]
+        if not dealt:
+            state.local_lA.clear()  # a whole pass: every lA whole again
+            return _spec_passes(state, self, orig, bound_node, C, args, 0, S)
         state.dealing.append(bound_node.name)
         try:
-            lb, ub = orig(self, bound_node, part, *args)[:2]
+            lb, ub = _spec_passes(state, self, orig, bound_node, C, args, lo, mine)
         finally:
             state.dealing.pop()
         state.dealt[type(bound_node).__name__] += mine
@@ -575,14 +588,75 @@ def backward_general(run: Run, orig):
         state.local_lA[:] = [(n, counts) for n in self.get_splittable_activations() if n.lA is not None]
 
         def gathered(t):
-            if t is None:
-                return None
-            local = t.reshape(batch, -1)[:, :mine]
-            return comm.all_gather_cat_grad(local, 1, sizes=counts).reshape(batch, S)
+            return None if t is None else comm.all_gather_cat_grad(t, 1, sizes=counts).reshape(batch, S)
 
         return gathered(lb), gathered(ub)
 
     return backward_general
+
+
+def _spec_passes(state: Rows, module, orig, bound_node, C, args: tuple, lo: int, mine: int):
+    """The output node's bounds over spec rows ``lo .. lo + mine`` (a rank's dealt share, or every row),
+    ``(batch, mine)`` each: one pass of them, as auto_LiRPA runs it, or where that runs out of memory,
+    passes of fewer rows, each auto_LiRPA's back-substitution of its rows of C with ``unstable_idx``
+    naming them (by which auto_LiRPA, and :meth:`AlphaLayout.select` for a dealt share, pick the rows'
+    α). At P = 1, and inside a BaB round (rank-local work), halved until the passes fit
+    (:func:`.memory.halving_on_oom`); where the ranks run the pass together (α-CROWN, CROWN at P > 1),
+    in lockstep (:func:`_in_lockstep`: a rank's extra pass, or its share of no row, bounds one row and
+    drops it). After several passes every node's ``lA`` / ``uA`` (spec rows first) is theirs put
+    together, as one pass leaves them. The size that fitted is kept for the node's later bounds
+    (``state.fits``)."""
+    name, S = bound_node.name, int(C.shape[1])
+    bound_lower, bound_upper = args[1], args[2]
+
+    def one_pass(part: Tensor):
+        real = part >= 0
+        n = int(real.sum())
+        if n == mine:  # this rank's rows in one pass (no row: a one-row dummy), as before any ran out
+            return (*orig(module, bound_node, C[:, lo : lo + max(1, mine)], *args)[:2], None)
+        rows = torch.where(real, part, min(lo, S - 1)).to(C.device)  # a dummy: a row bounded, dropped
+        lb, ub = orig(module, bound_node, C.index_select(1, rows), *args[:5], rows, *args[6:])[:2]
+        As = {node: (node.lA, node.uA) for node in module.nodes() if (node.lA, node.uA) != (None, None)}
+        return lb, ub, (As if n else None)
+
+    share = torch.arange(lo, lo + mine)
+    fits = state.fits.get(name)
+    if state.active and comm.world_size() > 1:
+        k = passes_per_rank(comm.shard_sizes(S) if mine < S else [S], fits or S)
+        done = _in_lockstep(state, name, split_passes(share, k), one_pass)
+    else:
+
+        def attempt(size: int) -> list:
+            return [one_pass(part) for part in share.split(size)]
+
+        done, size = memory.halving_on_oom(attempt, min(fits or mine, mine), name)
+        if size < mine:
+            state.fits[name] = size
+    if len(done) == 1:
+        lb, ub, _ = done[0]
+    else:
+        _put_together([As for _, _, As in done if As is not None])
+        lb = torch.cat([d[0] for d in done], 1) if bound_lower else None
+        ub = torch.cat([d[1] for d in done], 1) if bound_upper else None
+
+    def mine_of(t):
+        return None if t is None else t.reshape(t.shape[0], -1)[:, :mine]
+
+    return mine_of(lb), mine_of(ub)
+
+
+def _put_together(kept: list[dict]) -> None:
+    """Every node's ``lA`` / ``uA`` after several passes of spec rows (``kept``: each pass's), joined
+    along the spec rows (dim 0)."""
+    for node in kept[-1]:
+        for i, side in enumerate(("lA", "uA")):
+            parts = [k[node][i] for k in kept if node in k]
+            if len(parts) < len(kept) or any(t is None for t in parts):
+                setattr(node, side, None)
+            elif all(isinstance(t, Tensor) for t in parts):
+                setattr(node, side, torch.cat(parts, 0))
+            else:
+                raise RuntimeError(f"{node.name}: an A-matrix of the output node is not a tensor; not joined")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -646,6 +720,8 @@ class AlphaLayout:
         """What auto_LiRPA's ``select_alpha_by_idx`` returns for the rows ``unstable_idx`` of a dealt
         pass, from the local α: in patches mode the α and its lookup table, which
         ``maybe_unfold_patches`` selects with; with matrices the rows' own α."""
+        if self.final and unstable_idx is not None:  # a pass of some spec rows (after running out)
+            return local.index_select(1, self.flat_lookup[unstable_idx]), None
         if self.final:  # the rank's spec rows, in order: its local rows (none: a dummy row, slot 0)
             return (local[:, 1:] if local.shape[1] > 1 else local[:, :1]), None
         patches = not isinstance(last_lA, Tensor) and not isinstance(last_uA, Tensor)
