@@ -97,7 +97,6 @@ def test_not_even_one_row_fitting_gives_up_with_the_error():
     )
 
 
-
 FINAL = """
 import json, sys
 import torch
@@ -159,6 +158,7 @@ def test_the_output_node_that_runs_out_of_memory_is_bounded_in_halved_passes_of_
             "warning: out of memory in a pass of 9 rows of /16; retrying in passes of 4",
             "warning: out of memory in a pass of 4 rows of /16; retrying in passes of 2",
         ], proc.stderr[-3000:]
+
 
 LOCKSTEP = """
 import json, sys, tempfile, time
