@@ -572,18 +572,16 @@ def backward_general(run: Run, orig):
                 state.local_lA.clear()  # a whole pass: every lA whole again
             return orig(self, bound_node, C, *args)
         S, batch = int(C.shape[1]), int(C.shape[0])
-        dealt = _final_dealt(state, self, bound_node, C, plain)
-        counts = comm.shard_sizes(S)
-        lo, mine = sum(counts[: comm.rank()]), counts[comm.rank()]
-        if not dealt:
+        if not _final_dealt(state, self, bound_node, C, plain):
             state.local_lA.clear()  # a whole pass: every lA whole again
-            return _spec_passes(state, self, orig, bound_node, C, args, 0, S)
+            return _spec_passes(state, self, orig, bound_node, C, args, [S], 0)
+        counts = comm.shard_sizes(S)
         state.dealing.append(bound_node.name)
         try:
-            lb, ub = _spec_passes(state, self, orig, bound_node, C, args, lo, mine)
+            lb, ub = _spec_passes(state, self, orig, bound_node, C, args, counts, comm.rank())
         finally:
             state.dealing.pop()
-        state.dealt[type(bound_node).__name__] += mine
+        state.dealt[type(bound_node).__name__] += counts[comm.rank()]
         # what α,β-CROWN reads back (get_lA: BaB's branching, prune_after_crown's recover) is whole
         state.local_lA[:] = [(n, counts) for n in self.get_splittable_activations() if n.lA is not None]
 
@@ -595,18 +593,19 @@ def backward_general(run: Run, orig):
     return backward_general
 
 
-def _spec_passes(state: Rows, module, orig, bound_node, C, args: tuple, lo: int, mine: int):
-    """The output node's bounds over spec rows ``lo .. lo + mine`` (a rank's dealt share, or every row),
-    ``(batch, mine)`` each: one pass of them, as auto_LiRPA runs it, or where that runs out of memory,
-    passes of fewer rows, each auto_LiRPA's back-substitution of its rows of C with ``unstable_idx``
-    naming them (by which auto_LiRPA, and :meth:`AlphaLayout.select` for a dealt share, pick the rows'
-    α). At P = 1, and inside a BaB round (rank-local work), halved until the passes fit
-    (:func:`.memory.halving_on_oom`); where the ranks run the pass together (α-CROWN, CROWN at P > 1),
-    in lockstep (:func:`_in_lockstep`: a rank's extra pass, or its share of no row, bounds one row and
-    drops it). After several passes every node's ``lA`` / ``uA`` (spec rows first) is theirs put
-    together, as one pass leaves them. The size that fitted is kept for the node's later bounds
-    (``state.fits``)."""
+def _spec_passes(state: Rows, module, orig, bound_node, C, args: tuple, counts: list[int], me: int):
+    """The output node's bounds over share ``me`` of the spec rows, shared out as ``counts`` (the
+    ranks' dealt shares, or ``[S]``: every row), ``(batch, rows)`` each: one pass of them, as
+    auto_LiRPA runs it, or where that runs out of memory, passes of fewer rows, each auto_LiRPA's
+    back-substitution of its rows of C with ``unstable_idx`` naming them (by which auto_LiRPA, and
+    :meth:`AlphaLayout.select` for a dealt share, pick the rows' α). At P = 1, and inside a BaB round
+    (rank-local work), halved until the passes fit (:func:`.memory.halving_on_oom`); where the ranks
+    run the pass together (α-CROWN, CROWN at P > 1), in lockstep (:func:`_in_lockstep`: a rank's extra
+    pass, or its share of no row, bounds one row and drops it). After several passes every node's
+    ``lA`` / ``uA`` (spec rows first) is theirs put together, as one pass leaves them. The size that
+    fitted is kept for the node's later bounds (``state.fits``)."""
     name, S = bound_node.name, int(C.shape[1])
+    lo, mine = sum(counts[:me]), counts[me]
     bound_lower, bound_upper = args[1], args[2]
 
     def one_pass(part: Tensor):
@@ -622,7 +621,7 @@ def _spec_passes(state: Rows, module, orig, bound_node, C, args: tuple, lo: int,
     share = torch.arange(lo, lo + mine)
     fits = state.fits.get(name)
     if state.active and comm.world_size() > 1:
-        k = passes_per_rank(comm.shard_sizes(S) if mine < S else [S], fits or S)
+        k = passes_per_rank(counts, fits or S)
         done = _in_lockstep(state, name, split_passes(share, k), one_pass)
     else:
 
@@ -635,7 +634,7 @@ def _spec_passes(state: Rows, module, orig, bound_node, C, args: tuple, lo: int,
     if len(done) == 1:
         lb, ub, _ = done[0]
     else:
-        _put_together([As for _, _, As in done if As is not None])
+        _put_together([As for _, _, As in done if As is not None])  # (none on a share of no row)
         lb = torch.cat([d[0] for d in done], 1) if bound_lower else None
         ub = torch.cat([d[1] for d in done], 1) if bound_upper else None
 
@@ -648,7 +647,7 @@ def _spec_passes(state: Rows, module, orig, bound_node, C, args: tuple, lo: int,
 def _put_together(kept: list[dict]) -> None:
     """Every node's ``lA`` / ``uA`` after several passes of spec rows (``kept``: each pass's), joined
     along the spec rows (dim 0)."""
-    for node in kept[-1]:
+    for node in kept[-1] if kept else ():
         for i, side in enumerate(("lA", "uA")):
             parts = [k[node][i] for k in kept if node in k]
             if len(parts) < len(kept) or any(t is None for t in parts):
