@@ -147,18 +147,13 @@ def run_jobs(*jobs) -> list[dict]:
     return [rank_main(job) for job in jobs]
 
 
-def run_jobs_final_out_of_memory(limit: int, *jobs) -> list[dict]:
-    """:func:`run_jobs_out_of_memory` in the output node's passes of more than ``limit`` spec rows."""
-    return run_jobs_out_of_memory(limit, False, *jobs, final=True)
-
-
-def run_jobs_out_of_memory(limit: int, late: bool, *jobs, final: bool = False) -> list[dict]:
+def run_jobs_out_of_memory(limit: int, late: bool, final_rows: int | None, *jobs) -> list[dict]:
     """:func:`run_jobs` with a stand-in for a GPU that runs out of memory: on rank 1, a ReLU's step of
     the back-substitution of an intermediate layer raises ``torch.OutOfMemoryError`` (what CUDA raises)
     when the A-matrix it receives has more than ``limit`` elements, midway through a pass (after the
     collectives of the layers above it); ``late``: only where autograd records (α-CROWN's iterations,
-    not the CROWN pass before them); ``final``: instead in the output node's passes, of more than
-    ``limit`` spec rows."""
+    not the CROWN pass before them); ``final_rows``: and a pass of the output node over more than
+    that many spec rows (whether autograd records or not)."""
     import torch
 
     from complete_verifier_ext.abcrown_plugin import bridge, locate
@@ -177,14 +172,13 @@ def run_jobs_out_of_memory(limit: int, late: bool, *jobs, final: bool = False) -
 
     def stand_in(self, last_lA, last_uA, *args, **kwargs):
         start = kwargs.get("start_node")
-        # final: the output node's pass (no successor), its A-matrices' spec rows against the limit
-        kind = start is not None and (not start.output_name if final else bool(start.output_name))
-        armed = comm.rank() == 1 and kind and (torch.is_grad_enabled() or not late)
-        A = last_lA if last_lA is not None else last_uA
-        rows = int(A.shape[0]) if isinstance(A, torch.Tensor) else 0
-        n = rows if final else max(size(last_lA), size(last_uA))
-        if armed and n > limit:
-            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        if comm.rank() == 1 and start is not None and start.output_name:  # an intermediate layer's pass
+            if (torch.is_grad_enabled() or not late) and max(size(last_lA), size(last_uA)) > limit:
+                raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        elif comm.rank() == 1 and start is not None and final_rows is not None:  # the output node's
+            A = last_lA if last_lA is not None else last_uA
+            if isinstance(A, torch.Tensor) and int(A.shape[0]) > final_rows:
+                raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
         return orig(self, last_lA, last_uA, *args, **kwargs)
 
     BoundRelu.bound_backward = stand_in
