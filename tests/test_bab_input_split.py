@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from complete_verifier_ext import testing
+from complete_verifier_ext.bab import input_split
 from complete_verifier_ext.bab.common import BabOptions, BabResult, rebalance_plan
 from complete_verifier_ext.bab.input_split import (
     Domains,
@@ -260,3 +261,29 @@ def test_domain_parallel_three_ranks_with_empty_batches():
     _check_parallel(jobs, results, 3)
     assert min(results[0][0][4]) > 0  # every rank got domains by rebalancing
     assert results[-1][0][4][1:] == [0, 0]
+
+
+def test_a_round_that_runs_out_of_memory_runs_again_with_half_its_boxes(monkeypatch, capsys):
+    """P = 1: bounding more than 5 boxes at once raises ``torch.OutOfMemoryError`` (what CUDA raises):
+    the first round of 4 parents (8 children) goes back on the queue and runs again with 2, one warning
+    line, and the later rounds pick 2 (of 8 a round). Still unsat; a parent that does not fit even
+    alone gives up with the error."""
+    bound = input_split._bound_children
+
+    def stand_in(graph, problem, method, opts, lo, *args):
+        if lo.shape[0] > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return bound(graph, problem, method, opts, lo, *args)
+
+    monkeypatch.setattr(input_split, "_bound_children", stand_in)
+    limit = 5
+    r = _run("unsat2")
+    assert r.verdict == "unsat" and r.domains > 1, r
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: out of memory")]
+    assert warnings == ["warning: out of memory in a BaB round of 4 parents; retrying with 2 a round"]
+    limit = 1
+    with pytest.raises(torch.OutOfMemoryError):
+        _run("unsat2")
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "warning: out of memory in a BaB round of 1 parent(s) (one parent a round): giving up"
+    )

@@ -238,6 +238,35 @@ def test_unsat_below_the_exact_minimum(sizes, seed, box):
     assert 0 < r.bound <= exact - spec["d"][0] + 1e-5  # the least leaf bound: sound, and above 0
 
 
+def test_a_round_that_runs_out_of_memory_runs_again_with_half_its_parents(monkeypatch, capsys):
+    """P = 1: β-CROWN over more than 3 children at once raises ``torch.OutOfMemoryError`` (what CUDA
+    raises): the first round of 2 parents (4 children) goes back on the queue and runs again with 1,
+    one warning line, and the later rounds take 1 parent (of 4 a round). The verdict is the one of the run
+    that never ran out; a parent whose 2 children do not fit gives up with the error."""
+    from complete_verifier_ext.bab.domain import BetaCrown
+
+    spec = _spec(*SINGLE[0], 1)
+    bound = BetaCrown.bound
+
+    def stand_in(self, doms, *args, **kwargs):
+        if len(doms) > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return bound(self, doms, *args, **kwargs)
+
+    monkeypatch.setattr(BetaCrown, "bound", stand_in)
+    limit = 3
+    r, _ = _solve(**spec)
+    assert r.verdict == "unsat" and r.domains > 1, r
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: out of memory")]
+    assert warnings == ["warning: out of memory in a BaB round of 2 parents; retrying with 1 a round"]
+    limit = 1
+    with pytest.raises(torch.OutOfMemoryError):
+        _solve(**spec)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "warning: out of memory in a BaB round of 1 parent(s) (one parent a round): giving up"
+    )
+
+
 @pytest.mark.parametrize("sizes, seed, box", SAT)
 def test_sat_above_the_exact_minimum(sizes, seed, box):
     spec = _spec(sizes, seed, box, 1, sat=(0,))

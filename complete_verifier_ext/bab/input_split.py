@@ -326,7 +326,11 @@ class InputSplitSearch:
 
     def expand(self, k: int) -> tuple[int, np.ndarray | None]:
         batch, self.queue = pop_worst(self.queue, k)
-        return self._bound(*split(batch))
+        try:
+            return self._bound(*split(batch))
+        except torch.OutOfMemoryError:  # the queue as it was (bounding adds to it only at its end)
+            self.queue = Domains.cat([self.queue, batch])
+            raise
 
     def take_spread(self, count: int) -> Domains:
         leaving = spread_pick(self.queue, count) if count else torch.zeros(0, dtype=torch.long)

@@ -203,9 +203,8 @@ class ReluSplitBab:
 
     def expand(self, k: int) -> tuple[int, np.ndarray | None]:
         self.queue.sort(key=lambda d: d.worst)
-        batch, self.queue = self.queue[:k], self.queue[k:]
-        kept, cex, n = self.evaluate([c for d in batch for c in self.children(d)])
-        self.queue.extend(kept)
+        kept, cex, n = self.evaluate([c for d in self.queue[:k] for c in self.children(d)])
+        self.queue = self.queue[k:] + kept  # (popped only now: a round that raises leaves the queue)
         return n, cex
 
     def take_spread(self, count: int) -> list[Domain]:

@@ -12,7 +12,9 @@ every rank, round after round:
    more than ``max_domains`` domains on all ranks together), ``unsat`` (no domain left), ``timeout``;
 3. rebalancing (:func:`rebalance_plan`, one all-gather of the sizes and one of the domains moved) when
    some rank cannot fill its next batch or the queues differ by more than a batch;
-4. ``expand`` on every rank.
+4. ``expand`` on every rank. At P = 1 a round that runs out of memory (``torch.OutOfMemoryError``, what
+   CUDA raises) runs again with half as many parents, and so do the rounds after it (:func:`expand`;
+   ``expand`` leaves the queue as it was when it raises).
 
 Every decision is taken from collectively agreed numbers, so every rank issues the same collectives
 and returns the same :class:`BabResult`.
@@ -20,6 +22,7 @@ and returns the same :class:`BabResult`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,7 +57,8 @@ class Search(Protocol):
 
     def expand(self, k: int) -> tuple[int, np.ndarray | None]:
         """Pop up to ``k`` of the worst parents, branch them, bound the children and queue the open
-        ones (collective); returns (domains bounded here, a counterexample found here or None)."""
+        ones (collective); returns (domains bounded here, a counterexample found here or None). Where
+        it raises, the queue is as it was."""
         ...
 
     def take_spread(self, count: int) -> Any:
@@ -142,6 +146,28 @@ def rebalance(s: Search, opts: BabOptions) -> int:
     return len(s)
 
 
+def expand(s: Search) -> tuple[int, np.ndarray | None]:
+    """``s.expand(s.per_round)``; at P = 1, where it runs out of memory, again with half as many parents
+    as it popped (one warning line), down to one; ``s.per_round`` keeps the number that fitted. At
+    P > 1 a rank that stopped midway no longer issues the collectives of the others' round: the error,
+    after one line."""
+    while True:
+        n = min(s.per_round, len(s))
+        try:
+            return s.expand(s.per_round)
+        except torch.OutOfMemoryError:
+            if comm.world_size() > 1 or n <= 1:
+                why = "one parent a round" if comm.world_size() == 1 else "at P > 1 a round is not retried"
+                print(f"warning: out of memory in a BaB round of {n} parent(s) ({why}): giving up",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                raise
+        s.per_round = n // 2  # outside the handler: the round's tensors are freed
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(f"warning: out of memory in a BaB round of {n} parents; retrying with {s.per_round} a round",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
 def run_search(
     s: Search, opts: BabOptions, expired: Callable[[], bool], on_round: OnRound | None = None
 ) -> BabResult:
@@ -176,6 +202,6 @@ def run_search(
                 result.bound = a.proven if np.isfinite(a.proven) else -np.inf
             return result
         max_queue = max(max_queue, rebalance(s, opts))
-        bounded, cex = s.expand(s.per_round)
+        bounded, cex = expand(s)
         max_queue = max(max_queue, len(s))
         rounds += 1
