@@ -280,10 +280,12 @@ def test_a_round_that_runs_out_of_memory_runs_again_with_half_its_boxes(monkeypa
     r = _run("unsat2")
     assert r.verdict == "unsat" and r.domains > 1, r
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: out of memory")]
-    assert warnings == ["warning: out of memory in a BaB round of 4 parents; retrying with 2 a round"]
+    assert warnings == [
+        "warning: out of memory in a pass of 4 parents of a BaB round; retrying in passes of 2"
+    ]
     limit = 1
     with pytest.raises(torch.OutOfMemoryError):
         _run("unsat2")
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "warning: out of memory in a BaB round of 1 parent(s) (one parent a round): giving up"
+        "warning: out of memory in a pass of 1 parent(s) of a BaB round (one parent per pass): giving up"
     )

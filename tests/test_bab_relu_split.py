@@ -258,12 +258,14 @@ def test_a_round_that_runs_out_of_memory_runs_again_with_half_its_parents(monkey
     r, _ = _solve(**spec)
     assert r.verdict == "unsat" and r.domains > 1, r
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: out of memory")]
-    assert warnings == ["warning: out of memory in a BaB round of 2 parents; retrying with 1 a round"]
+    assert warnings == [
+        "warning: out of memory in a pass of 2 parents of a BaB round; retrying in passes of 1"
+    ]
     limit = 1
     with pytest.raises(torch.OutOfMemoryError):
         _solve(**spec)
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "warning: out of memory in a BaB round of 1 parent(s) (one parent a round): giving up"
+        "warning: out of memory in a pass of 1 parent(s) of a BaB round (one parent per pass): giving up"
     )
 
 

@@ -22,7 +22,6 @@ and returns the same :class:`BabResult`.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..parallel import comm
+from ..parallel import comm, memory
 from .common import BabOptions, BabResult, rebalance_plan
 
 OnRound = Callable[[int, int, float, int], None]  # (rounds, domains left, worst bound, domains bounded)
@@ -148,24 +147,14 @@ def rebalance(s: Search, opts: BabOptions) -> int:
 
 def expand(s: Search) -> tuple[int, np.ndarray | None]:
     """``s.expand(s.per_round)``; at P = 1, where it runs out of memory, again with half as many parents
-    as it popped (one warning line), down to one; ``s.per_round`` keeps the number that fitted. At
-    P > 1 a rank that stopped midway no longer issues the collectives of the others' round: the error,
-    after one line."""
-    while True:
-        n = min(s.per_round, len(s))
-        try:
-            return s.expand(s.per_round)
-        except torch.OutOfMemoryError:
-            if comm.world_size() > 1 or n <= 1:
-                why = "one parent a round" if comm.world_size() == 1 else "at P > 1 a round is not retried"
-                print(f"warning: out of memory in a BaB round of {n} parent(s) ({why}): giving up",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                raise
-        s.per_round = n // 2  # outside the handler: the round's tensors are freed
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        print(f"warning: out of memory in a BaB round of {n} parents; retrying with {s.per_round} a round",
-              file=sys.stderr, flush=True)  # fmt: skip
+    as it popped (:func:`.memory.halving_on_oom`), down to one; ``s.per_round`` keeps the number that
+    fitted. At P > 1 a rank that stopped midway no longer issues the collectives of the others' round:
+    the error, after one line."""
+    n = min(s.per_round, len(s))
+    out, fitted = memory.halving_on_oom(s.expand, n, "a BaB round", comm.world_size() == 1, "parents")
+    if fitted < n:
+        s.per_round = fitted
+    return out
 
 
 def run_search(

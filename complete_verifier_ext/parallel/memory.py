@@ -238,26 +238,29 @@ class PeakMemory:
         return max(0.0, self.peak_total_mb() - self.baseline_mb - self.library_mb() - self.code_mb())
 
 
-def halving_on_oom(attempt: Callable[[int], T], size: int, where: str, retry: bool = True) -> tuple[T, int]:
-    """``attempt(size)``: a bound pass over rows in sub-passes of at most ``size`` rows. When the device
-    runs out of memory (``torch.OutOfMemoryError``, what CUDA raises), the pass runs again with half
-    the rows per sub-pass, one warning line on stderr each time, down to one row; below that, or
-    where no retry is possible (``retry`` False: at P > 1 a rank that left a pass midway no longer
-    issues the collectives the others do), the error is raised after one line saying so. Returns the
-    pass's result and the size that worked (the caller's next passes take it)."""
+def halving_on_oom(
+    attempt: Callable[[int], T], size: int, where: str, retry: bool = True, what: str = "rows"
+) -> tuple[T, int]:
+    """``attempt(size)``: a bound pass over rows (``what``: what it counts) in sub-passes of at most
+    ``size`` of them. When the device runs out of memory (``torch.OutOfMemoryError``, what CUDA
+    raises), the pass runs again with half as many per sub-pass, one warning line on stderr each time,
+    down to one; below that, or where no retry is possible (``retry`` False: at P > 1 a rank that left
+    a pass midway no longer issues the collectives the others do), the error is raised after one line
+    saying so. Returns the pass's result and the size that worked (the caller's next passes take it)."""
     while True:
         try:
             return attempt(size), size
         except torch.OutOfMemoryError:
             if not retry or size <= 1:
-                why = "one row per pass" if retry else "at P > 1 the ranks cannot retry a pass in lockstep"
-                print(f"warning: out of memory in a pass of {size} row(s) of {where} ({why}): giving up",
+                one = what.removesuffix("s")
+                why = f"one {one} per pass" if retry else "at P > 1 the ranks cannot retry a pass in lockstep"
+                print(f"warning: out of memory in a pass of {size} {one}(s) of {where} ({why}): giving up",
                       file=sys.stderr, flush=True)  # fmt: skip
                 raise
         failed, size = size, size // 2  # outside the handler: the failed pass's tensors are freed
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        print(f"warning: out of memory in a pass of {failed} rows of {where}; retrying in passes of {size}",
+        print(f"warning: out of memory in a pass of {failed} {what} of {where}; retrying in passes of {size}",
               file=sys.stderr, flush=True)  # fmt: skip
 
 
