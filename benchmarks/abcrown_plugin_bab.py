@@ -149,7 +149,8 @@ def main() -> None:
     ap.add_argument("--weights", nargs="+", default=list(WEIGHTS), choices=list(WEIGHTS))
     ap.add_argument("--wide", type=int, default=None, help="the MLP 784 -> H^4 -> 10 instead of mnist")
     ap.add_argument("--conv", help="a conv_scale.py shape (e.g. cnn7-c16-cifar) with vnncomp24/cifar100.yaml")
-    ap.add_argument("--regime", default="certified", choices=["random", "certified"], help="with --conv")
+    ap.add_argument("--regime", default="certified", choices=["random", "certified", "certified-open"],
+                    help="with --conv: a regime of conv_scale.py")  # fmt: skip
     ap.add_argument("--alpha-iterations", type=int, help="with --conv: α-CROWN's iterations before BaB")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "abcrown_plugin_bab"))
     a = ap.parse_args()
