@@ -16,20 +16,30 @@ from plugin_support import VENDOR, needs_abcrown, python
 
 pytestmark = needs_abcrown
 
-PROBE = """
+
+def _net_script(classes: int) -> str:
+    """The start of a probe script: a real auto_LiRPA (α,β-CROWN's, ``{vendor}`` formatted in later) and
+    a small conv net of ``classes`` outputs."""
+    return f"""
 import json, math, sys
 import torch
 from complete_verifier_ext.abcrown_plugin import bridge, locate
 from complete_verifier_ext.abcrown_plugin.run import Rows
 from complete_verifier_ext.abcrown_plugin.weights import rows
-bridge.import_abcrown(locate.find({vendor!r}))
+bridge.import_abcrown(locate.find({{vendor!r}}))
 from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
 
 torch.manual_seed(0)
 net = torch.nn.Sequential(
     torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, stride=2, padding=1),
-    torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.ReLU(), torch.nn.Linear(20, 3))
-x = torch.rand(1, 1, 8, 8)
+    torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.ReLU(),
+    torch.nn.Linear(20, {classes}))
+"""
+
+
+PROBE = (
+    _net_script(3)
+    + """x = torch.rand(1, 1, 8, 8)
 armed = [False]
 
 def bounds(late):
@@ -63,6 +73,7 @@ bounds_of_layer = BoundedModule.compute_intermediate_bounds
 BoundedModule.compute_intermediate_bounds = rows.halving_on_oom(Run, bounds_of_layer)
 print(json.dumps({{"ref": ref, "got": bounds(late), "fits": Run.rows.fits}}))
 """
+)
 
 
 def _warnings(stderr: str) -> list[str]:
@@ -97,19 +108,9 @@ def test_not_even_one_row_fitting_gives_up_with_the_error():
     )
 
 
-FINAL = """
-import json, sys
-import torch
-from complete_verifier_ext.abcrown_plugin import bridge, locate
-from complete_verifier_ext.abcrown_plugin.run import Rows
-from complete_verifier_ext.abcrown_plugin.weights import rows
-bridge.import_abcrown(locate.find({vendor!r}))
-from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
-
-torch.manual_seed(0)
-net = torch.nn.Sequential(
-    torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, stride=2, padding=1),
-    torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 20), torch.nn.ReLU(), torch.nn.Linear(20, 10))
+FINAL = (
+    _net_script(10)
+    + """
 x, C = torch.rand(1, 1, 8, 8), torch.randn(1, 9, 10)  # 9 spec rows, as α,β-CROWN passes them
 armed = [False]
 
@@ -139,6 +140,7 @@ class Run:
 BoundedModule.backward_general = rows.backward_general(Run, stand_in)
 print(json.dumps({{"ref": ref, "got": bounds(late), "fits": Run.rows.fits}}))
 """
+)
 
 
 def test_the_output_node_that_runs_out_of_memory_is_bounded_in_halved_passes_of_spec_rows():
