@@ -68,6 +68,32 @@ attack:
 CHUNK = 32  # rows a CROWN pass on 256x2: its largest start node has 140 unstable rows, 5 passes
 
 
+# input-split BaB with α-CROWN bounds, clip-and-verify and the attack each round (sb branching)
+INPUT_SPLIT_YAML = """general:
+  device: cpu
+solver:
+  batch_size: 64
+  bound_prop_method: alpha-crown
+  crown:
+    batch_size: 16
+  alpha-crown:
+    iteration: 10
+bab:
+  timeout: 60
+  branching:
+    method: sb
+    input_split:
+      enable: True
+  clip_n_verify:
+    clip_input_domain:
+      enabled: True
+attack:
+  pgd_order: skip
+  input_split_check_adv:
+    enabled: "true"
+"""
+
+
 def plugin_env(**extra: str) -> dict:
     """The environment of a plugin run: the checkout, one thread, no inherited verifier clock."""
     base = {k: v for k, v in os.environ.items() if k != "CVE_CLOCK_START"}
@@ -189,10 +215,11 @@ def run_jobs_out_of_memory(limit: int, late: bool, final_rows: int | None, *jobs
 
 
 def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], *jobs) -> list[dict]:
-    """:func:`run_jobs` with a stand-in for a GPU that runs out of memory in BaB: on the ranks
-    ``ranks``, β-CROWN's bounding of a round's children (``LiRPANet.update_bounds``) raises
-    ``torch.OutOfMemoryError`` (what CUDA raises) when they are more than ``limit`` domains, after the
-    round's domains were picked off the list and branched."""
+    """:func:`run_jobs` with a stand-in for a GPU that runs out of memory in BaB: on the ranks ``ranks``,
+    the bounding of a round's children raises ``torch.OutOfMemoryError`` (what CUDA raises) when they
+    are more than ``limit`` domains (β-CROWN's ``LiRPANet.update_bounds``) or boxes (input-split BaB's
+    ``LiRPANet.get_lower_bound_naive``), after the round's domains were picked off the list and
+    branched."""
     import torch
 
     from complete_verifier_ext.abcrown_plugin import bridge, locate
@@ -201,16 +228,22 @@ def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], *jobs) -> lis
     bridge.import_abcrown(locate.find(str(VENDOR)))
     from beta_CROWN_solver import LiRPANet
 
-    orig = LiRPANet.update_bounds
+    update_bounds, naive = LiRPANet.update_bounds, LiRPANet.get_lower_bound_naive
 
-    def stand_in(self, d, *args, **kwargs):
-        children = int(next(iter(d["lower_bounds"].values())).shape[0])
-        if comm.rank() in ranks and children > limit:
+    def check(count: int) -> None:
+        if comm.rank() in ranks and count > limit:
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
-        return orig(self, d, *args, **kwargs)
 
-    LiRPANet.update_bounds = stand_in
+    def children(self, d, *args, **kwargs):
+        check(int(next(iter(d["lower_bounds"].values())).shape[0]))
+        return update_bounds(self, d, *args, **kwargs)
+
+    def boxes(self, *args, **kwargs):
+        check(int(kwargs["dm_l"].shape[0]))
+        return naive(self, *args, **kwargs)
+
+    LiRPANet.update_bounds, LiRPANet.get_lower_bound_naive = children, boxes
     try:
         return run_jobs(*jobs)
     finally:
-        LiRPANet.update_bounds = orig
+        LiRPANet.update_bounds, LiRPANet.get_lower_bound_naive = update_bounds, naive

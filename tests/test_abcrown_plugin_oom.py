@@ -259,23 +259,31 @@ def job(name, P):
     scratch = tempfile.mkdtemp(dir={tmp!r})
     return parent.prepare(shell.Shell(), {cfg!r}, overrides, None, True, time.time(), scratch)
 
-out = []
 for P, limit in {cases!r}:
     a = job(f"{{P}}_{{limit}}", P)
     args = (limit, (0,), a.job)
-    out += [parent.summary_json(r, a.par)
-            for r in launch.run(plugin_support.run_jobs_bab_out_of_memory, P, args, backend="gloo")]
-print(json.dumps(out))
+    out = [parent.summary_json(r, a.par)
+           for r in launch.run(plugin_support.run_jobs_bab_out_of_memory, P, args, backend="gloo")]
+    print(json.dumps(out), flush=True)
 """
 
 
-def _bab(tmp_path, cases) -> subprocess.CompletedProcess:
+def _bab(
+    tmp_path, cases, cfg: str | None = None, args: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    """The cases (P, limit) in one process, each a line of JSON (the ranks' summaries); by default on
+    256x2 prop_9_0.05 with ``BAB_YAML``."""
     from plugin_support import BAB_YAML, config, instance
 
-    args = instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
-    code = BAB.format(tests=str(Path(__file__).parent), cfg=config(tmp_path, BAB_YAML), tmp=str(tmp_path),
-                      args=args, cases=cases)  # fmt: skip
+    cfg = cfg or config(tmp_path, BAB_YAML)
+    args = args or instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
+    code = BAB.format(tests=str(Path(__file__).parent), cfg=cfg, tmp=str(tmp_path), args=args, cases=cases)
     return python(code, timeout=600)
+
+
+def _summaries(proc: subprocess.CompletedProcess) -> list[list[dict]]:
+    """The ranks' summaries of each case :func:`_bab` ran (its JSON lines among the runs' output)."""
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('[{"')]
 
 
 def test_a_bab_round_that_runs_out_of_memory_runs_again_with_fewer_domains(tmp_path):
@@ -286,22 +294,58 @@ def test_a_bab_round_that_runs_out_of_memory_runs_again_with_fewer_domains(tmp_p
     runs again with half as many, one warning line, and the later rounds pick at most that many: at
     P = 1 the first round (2 domains) and 7 rounds of 1 after it; at P = 2 the third round on rank 0
     alone, while rank 1 goes on with its share (rank-local work: the round's collectives are the same
-    on both ranks). Both are unsat after the 16 domains of the run that never ran out."""
-    proc = _bab(tmp_path, [(1, 6), (2, 6)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    p1, p2 = json.loads(proc.stdout.strip().splitlines()[-1])
-    for got in (p1, p2):
+    on both ranks). Both are unsat after the 16 domains of the run that never ran out. Where one domain
+    split once does not fit (more than 1 child), the run gives up with the error after one line."""
+    proc = _bab(tmp_path, [(1, 6), (2, 6), (1, 1)])
+    assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr  # the last case gave up
+    (p1,), p2 = _summaries(proc)
+    for got in (p1, *p2):
         assert (got["verdict"], got["bab"]["domains"]) == ("unsat", 16), got
-    assert p1["bab_fits"] == [1] and p2["bab_fits"] == [1, None]
-    rounds = p2["bab_collectives"]
+    assert p1["bab_fits"] == [1] and p2[0]["bab_fits"] == [1, None]
+    rounds = p2[0]["bab_collectives"]
     assert len(rounds[0]) == 4 and rounds[0] == rounds[1], rounds
     line = "warning: out of memory in a BaB round of 2 domain(s); retrying with 1 a round"
-    assert _warnings(proc.stderr) == [line, line], proc.stderr[-3000:]
+    assert _warnings(proc.stderr) == [
+        line,
+        line,
+        line,
+        "warning: out of memory in a BaB round of 1 domain(s) (one domain a round): giving up",
+    ], proc.stderr[-3000:]
 
 
-def test_a_bab_round_of_one_domain_split_once_that_runs_out_gives_up_with_the_error(tmp_path):
-    proc = _bab(tmp_path, [(1, 1)])
-    assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr
-    assert _warnings(proc.stderr)[-1] == (
-        "warning: out of memory in a BaB round of 1 domain(s) (one domain a round): giving up"
-    ), proc.stderr[-3000:]
+def test_an_input_split_round_that_runs_out_of_memory_runs_again_bounding_half_as_many_boxes(tmp_path):
+    """Input-split BaB (``INPUT_SPLIT_YAML``: α-CROWN bounds, clip-and-verify, sb) on a 4-96-96-3 MLP,
+    unsat after 218 boxes in rounds of up to 20 picks (each split in two; at P = 2 each rank's share).
+    The stand-in runs out of memory on rank 0 when a round bounds more than 24 boxes (P = 1) or 12
+    (P = 2): the round's boxes go back on the box list, the round runs again bounding at most half as
+    many (15 then 7: 7 picks split once), one warning line, and so do the later rounds. Both are unsat
+    after the 218 boxes of the run that never ran out, and at P = 2 the ranks issue the same collectives
+    in every round (rank 0 retries alone). Where one box split once does not fit, the run gives up with
+    the error after one line."""
+    from plugin_support import INPUT_SPLIT_YAML, config
+
+    from complete_verifier_ext.testing import mlp_onnx, write_vnnlib
+
+    onnx = mlp_onnx(tmp_path / "m.onnx", [4, 96, 96, 3], seed=3)
+    x0 = [0.1, -0.2, 0.3, 0.05]
+    spec = write_vnnlib(tmp_path / "p.vnnlib", [v - 0.08 for v in x0], [v + 0.08 for v in x0], 0, 3)
+    args = ["--onnx_path", str(onnx), "--vnnlib_path", str(spec)]
+    proc = _bab(tmp_path, [(1, 24), (2, 12), (1, 1)], config(tmp_path, INPUT_SPLIT_YAML), args)
+    assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr  # the last case gave up
+    (p1,), p2 = _summaries(proc)
+    for got in (p1, *p2):
+        assert (got["verdict"], got["bab"]["domains"]) == ("unsat", 218), got
+    assert p1["bab_fits"] == [15] and p2[0]["bab_fits"] == [7, None]
+    rounds = p2[0]["bab_collectives"]
+    assert len(rounds[0]) > 5 and rounds[0] == rounds[1], rounds
+    line = (
+        "warning: out of memory in an input-split BaB round bounding {} box(es); retrying with at most {} "
+        "a round"
+    )
+    assert _warnings(proc.stderr) == [
+        line.format(30, 15),  # P = 1: 15 picks
+        line.format(14, 7),  # P = 2: rank 0's 7 picks
+        line.format(4, 2),  # the last case: 2 picks, then 1 split once
+        "warning: out of memory in an input-split BaB round bounding 2 box(es) (one box split once): "
+        "giving up",
+    ], proc.stderr[-3000:]

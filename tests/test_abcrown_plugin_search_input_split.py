@@ -8,33 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from plugin_support import VENDOR, config, needs_abcrown, run
+from plugin_support import INPUT_SPLIT_YAML, VENDOR, config, needs_abcrown, run
 
 from complete_verifier_ext.parallel import launch
-
-ALPHA_YAML = """general:
-  device: cpu
-solver:
-  batch_size: 64
-  bound_prop_method: alpha-crown
-  crown:
-    batch_size: 16
-  alpha-crown:
-    iteration: 10
-bab:
-  timeout: 60
-  branching:
-    method: sb
-    input_split:
-      enable: True
-  clip_n_verify:
-    clip_input_domain:
-      enabled: True
-attack:
-  pgd_order: skip
-  input_split_check_adv:
-    enabled: "true"
-"""
 
 
 @needs_abcrown
@@ -52,7 +28,7 @@ def test_input_bab_with_boxes_split_over_ranks(tmp_path):
     onnx = mlp_onnx(tmp_path / "m.onnx", [4, 96, 96, 3], seed=3)
     x0 = [0.1, -0.2, 0.3, 0.05]
     spec = write_vnnlib(tmp_path / "p.vnnlib", [v - 0.1 for v in x0], [v + 0.1 for v in x0], 0, 3)
-    cfg = config(tmp_path, ALPHA_YAML)
+    cfg = config(tmp_path, INPUT_SPLIT_YAML)
     proc, s, results = run(tmp_path, cfg, "--onnx_path", onnx, "--vnnlib_path", spec, P=2)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert results.strip() == "unsat" and s["bab"]["domains"] == 1752

@@ -109,7 +109,8 @@ class Rows:
 class Rounds:
     picked: tuple[int, int] | None = None  # inside a round: (this rank's picks, all ranks' picks)
     collectives: list[int] = field(default_factory=list)  # lockstep collectives of each round here
-    fits: int | None = None  # domains a round (this rank's) that fit after running out of memory
+    fits: int | None = None  # after running out of memory, this rank's domains (activation BaB) or boxes
+    #   bounded (input-split BaB) a round that fit
     undo: Any = None  # the last pick_out's search.oom.Undo (the round's domains back on the list)
 
 

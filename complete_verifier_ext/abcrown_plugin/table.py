@@ -73,6 +73,21 @@ _LOAD_ONNX = ("path", "quirks", "x")
 _GENERAL_BAB = ("net", "x", "c", "rhs", "reference_dict", "timeout", "max_iterations")
 _INPUT_BAB = ("net", "x", "c", "rhs", "or_spec_size", "reference_dict", "timeout", "max_iterations", "vnnlib",
               "return_domains", "index")  # fmt: skip
+_INPUT_ROUND = (
+    "d",
+    "net",
+    "batch",
+    "num_iter",
+    "decision_thresh",
+    "shape",
+    "bounding_method",
+    "branching_method",
+    "stop_criterion",
+    "split_partitions",
+    "use_reordered_bab",
+    "stats",
+)
+_SPLIT_DEPTH = ("current_domain_num", "split_partitions")
 _LIRPANET_INIT = ("self", "model_ori", "in_size", "c", "device")
 _LINEAR_FORWARD, _MATMUL_FORWARD, _CONV_FORWARD = ("self", "x", "w", "b"), ("self", "x", "y"), ("self", "x")
 _LINEAR_BACKWARD = ("self", "last_lA", "last_uA", "x", "start_node", "reduce_bias", "kwargs")
@@ -158,13 +173,21 @@ TABLE: tuple[Patch, ...] = (
     Patch("abcrown.Customized", "P>1", customized.Customized,
           "a Customized verifier runs once, on rank 0 alone; its result every rank's",
           ("def_file", "callable_name", "args", "kwargs")),
+    # out of memory in an input-split BaB round: its boxes back on the list, half as many bounded (oom.py)
+    *(Patch(f"input_split.branching_domains.{cls}.pick_out_batch", "always", oom.pick_out_batch,
+            "what a pick takes off the box list is recorded, to be put back",
+            ("self", "batch_size", "device"))
+      for cls in ("UnsortedInputDomainList", "UnsortedMultiSpecInputDomainList")),
+    Patch(f"{_IBB}.batch_verification_input_split", "always", oom.batch_verification_input_split,
+          "out of memory in an input-split BaB round: its boxes back on the list, the round bounding half as "
+          "many", _INPUT_ROUND),
     # the input-split BaB box list split over the ranks (search/input_split.py)
     Patch(f"{_IBB}.batch_verification_input_split", "P>1", input_split.batch_verification_input_split,
-          "each rank splits and bounds its share of the boxes; one agreement a round",
-          ("d", "net", "batch", "num_iter", "decision_thresh", "shape", "bounding_method", "branching_method",
-           "stop_criterion", "split_partitions", "use_reordered_bab", "stats")),
+          "each rank splits and bounds its share of the boxes; one agreement a round", _INPUT_ROUND),
     Patch("input_split.split.get_split_depth", "P>1", input_split.get_split_depth,
-          "the split depth from the round's boxes on all ranks", ("current_domain_num", "split_partitions")),
+          "the split depth from the round's boxes on all ranks", _SPLIT_DEPTH),
+    Patch("input_split.split.get_split_depth", "always", oom.get_split_depth,
+          "after running out of memory a box is split no deeper than the boxes that fitted", _SPLIT_DEPTH),
     Patch(f"{_IBB}.pgd_attack_on_domains", "P>1", input_split.pgd_attack_on_domains,
           "the attack on each rank's own boxes; any rank's counterexample is every rank's",
           ("model_ori", "domains", "stage", "vnnlib")),

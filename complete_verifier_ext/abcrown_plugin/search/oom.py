@@ -1,4 +1,5 @@
-"""Out of memory in a round of β-CROWN (activation) BaB: the round again with half its domains.
+"""Out of memory in a BaB round: the round again with half its domains (activation BaB) or boxes
+(input-split BaB).
 
 α,β-CROWN's round (``bab.act_split_round``) picks a batch of domains off the list (``pick_out``: popped
 from the list's storages, copied to the device), then ``split_domain`` scores the branching candidates
@@ -23,6 +24,18 @@ its children are built again from the domain as it was stored (branching is deci
 they are the children it would have had); any α and β that the failed bounding wrote into a picked
 domain's tensors (on the CPU the picked tensors are the list's own) only move the starting point of
 the next optimisation, and every α in [0, 1] and β ≥ 0 gives a sound bound.
+
+Input-split BaB (``batch_verification_input_split``) is the same: its round pops a batch of boxes off
+the box list (``pick_out_batch``: the storages of :func:`input_storages`, and the list's volume),
+splits each box, bounds the halves and adds the unverified ones back at its end. How many boxes a round
+bounds is set twice: a round picks at most ``solver.batch_size`` boxes, and splits a box on several
+dimensions at once where the pick is below ``min_batch_size_ratio`` of that (``get_split_depth``). So
+after running out, :func:`batch_verification_input_split` keeps half the number of boxes the failed
+round bounded (``Rounds.fits``; ``get_bounds`` counts them in ``stats.visited``): the round runs again,
+and so do the later ones, picking at most half that many boxes (each is split at least once; with
+``use_reordered_bab`` the picks themselves are bounded, and split after) and splitting them no deeper
+than that many (:func:`get_split_depth`), down to one box split once. The boxes are the list's own, as
+above: what the failed attempt wrote into them (its α) only moves a starting point.
 """
 
 from __future__ import annotations
@@ -41,40 +54,39 @@ from .activation import LISTS, storages
 
 @dataclass
 class Undo:
-    """What one ``pick_out`` changed in a domain list, to undo it: each storage's (count, start), the
-    per-domain lists as they were (a breadth-first deque copied: ``pick_out`` pops from it), and the
-    domain count before and after the pick."""
+    """What one pick changed in a domain (or box) list, to undo it: each per-domain storage's (count,
+    start) before the pick and its count after, and the attributes the pick rebinds, as they were (a
+    breadth-first deque copied: ``pick_out`` pops from it)."""
 
     dl: weakref.ref
     used: dict[tuple, tuple[int, int | None]]
-    lists: dict[str, Any]
-    before: int
-    after: int = -1
+    attrs: list[tuple[Any, str, Any]]  # (object, attribute, value before the pick)
+    after: dict[tuple, int] | None = None  # each storage's count after the pick
 
     @classmethod
-    def of(cls, dl) -> Undo:
-        used = {k: (s.num_used, getattr(s, "_usage_start", None)) for k, s in storages(dl).items()}
-        lists = {}
-        for name in LISTS:
-            items = getattr(dl, name)
-            lists[name] = deque(items) if isinstance(items, deque) else items  # a slice rebinds a list
-        return cls(weakref.ref(dl), used, lists, dl.num_domains)
+    def of(cls, dl, stores: dict[tuple, Any], attrs: list[tuple[Any, str]]) -> Undo:
+        used = {k: (s.num_used, getattr(s, "_usage_start", None)) for k, s in stores.items()}
+        kept = []
+        for obj, name in attrs:
+            value = getattr(obj, name)
+            kept.append((obj, name, deque(value) if isinstance(value, deque) else value))  # a slice rebinds
+        return cls(weakref.ref(dl), used, kept)
 
-    def intact(self, dl) -> bool:
-        """Nothing added to or taken from ``dl`` since the pick (every popped entry still in its buffer)."""
-        if self.dl() is not dl or dl.num_domains != self.after:
-            return False
-        now = storages(dl)
-        return now.keys() == self.used.keys() and all(len(s) <= self.used[k][0] for k, s in now.items())
+    def picked(self, stores: dict[tuple, Any]) -> None:
+        self.after = {k: len(s) for k, s in stores.items()}
 
-    def restore(self, dl) -> None:
-        for key, s in storages(dl).items():
+    def intact(self, dl, stores: dict[tuple, Any]) -> bool:
+        """Nothing added to or taken from ``dl`` since the pick: every storage holds what the pick left
+        (an append moves some count; the popped entries stay in their buffers until one)."""
+        return self.dl() is dl and self.after == {k: len(s) for k, s in stores.items()}
+
+    def restore(self, stores: dict[tuple, Any]) -> None:
+        for key, s in stores.items():
             s.num_used, start = self.used[key]
             if start is not None:
                 s._usage_start = start
-        for name, items in self.lists.items():
-            setattr(dl, name, items)
-        dl.num_domains = self.before
+        for obj, name, value in self.attrs:
+            setattr(obj, name, value)
 
 
 def count(d: dict) -> int:
@@ -82,13 +94,18 @@ def count(d: dict) -> int:
     return int(next(iter(d["lower_bounds"].values())).shape[0])
 
 
+def _rebound(dl) -> list[tuple[Any, str]]:
+    """What ``BatchedDomainList.pick_out`` rebinds besides its storages."""
+    return [(dl, name) for name in LISTS] + [(dl, "num_domains")]
+
+
 def pick_out(run: Run, orig):
     """``BatchedDomainList.pick_out``: records the :class:`Undo` of the pick first."""
 
     def pick_out(self, batch, device="cpu"):
-        undo = Undo.of(self)
+        undo = Undo.of(self, storages(self), _rebound(self))
         ret = orig(self, batch, device)
-        undo.after = self.num_domains
+        undo.picked(storages(self))
         run.rounds.undo = undo
         return ret
 
@@ -111,7 +128,12 @@ def split_domain(run: Run, orig):
                 undo = run.rounds.undo
                 cut = arguments.Config["bab"]["cut"]
                 cplex = cut["enabled"] and cut["cplex_cuts"]  # the round rewrites a pick's β for them
-                if (n <= 1 and batch <= 1) or cplex or undo is None or not undo.intact(domains):
+                if (
+                    (n <= 1 and batch <= 1)
+                    or cplex
+                    or undo is None
+                    or not undo.intact(domains, storages(domains))
+                ):
                     why = ("one domain a round" if n <= 1 and batch <= 1 else "CPLEX cuts" if cplex
                            else "the domain list changed since the pick")  # fmt: skip
                     print(f"warning: out of memory in a BaB round of {n} domain(s) ({why}): giving up",
@@ -119,7 +141,7 @@ def split_domain(run: Run, orig):
                     raise
             # outside the handler: the failed attempt's tensors are freed, and so are the batch's
             d.clear()  # (the caller's reference to the batch, too)
-            undo.restore(domains)
+            undo.restore(storages(domains))
             if stats is not None:
                 stats.visited = visited
             if torch.cuda.is_available():
@@ -147,3 +169,107 @@ def act_split_round(run: Run, orig):
         return orig(domains, net, batch, iter_idx, stats, branching_heuristic)
 
     return act_split_round
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Input-split BaB
+# ----------------------------------------------------------------------------------------------------------
+
+_PER_BOX = ("lb", "dm_l", "dm_u", "cs", "threshold", "constraint_A", "constraint_b", "split_idx")
+
+
+def _box_lists(dl) -> list:
+    """An input-split box list's own lists: one per number of ANDs (``UnsortedMultiSpecInputDomainList``),
+    or the list itself."""
+    return list(getattr(dl, "spec_domain_lists", None) or [dl])
+
+
+def input_storages(dl) -> dict[tuple, Any]:
+    """Every per-box ``TensorStorage`` of an input-split box list (the ones ``pick_out_batch`` pops), by
+    key."""
+    out: dict[tuple, Any] = {}
+    for i, sub in enumerate(_box_lists(dl)):
+        for name in _PER_BOX:
+            if getattr(sub, name, None) is not None:
+                out[(i, name)] = getattr(sub, name)
+        for k0, per_start in sub.alpha.items():
+            for k1, s in per_start.items():
+                out[(i, "alpha", k0, k1)] = s
+    return out
+
+
+def pick_out_batch(run: Run, orig):
+    """An input-split list's ``pick_out_batch``: records the :class:`Undo` of the pick first (a list of
+    lists calls its lists' own: its record, of all of them, is the last)."""
+
+    def pick_out_batch(self, batch_size, device=None):
+        volumes = [(sub, name) for sub in _box_lists(self) for name in ("volume", "all_volume")]
+        undo = Undo.of(self, input_storages(self), volumes)
+        ret = orig(self, batch_size, device)
+        undo.picked(input_storages(self))
+        run.rounds.undo = undo
+        return ret
+
+    return pick_out_batch
+
+
+def batch_verification_input_split(run: Run, orig):
+    """α,β-CROWN's input-split round (at P > 1 the rank's own share): on ``torch.OutOfMemoryError`` the
+    boxes back on the list and the round again bounding at most half as many (see the module
+    docstring)."""
+
+    def batch_verification_input_split(d, net, batch, *args, **kwargs):
+        stats = kwargs.get("stats")
+        reordered = bool(kwargs.get("use_reordered_bab", False))  # bounds the picks, splits after
+        visited = stats.visited if stats is not None else 0
+        while True:
+            if run.rounds.fits is not None:  # the picks, each split at least once (unless reordered)
+                batch = min(batch, run.rounds.fits if reordered else max(1, run.rounds.fits // 2))
+            run.rounds.undo = None
+            try:
+                return orig(d, net, batch, *args, **kwargs)
+            except torch.OutOfMemoryError:
+                undo = run.rounds.undo
+                picked = _picked(undo)
+                bounded = (
+                    stats.visited - visited if stats is not None else 0
+                ) or picked  # (get_bounds counts)
+                least = picked <= 1 and bounded <= (1 if reordered else 2)  # one box, split once
+                if least or undo is None or not undo.intact(d, input_storages(d)):
+                    why = "one box split once" if least else "the box list changed since the pick"
+                    print(f"warning: out of memory in an input-split BaB round bounding {bounded} box(es) "
+                          f"({why}): giving up", file=sys.stderr, flush=True)  # fmt: skip
+                    raise
+            # outside the handler: the failed attempt's tensors are freed
+            undo.restore(input_storages(d))
+            if stats is not None:
+                stats.visited = visited
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            run.rounds.fits = max(1, bounded // 2)
+            print(f"warning: out of memory in an input-split BaB round bounding {bounded} box(es); retrying "
+                  f"with at most {run.rounds.fits} a round", file=sys.stderr, flush=True)  # fmt: skip
+
+    return batch_verification_input_split
+
+
+def _picked(undo: Undo | None) -> int:
+    """The boxes a pick took off the list."""
+    if undo is None or undo.after is None:
+        return 0
+    return sum(undo.used[k][0] - undo.after[k] for k in undo.used if k[1] == "dm_l")
+
+
+def get_split_depth(run: Run, orig):
+    """``input_split.split.get_split_depth`` after running out of memory: no deeper than a round of at
+    most ``Rounds.fits`` boxes bounded (at least 1: each box split once)."""
+
+    def get_split_depth(current_domain_num, split_partitions=2):
+        depth = orig(current_domain_num, split_partitions)
+        fits = run.rounds.fits
+        if fits is not None and current_domain_num > 0:
+            while depth > 1 and current_domain_num * split_partitions**depth > fits:
+                depth -= 1
+        return depth
+
+    return get_split_depth
