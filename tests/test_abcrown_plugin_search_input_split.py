@@ -72,7 +72,7 @@ def _worker(vendor: str, tmp: str) -> dict:
 
     from complete_verifier_ext.abcrown_plugin import bridge, locate
     from complete_verifier_ext.abcrown_plugin.run import Run
-    from complete_verifier_ext.abcrown_plugin.search import input_split, rounds
+    from complete_verifier_ext.abcrown_plugin.search import input_split, oom, rounds
     from complete_verifier_ext.config import ParallelConfig
     from complete_verifier_ext.parallel import comm
 
@@ -103,6 +103,14 @@ def _worker(vendor: str, tmp: str) -> dict:
         spec_sizes = torch.tensor([2, 1] * (n // 2))
         ml.add(**b, spec_sizes=spec_sizes, check_dm_lbs=False, check_input_boxes=False)
     rounds.even_out(rounds.ListQueue(ml, input_split.take, input_split.put), [6, 0])
+    # a round that ran out of memory after its pick (search/oom.py): the boxes back on the list
+    run = Run(ParallelConfig(mode="fsdp", world_size=2), 2, tmp, 0.0)
+    volumes = [sub.volume for sub in ml.spec_domain_lists]
+    oom.pick_out_batch(run, type(ml).pick_out_batch)(ml, 2, device="cpu")
+    undo, stores = run.rounds.undo, oom.input_storages(ml)
+    out["undo"] = (len(ml), undo.intact(ml, stores))
+    undo.restore(stores)
+    out["undo"] += (len(ml), [sub.volume for sub in ml.spec_domain_lists] == volumes)
     picked = ml.pick_out_batch(len(ml), device="cpu")
     out["multi"] = (_ids_consistent(picked), picked[7].tolist())
     # the attack: rank 1 alone finds a counterexample; rank 0 (the user's file) gets it
@@ -114,7 +122,6 @@ def _worker(vendor: str, tmp: str) -> dict:
                 f.write("((X_0 1.5))")
         return me == 1
 
-    run = Run(ParallelConfig(mode="fsdp", world_size=2), 2, tmp, 0.0)
     wrapped = input_split.pgd_attack_on_domains(run, attack)
     dl.add(**_boxes(1, 5), check_dm_lbs=False, check_input_boxes=False)
     dl._split = True
@@ -129,6 +136,7 @@ def test_boxes_move_between_ranks_whole_and_attack_agreed(tmp_path, monkeypatch)
     """Rebalancing α,β-CROWN's input box lists between two gloo ranks: every box arrives once with all
     it carries (bounds, spec, threshold, split dimension, α with the boxes on dim 2, clip-and-verify
     constraints), the volume moves with it, and the multi-spec list keeps each box's number of ANDs.
+    Boxes picked off a multi-spec list by a round that then ran out of memory go back as they were.
     A counterexample found on rank 1 alone is every rank's, and rank 0's file holds it."""
     monkeypatch.setenv("ABCROWN_PATH", str(VENDOR))
     r0, r1 = launch.run(_worker, 2, (str(VENDOR), str(tmp_path)), backend="gloo")
@@ -137,5 +145,6 @@ def test_boxes_move_between_ranks_whole_and_attack_agreed(tmp_path, monkeypatch)
     assert sum(r["volume"][1] for r in (r0, r1)) == pytest.approx(sum(r["volume"][0] for r in (r0, r1)))
     both = sorted(p for part in (zip(*r["multi"], strict=True) for r in (r0, r1)) for p in part)
     assert both == [(0, 2), (1, 1), (2, 2), (3, 1), (4, 2), (5, 1)], json.dumps([r0["multi"], r1["multi"]])
+    assert r0["undo"] == r1["undo"] == (1, True, 3, True)  # then every box picked once, as it was
     assert r0["found"] and r1["found"] and r0["cex"] == r1["cex"] == "((X_0 1.5))"
     assert not r0["none"] and not r1["none"]
