@@ -34,7 +34,9 @@ rank where P = 1 makes one). Writes ``abcrown_resnet_large.{json,md,png}`` into 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -65,6 +67,28 @@ def config(checkout: Path, plugin: bool, method: str, double: bool = False) -> s
     # runs, and the bounds would compare unequal stages
     cfg.setdefault("bab", {})["timeout"] = TIMEOUT_S
     return yaml.safe_dump(cfg, sort_keys=False)
+
+
+ROUNDING = "plugin, oneDNN off"
+
+
+@contextlib.contextmanager
+def onednn_off(tmp: Path):
+    """Every Python process started inside runs with ``torch.backends.mkldnn.enabled = False`` (a
+    ``sitecustomize`` on ``PYTHONPATH``): convolutions by torch's own kernels, the same sums in another
+    order, so the run differs from P = 1 by float rounding alone."""
+    site = tmp / "onednn_off"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text("import torch\ntorch.backends.mkldnn.enabled = False\n")
+    was = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *([was] if was else [])])
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = was
 
 
 def table(rows: list[dict], against: dict | None = None) -> str:
@@ -175,6 +199,8 @@ def main() -> None:
     ap.add_argument("--no-unpatched", action="store_true", help="leave out the unpatched abcrown.py run")
     ap.add_argument("--against", help="this script's JSON of another run (e.g. float32 against --double): "
                     "a column of every row's bounds against its plugin P = 1 row")  # fmt: skip
+    ap.add_argument("--rounding", action="store_true", help="one more P = 1 run with oneDNN off in every "
+                    "process: the same arithmetic summed in another order (rounding alone)")  # fmt: skip
     ap.add_argument("--reuse", help="this script's JSON of an earlier run (same config and --divide): its "
                     "rows are kept and only the runs it lacks are run")  # fmt: skip
     a = ap.parse_args()
@@ -205,13 +231,24 @@ def main() -> None:
             rows.append({**r, "run": "unpatched abcrown.py", "P": 1, "mode": ""})
             print(json.dumps(rows[-1]), flush=True)
             save()
-        runs = [("plugin", 1, "", text)]
+        runs = [("plugin", 1, "", text)] + ([(ROUNDING, 1, "", text)] if a.rounding else [])
         runs += [("plugin", P, m, text) for m in a.modes for P in a.worlds]
         for name, P, mode, cfg in (r for r in runs if r[:3] not in have):
             method = "alpha" if a.method == "alpha-crown" else "crown"
-            r = run_one(
-                "abcrown", method, onnx_path, spec, P, None, tmp, a.timeout, mode or "fsdp", cfg, threads(P)
-            )
+            with onednn_off(tmp) if name == ROUNDING else contextlib.nullcontext():
+                r = run_one(
+                    "abcrown",
+                    method,
+                    onnx_path,
+                    spec,
+                    P,
+                    None,
+                    tmp,
+                    a.timeout,
+                    mode or "fsdp",
+                    cfg,
+                    threads(P),
+                )
             rows.append({**r, "run": name, "P": P, "mode": mode, "layer_mb": layer_mb})
             print(json.dumps(rows[-1])[:300], flush=True)
             save()
@@ -232,7 +269,13 @@ def main() -> None:
         f"settings. `bab.timeout: {TIMEOUT_S}`: α-CROWN's time limit (1.0 × it) never cuts its iterations "
         f"short.{note}"
         + (" Every run in float64 (`general.double_fp`)." if a.double else "")
-        + (f" Last column: against the plugin's P = 1 row of `{a.against}`." if a.against else ""),
+        + (f" Last column: against the plugin's P = 1 row of `{a.against}`." if a.against else "")
+        + (
+            f" `{ROUNDING}`: P = 1 with `torch.backends.mkldnn.enabled = False` in every process (torch's "
+            "own convolution kernels: the same arithmetic, summed in another order)."
+            if a.rounding
+            else ""
+        ),
         "",
         table(rows, against),
     ]
