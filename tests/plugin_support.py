@@ -173,6 +173,12 @@ def run_jobs(*jobs) -> list[dict]:
     return [rank_main(job) for job in jobs]
 
 
+def run_calls(*calls: tuple[str, tuple]) -> list[dict]:
+    """A rank function: this module's rank functions ``(name, args)`` in turn, in this one process (one
+    start of the ranks for several runs); their results in order."""
+    return [r for name, args in calls for r in globals()[name](*args)]
+
+
 def run_jobs_out_of_memory(limit: int, late: bool, final_rows: int | None, *jobs) -> list[dict]:
     """:func:`run_jobs` with a stand-in for a GPU that runs out of memory: on rank 1, a ReLU's step of
     the back-substitution of an intermediate layer raises ``torch.OutOfMemoryError`` (what CUDA raises)

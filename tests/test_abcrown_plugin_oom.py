@@ -177,10 +177,10 @@ def job(name):
     return parent.prepare(shell.Shell(), {cfg!r}, overrides, None, True, time.time(), scratch)
 
 a, b, c = job("ref"), job("oom"), job("oom_late")
-ref = launch.run(plugin_support.run_jobs, 2, (a.job,), backend="gloo")
-oom = launch.run(plugin_support.run_jobs_out_of_memory, 2, ({limit}, False, None, b.job), backend="gloo")
-late = launch.run(plugin_support.run_jobs_out_of_memory, 2, ({limit}, True, 2, c.job), backend="gloo")
-print(json.dumps([parent.summary_json(r, a.par) for r in (*ref, *oom, *late)]))
+calls = (("run_jobs", (a.job,)), ("run_jobs_out_of_memory", ({limit}, False, None, b.job)),
+         ("run_jobs_out_of_memory", ({limit}, True, 2, c.job)))
+runs = launch.run(plugin_support.run_calls, 2, calls, backend="gloo")  # the three runs in turn
+print(json.dumps([parent.summary_json(r, a.par) for r in runs]))
 """
 
 CNN7_YAML = """general:
