@@ -235,8 +235,9 @@ def batch_verification_input_split(run: Run, orig):
                     stats.visited - visited if stats is not None else 0
                 ) or picked  # (get_bounds counts)
                 least = picked <= 1 and bounded <= (1 if reordered else 2)  # one box, split once
-                if least or undo is None or not undo.intact(d, input_storages(d)):
-                    why = "one box split once" if least else "the box list changed since the pick"
+                changed = undo is None or not undo.intact(d, input_storages(d))
+                if least or changed:
+                    why = "the box list changed since the pick" if changed else "one box split once"
                     print(f"warning: out of memory in an input-split BaB round bounding {bounded} box(es) "
                           f"({why}): giving up", file=sys.stderr, flush=True)  # fmt: skip
                     raise
