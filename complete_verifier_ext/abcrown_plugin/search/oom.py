@@ -99,17 +99,23 @@ def _rebound(dl) -> list[tuple[Any, str]]:
     return [(dl, name) for name in LISTS] + [(dl, "num_domains")]
 
 
-def pick_out(run: Run, orig):
-    """``BatchedDomainList.pick_out``: records the :class:`Undo` of the pick first."""
+def _recorded(run: Run, orig, stores, rebound):
+    """A list's pick method ``orig`` that records the :class:`Undo` of each pick in ``run.rounds.undo``:
+    ``stores(list)`` the storages it pops, ``rebound(list)`` what else it rebinds."""
 
-    def pick_out(self, batch, device="cpu"):
-        undo = Undo.of(self, storages(self), _rebound(self))
-        ret = orig(self, batch, device)
-        undo.picked(storages(self))
+    def pick(self, *args, **kwargs):
+        undo = Undo.of(self, stores(self), rebound(self))
+        ret = orig(self, *args, **kwargs)
+        undo.picked(stores(self))
         run.rounds.undo = undo
         return ret
 
-    return pick_out
+    return pick
+
+
+def pick_out(run: Run, orig):
+    """``BatchedDomainList.pick_out``: records the :class:`Undo` of the pick."""
+    return _recorded(run, orig, storages, _rebound)
 
 
 def split_domain(run: Run, orig):
@@ -198,19 +204,15 @@ def input_storages(dl) -> dict[tuple, Any]:
     return out
 
 
+def _volumes(dl) -> list[tuple[Any, str]]:
+    """What ``pick_out_batch`` rebinds besides its storages: each box list's volume."""
+    return [(sub, name) for sub in _box_lists(dl) for name in ("volume", "all_volume")]
+
+
 def pick_out_batch(run: Run, orig):
-    """An input-split list's ``pick_out_batch``: records the :class:`Undo` of the pick first (a list of
-    lists calls its lists' own: its record, of all of them, is the last)."""
-
-    def pick_out_batch(self, batch_size, device=None):
-        volumes = [(sub, name) for sub in _box_lists(self) for name in ("volume", "all_volume")]
-        undo = Undo.of(self, input_storages(self), volumes)
-        ret = orig(self, batch_size, device)
-        undo.picked(input_storages(self))
-        run.rounds.undo = undo
-        return ret
-
-    return pick_out_batch
+    """An input-split list's ``pick_out_batch``: records the :class:`Undo` of the pick (a list of lists
+    calls its lists' own: its record, of all of them, is the last)."""
+    return _recorded(run, orig, input_storages, _volumes)
 
 
 def batch_verification_input_split(run: Run, orig):
