@@ -107,9 +107,9 @@ def _worker(vendor: str, tmp: str) -> dict:
     run = Run(ParallelConfig(mode="fsdp", world_size=2), 2, tmp, 0.0)
     volumes = [sub.volume for sub in ml.spec_domain_lists]
     oom.pick_out_batch(run, type(ml).pick_out_batch)(ml, 2, device="cpu")
-    undo, stores = run.rounds.undo, oom.input_storages(ml)
-    out["undo"] = (len(ml), undo.intact(ml, stores))
-    undo.restore(stores)
+    undo = run.rounds.undo
+    out["undo"] = (len(ml), undo.intact(ml))
+    undo.restore(ml)
     out["undo"] += (len(ml), [sub.volume for sub in ml.spec_domain_lists] == volumes)
     picked = ml.pick_out_batch(len(ml), device="cpu")
     out["multi"] = (_ids_consistent(picked), picked[7].tolist())

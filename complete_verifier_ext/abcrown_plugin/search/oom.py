@@ -43,6 +43,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,32 +57,34 @@ from .activation import LISTS, storages
 class Undo:
     """What one pick changed in a domain (or box) list, to undo it: each per-domain storage's (count,
     start) before the pick and its count after, and the attributes the pick rebinds, as they were (a
-    breadth-first deque copied: ``pick_out`` pops from it)."""
+    breadth-first deque copied: ``pick_out`` pops from it). ``stores(list)``: the list's storages by
+    key (:func:`.activation.storages`, :func:`input_storages`)."""
 
     dl: weakref.ref
+    stores: Callable[[Any], dict[tuple, Any]]
     used: dict[tuple, tuple[int, int | None]]
     attrs: list[tuple[Any, str, Any]]  # (object, attribute, value before the pick)
     after: dict[tuple, int] | None = None  # each storage's count after the pick
 
     @classmethod
-    def of(cls, dl, stores: dict[tuple, Any], attrs: list[tuple[Any, str]]) -> Undo:
-        used = {k: (s.num_used, getattr(s, "_usage_start", None)) for k, s in stores.items()}
+    def of(cls, dl, stores: Callable[[Any], dict[tuple, Any]], attrs: list[tuple[Any, str]]) -> Undo:
+        used = {k: (s.num_used, getattr(s, "_usage_start", None)) for k, s in stores(dl).items()}
         kept = []
         for obj, name in attrs:
             value = getattr(obj, name)
             kept.append((obj, name, deque(value) if isinstance(value, deque) else value))  # a slice rebinds
-        return cls(weakref.ref(dl), used, kept)
+        return cls(weakref.ref(dl), stores, used, kept)
 
-    def picked(self, stores: dict[tuple, Any]) -> None:
-        self.after = {k: len(s) for k, s in stores.items()}
+    def picked(self, dl) -> None:
+        self.after = {k: len(s) for k, s in self.stores(dl).items()}
 
-    def intact(self, dl, stores: dict[tuple, Any]) -> bool:
+    def intact(self, dl) -> bool:
         """Nothing added to or taken from ``dl`` since the pick: every storage holds what the pick left
         (an append moves some count; the popped entries stay in their buffers until one)."""
-        return self.dl() is dl and self.after == {k: len(s) for k, s in stores.items()}
+        return self.dl() is dl and self.after == {k: len(s) for k, s in self.stores(dl).items()}
 
-    def restore(self, stores: dict[tuple, Any]) -> None:
-        for key, s in stores.items():
+    def restore(self, dl) -> None:
+        for key, s in self.stores(dl).items():
             s.num_used, start = self.used[key]
             if start is not None:
                 s._usage_start = start
@@ -104,9 +107,9 @@ def _recorded(run: Run, orig, stores, rebound):
     ``stores(list)`` the storages it pops, ``rebound(list)`` what else it rebinds."""
 
     def pick(self, *args, **kwargs):
-        undo = Undo.of(self, stores(self), rebound(self))
+        undo = Undo.of(self, stores, rebound(self))
         ret = orig(self, *args, **kwargs)
-        undo.picked(stores(self))
+        undo.picked(self)
         run.rounds.undo = undo
         return ret
 
@@ -134,12 +137,7 @@ def split_domain(run: Run, orig):
                 undo = run.rounds.undo
                 cut = arguments.Config["bab"]["cut"]
                 cplex = cut["enabled"] and cut["cplex_cuts"]  # the round rewrites a pick's β for them
-                if (
-                    (n <= 1 and batch <= 1)
-                    or cplex
-                    or undo is None
-                    or not undo.intact(domains, storages(domains))
-                ):
+                if (n <= 1 and batch <= 1) or cplex or undo is None or not undo.intact(domains):
                     why = ("one domain a round" if n <= 1 and batch <= 1 else "CPLEX cuts" if cplex
                            else "the domain list changed since the pick")  # fmt: skip
                     print(f"warning: out of memory in a BaB round of {n} domain(s) ({why}): giving up",
@@ -147,7 +145,7 @@ def split_domain(run: Run, orig):
                     raise
             # outside the handler: the failed attempt's tensors are freed, and so are the batch's
             d.clear()  # (the caller's reference to the batch, too)
-            undo.restore(storages(domains))
+            undo.restore(domains)
             if stats is not None:
                 stats.visited = visited
             if torch.cuda.is_available():
@@ -237,14 +235,14 @@ def batch_verification_input_split(run: Run, orig):
                     stats.visited - visited if stats is not None else 0
                 ) or picked  # (get_bounds counts)
                 least = picked <= 1 and bounded <= (1 if reordered else 2)  # one box, split once
-                changed = undo is None or not undo.intact(d, input_storages(d))
+                changed = undo is None or not undo.intact(d)
                 if least or changed:
                     why = "the box list changed since the pick" if changed else "one box split once"
                     print(f"warning: out of memory in an input-split BaB round bounding {bounded} box(es) "
                           f"({why}): giving up", file=sys.stderr, flush=True)  # fmt: skip
                     raise
             # outside the handler: the failed attempt's tensors are freed
-            undo.restore(input_storages(d))
+            undo.restore(d)
             if stats is not None:
                 stats.visited = visited
             if torch.cuda.is_available():
