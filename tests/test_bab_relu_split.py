@@ -104,8 +104,10 @@ def _solve(
     kill_rank_at_round: tuple[int, int] | None = None,
     opts: dict | None = None,
     replicate: bool = False,
+    collective: bool = False,
 ) -> tuple[BabResult, int]:
-    """One search on this rank (every rank calls it identically): (result, calls of ``expired``)."""
+    """One search on this rank (every rank calls it identically): (result, calls of ``expired``;
+    ``collective``: ``expired`` is a collective decision, as the clock's)."""
     n = sizes[0]
     graph = from_sequential(testing.mlp(sizes, seed), (n,))
     if comm.world_size() > 1 and mode != "none":
@@ -118,7 +120,8 @@ def _solve(
 
     def expired() -> bool:
         calls[0] += 1
-        return expire_after is not None and calls[0] >= expire_after
+        late = expire_after is not None and calls[0] >= expire_after
+        return comm.all_reduce_flag(late) if collective else late
 
     def on_round(rounds: int, left: int, worst: float, domains: int) -> None:
         if kill_rank_at_round is not None and (comm.rank(), rounds) == kill_rank_at_round:
@@ -238,11 +241,11 @@ def test_unsat_below_the_exact_minimum(sizes, seed, box):
     assert 0 < r.bound <= exact - spec["d"][0] + 1e-5  # the least leaf bound: sound, and above 0
 
 
-def test_a_round_that_runs_out_of_memory_runs_again_with_half_its_parents(monkeypatch, capsys):
-    """P = 1: β-CROWN over more than 3 children at once raises ``torch.OutOfMemoryError`` (what CUDA
-    raises): the first round of 2 parents (4 children) goes back on the queue and runs again with 1,
-    one warning line, and the later rounds take 1 parent (of 4 a round). The verdict is the one of the run
-    that never ran out; a parent whose 2 children do not fit gives up with the error."""
+def test_a_pass_that_runs_out_of_memory_runs_again_in_halves(monkeypatch, capsys):
+    """P = 1: β-CROWN over more than 3 domains at once raises ``torch.OutOfMemoryError`` (what CUDA
+    raises): the round's children (4) are bounded and branched again in passes of 2, one warning line,
+    and so are the later rounds'. The verdict is the one of the run that never ran out; a domain that
+    does not fit alone gives up with the error, after one line."""
     from complete_verifier_ext.bab.domain import BetaCrown
 
     spec = _spec(*SINGLE[0], 1)
@@ -259,14 +262,62 @@ def test_a_round_that_runs_out_of_memory_runs_again_with_half_its_parents(monkey
     assert r.verdict == "unsat" and r.domains > 1, r
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: out of memory")]
     assert warnings == [
-        "warning: out of memory in a pass of 2 parents of a BaB round; retrying in passes of 1"
+        "warning: out of memory in a pass of 4 domains of a BaB round; retrying in passes of 2"
     ]
-    limit = 1
+    limit = 0
     with pytest.raises(torch.OutOfMemoryError):
         _solve(**spec)
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "warning: out of memory in a pass of 1 parent(s) of a BaB round (one parent per pass): giving up"
+        "warning: out of memory in a pass of 1 domain(s) of a BaB round (one domain per pass): giving up"
     )
+
+
+def _oom_worker(spec: dict, cases: list[tuple[str, bool, int | None]]) -> list[list[tuple]]:
+    """Every case ``(mode, replicate, limit)`` on every rank, with a collective ``expired``: rank 1 runs
+    out of memory at the end of every β-CROWN bound of more than ``limit`` domains (after its
+    collectives). Per case, every rank's (verdict, domains, collectives issued) or ("out of memory",
+    collectives issued)."""
+    from complete_verifier_ext.bab.domain import BetaCrown
+
+    torch.set_num_threads(1)
+    bound, limit = BetaCrown.bound, [None]
+
+    def stand_in(self, doms, *args, **kwargs):
+        out = bound(self, doms, *args, **kwargs)
+        if comm.rank() == 1 and limit[0] is not None and len(doms) > limit[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return out
+
+    BetaCrown.bound = stand_in
+    out = []
+    for mode, replicate, limit[0] in cases:
+        before = comm.issued()
+        try:
+            r, _ = _solve(**spec, mode=mode, replicate=replicate, collective=True)
+            mine = (r.verdict, r.domains, comm.issued() - before)
+        except torch.OutOfMemoryError:  # every rank raises together: the group is still in lockstep
+            mine = ("out of memory", comm.issued() - before)
+        out.append(comm.all_gather_object(mine))
+    return out
+
+
+def test_at_p2_a_pass_that_runs_out_on_one_rank_runs_again_in_halves_on_every_rank(capfd):
+    """P = 2, tp (collectives inside every bound) and fsdp with whole weights (only the collective
+    ``expired`` inside): rank 1 runs out of memory after bounding more than 2 domains at once. It ends
+    the pass with the others over no domain, replaying the collectives it issued (the ``expired``
+    decisions as they were), the ranks vote, and every rank bounds that round's children and the later
+    rounds' in passes of half as many. The verdict is P = 1's, both ranks issue the same collectives,
+    one line per pass that ran out; a domain that does not fit alone ends every rank with the error."""
+    spec = {**_single("unsat")[0]}
+    cases = [("tp", False, 2), ("fsdp", True, 2), ("fsdp", True, 0)]
+    results = launch.run(_oom_worker, 2, (spec, cases), backend="gloo")
+    for (mode, _, limit), (r0, r1) in zip(cases, results, strict=True):
+        assert r0 == r1, (mode, r0, r1)  # the same result and the same collectives on both ranks
+        assert r0[0] == ("out of memory" if limit == 0 else "unsat"), (mode, r0)
+    err = capfd.readouterr().err
+    line = "warning: out of memory on rank 1 in a pass of 4 domains of a BaB round; every rank runs that"
+    assert err.count(line) == 2, err  # once per search: the later rounds' passes are of 2
+    assert err.count("warning: out of memory on rank 1 in a pass of 1 of a BaB round's domains") == 1
 
 
 @pytest.mark.parametrize("sizes, seed, box", SAT)

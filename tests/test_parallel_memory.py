@@ -123,10 +123,10 @@ def test_file_backed_pages_paged_in_during_a_measurement_are_left_out(tmp_path) 
 
 def _toy_passes(limit: int) -> list:
     """Two gloo ranks, each with one pass of its own rows (6 on rank 0, 8 on rank 1), every pass
-    issuing the same collectives (a weight gather, a ring pass, a shard pass, a sized all-gather)
-    whatever its rows (0: a dummy pass); rank 1 runs out of memory after the first of them in any
-    pass of more than ``limit`` rows. Returns every rank's (passes run, collectives issued, collective
-    counts)."""
+    issuing the same collectives (a weight gather, a decision that the rest hangs on, a ring pass, a
+    shard pass, a sized all-gather) whatever its rows (0: a dummy pass); rank 1 runs out of memory after
+    the first two in any pass of more than ``limit`` rows. Returns every rank's (passes run,
+    collectives issued, collective counts)."""
     import torch
 
     from complete_verifier_ext.parallel import comm, memory
@@ -136,6 +136,8 @@ def _toy_passes(limit: int) -> list:
     def one_pass(n: int) -> float:
         out = torch.empty(4 * comm.world_size())
         comm.all_gather_into(out, w)
+        if not comm.all_reduce_flag(comm.rank() == 0):  # True: a replay must be told so, not guess
+            return 0.0
         if comm.rank() == 1 and n > limit:
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
         got = comm.ring_pass_start(w, recv_shape=(4,)).wait()
@@ -157,10 +159,11 @@ def _toy_passes(limit: int) -> list:
 
 
 def test_a_pass_that_runs_out_on_one_rank_runs_again_in_halves_on_every_rank(capfd) -> None:
-    """Rank 1 runs out of memory midway through its pass (after the weight gather): it issues the rest
-    of the pass's collectives over one dummy row without issuing the gather again, the ranks vote, and
-    every rank runs its pass again as two of half its rows, until rank 1's fit. No hang; both ranks
-    issue the same collectives; every row is bounded once; one line per pass that ran out."""
+    """Rank 1 runs out of memory midway through its pass (after the weight gather and a decision): it
+    issues the rest of the pass's collectives over one dummy row without issuing those two again (the
+    decision as it was), the ranks vote, and every rank runs its pass again as two of half its rows,
+    until rank 1's fit. No hang; both ranks issue the same collectives; every row is bounded once; one
+    line per pass that ran out."""
     from complete_verifier_ext.parallel import launch
 
     ranks = launch.run(_toy_passes, 2, (2,), backend="gloo")

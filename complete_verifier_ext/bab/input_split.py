@@ -57,7 +57,7 @@ from ..bounds.alpha import AlphaOptions, alpha_crown
 from ..bounds.crown import CrownState, crown
 from ..bounds.graph import Graph
 from ..bounds.walk import back_substitute
-from ..parallel import comm
+from ..parallel import comm, memory
 from ..spec import Clauses
 from .common import BabOptions, BabResult, spread_positions
 from .search import run_search
@@ -325,10 +325,22 @@ class InputSplitSearch:
         return self._bound(lo, hi, torch.full((root, nc), -torch.inf, dtype=torch.float64))
 
     def expand(self, k: int) -> tuple[int, np.ndarray | None]:
+        """The round; at P = 1, where it runs out of memory, again with half as many parents as it
+        popped (:func:`.memory.halving_on_oom`), down to one; ``per_round`` keeps the number that
+        fitted. At P > 1 a rank that stopped midway no longer issues the collectives of the others'
+        round: the error, after one line."""
+        out, fitted = memory.halving_on_oom(self.bisect, k, "a BaB round", comm.world_size() == 1, "parents")
+        if fitted < k:
+            self.per_round = fitted
+        return out
+
+    def bisect(self, k: int) -> tuple[int, np.ndarray | None]:
+        """Pop up to ``k`` of the worst boxes, bisect them and bound the halves; the queue as it was
+        where it raises (bounding adds to it only at its end)."""
         batch, self.queue = pop_worst(self.queue, k)
         try:
             return self._bound(*split(batch))
-        except torch.OutOfMemoryError:  # the queue as it was (bounding adds to it only at its end)
+        except torch.OutOfMemoryError:
             self.queue = Domains.cat([self.queue, batch])
             raise
 

@@ -3,7 +3,8 @@
 A *domain* is a set of split decisions (``z_i >= 0`` or ``z_i <= 0`` for pre-activation neurons),
 the intermediate bounds valid under them, and its α/β.  Each round every rank takes up to
 ``batch_size // 2`` of its worst domains, splits each on the neuron the branching heuristic picked, and
-bounds all children in one batched β-CROWN call (the batch axis of the engine is the domain axis):
+bounds all children in one batched β-CROWN call (the batch axis of the engine is the domain axis; in
+passes of fewer children once a pass ran out of memory):
 
 * the split fixes the neuron's bounds (``l = max(l, 0)`` or ``u = min(u, 0)``), making it exact;
 * β adds ``-β z`` (active split) or ``+β z`` (inactive) to the objective, ``β >= 0``, which is
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..attack import sign_step
-from ..bounds.crown import CrownState
+from ..bounds.crown import CrownState, Fits, in_passes
 from ..bounds.graph import Graph
 from ..bounds.ops import Relu
 from ..bounds.walk import Box
@@ -60,6 +61,7 @@ class ReluSplitBab:
         self.expired = expired  # asked within a round (before every β-CROWN step)
         self.queue: list[Domain] = []
         self.per_round = opts.batch_size // 2 or 1
+        self.fits: Fits = {}  # the most domains of a pass, once a larger one ran out of memory
         self.bounds_own_batch = True
         self.stuck = False
         self.proven = np.inf  # the least margin bound of a verified leaf on this rank
@@ -110,14 +112,47 @@ class ReluSplitBab:
 
     def evaluate(self, doms: list[Domain]) -> tuple[list[Domain], np.ndarray | None, int]:
         """Bound a batch; return the unverified domains (with their next branch), a counterexample
-        candidate that really violates the spec, and how many were bounded."""
-        lb, alpha, beta, record, x = self.bc.bound(doms, self.expired)
-        B = len(doms)
+        candidate that really violates the spec, and how many were bounded. The batch is bounded and
+        branched in passes (:func:`.crown.in_passes`): one pass of all of it unless a pass ran out of
+        memory before (``fits``); a pass that runs out runs again in halves, at P > 1 on every rank."""
+        B = end = len(doms)
+        if comm.world_size() > 1:  # the passes run over the positions of the longest batch
+            end = int(comm.all_reduce(torch.tensor([B], device=comm.device()), "max"))
+
+        def run(c0: int, c1: int, size: int) -> list[tuple]:
+            return [self.bound_and_branch(doms[c : min(c + size, c1)]) for c in range(c0, c1, size)]
+
+        parts = in_passes(run, max(end, 1), max(end, 1), B, "a BaB round", self.fits, "domains", True)
+        lb = torch.cat([p[0] for p in parts])
+        alpha = {j: torch.cat([p[1][j] for p in parts], 1) for j in parts[0][1]}
+        beta = {k: torch.cat([p[2][k] for p in parts], 1) for k in parts[0][2]}
+        x = torch.cat([p[3] for p in parts])
+        choice = [c for p in parts for c in p[4]]
         margins = self.problem.margins(lb)  # (B, n_clauses)
         worst = margins.min(1).values
         # candidates lie in the real box (its inward float32 form), not the outward-rounded one
         x = torch.minimum(torch.maximum(x, self.inner[0]), self.inner[1])
         cex = self.falsify(x, lb)
+        keep = []
+        for b, d in enumerate(doms):
+            if float(worst[b]) > 0:
+                self.proven = min(self.proven, float(worst[b]))
+                continue
+            if choice[b] is None:  # nothing left to split: never drop an unproven domain
+                d.retries += 1
+                self.stuck = self.stuck or d.retries > MAX_RETRIES
+            d.worst = float(worst[b])
+            d.alpha = {j: a[:, b : b + 1].to(self.opts.store_dtype) for j, a in alpha.items()}
+            d.beta = {k: t[:, b : b + 1].to(self.opts.store_dtype) for k, t in beta.items()}
+            d.branch = choice[b]
+            keep.append(d)
+        return keep, cex, B
+
+    def bound_and_branch(self, doms: list[Domain]) -> tuple:
+        """β-CROWN bounds of a batch (possibly empty: lockstep) and each domain's next branch: (lb (B, S),
+        α, β, the worst rows' minimisers, the branches)."""
+        lb, alpha, beta, record, x = self.bc.bound(doms, self.expired)
+        B = len(doms)
         open_rows = self.problem.row_margins(lb) <= 0  # (B, S): rows not yet proven
         bounds = (
             {
@@ -133,20 +168,7 @@ class ReluSplitBab:
             choice = fsb(self.bc, self.problem, self.opts, bounds, split, alpha, beta, scores, B)
         else:
             choice = babsr(scores, B)
-        keep = []
-        for b, d in enumerate(doms):
-            if float(worst[b]) > 0:
-                self.proven = min(self.proven, float(worst[b]))
-                continue
-            if choice[b] is None:  # nothing left to split: never drop an unproven domain
-                d.retries += 1
-                self.stuck = self.stuck or d.retries > MAX_RETRIES
-            d.worst = float(worst[b])
-            d.alpha = {j: a[:, b : b + 1].to(self.opts.store_dtype) for j, a in alpha.items()}
-            d.beta = {k: t[:, b : b + 1].to(self.opts.store_dtype) for k, t in beta.items()}
-            d.branch = choice[b]
-            keep.append(d)
-        return keep, cex, B
+        return lb, alpha, beta, x, choice
 
     def falsify(self, x: Tensor, lb: Tensor) -> np.ndarray | None:
         """Look for a counterexample near every rank's candidate points (B_r, *in), identical on every

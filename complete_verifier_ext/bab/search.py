@@ -12,9 +12,9 @@ every rank, round after round:
    more than ``max_domains`` domains on all ranks together), ``unsat`` (no domain left), ``timeout``;
 3. rebalancing (:func:`rebalance_plan`, one all-gather of the sizes and one of the domains moved) when
    some rank cannot fill its next batch or the queues differ by more than a batch;
-4. ``expand`` on every rank. At P = 1 a round that runs out of memory (``torch.OutOfMemoryError``, what
-   CUDA raises) runs again with half as many parents, and so do the rounds after it (:func:`expand`;
-   ``expand`` leaves the queue as it was when it raises).
+4. ``expand`` on every rank (out of memory, ``torch.OutOfMemoryError`` as CUDA raises it, is the
+   search's to handle: ReLU splits bound their children in passes that run again in halves, input
+   splits run the round again with half as many parents at P = 1).
 
 Every decision is taken from collectively agreed numbers, so every rank issues the same collectives
 and returns the same :class:`BabResult`.
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..parallel import comm, memory
+from ..parallel import comm
 from .common import BabOptions, BabResult, rebalance_plan
 
 OnRound = Callable[[int, int, float, int], None]  # (rounds, domains left, worst bound, domains bounded)
@@ -145,18 +145,6 @@ def rebalance(s: Search, opts: BabOptions) -> int:
     return len(s)
 
 
-def expand(s: Search) -> tuple[int, np.ndarray | None]:
-    """``s.expand(s.per_round)``; at P = 1, where it runs out of memory, again with half as many parents
-    as it popped (:func:`.memory.halving_on_oom`), down to one; ``s.per_round`` keeps the number that
-    fitted. At P > 1 a rank that stopped midway no longer issues the collectives of the others' round:
-    the error, after one line."""
-    n = min(s.per_round, len(s))
-    out, fitted = memory.halving_on_oom(s.expand, n, "a BaB round", comm.world_size() == 1, "parents")
-    if fitted < n:
-        s.per_round = fitted
-    return out
-
-
 def run_search(
     s: Search, opts: BabOptions, expired: Callable[[], bool], on_round: OnRound | None = None
 ) -> BabResult:
@@ -191,6 +179,6 @@ def run_search(
                 result.bound = a.proven if np.isfinite(a.proven) else -np.inf
             return result
         max_queue = max(max_queue, rebalance(s, opts))
-        bounded, cex = expand(s)
+        bounded, cex = s.expand(min(s.per_round, len(s)))
         max_queue = max(max_queue, len(s))
         rounds += 1

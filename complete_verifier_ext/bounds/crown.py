@@ -159,14 +159,19 @@ def in_passes(
     mine: int,
     where: str,
     fits: Fits | None = None,
+    what: str = "rows",
+    steps: bool = False,
 ) -> list[T]:
-    """``run(c0, c1, s)``: positions ``c0 .. c1`` of this rank's rows in sub-passes of ``s`` (positions
-    past its ``mine`` rows: a pass of no row, as a rank with fewer rows than another makes), a list of
-    one result per sub-pass; here over positions ``0 .. end`` (the same on every rank) in passes of
-    ``step``. Out of memory: at P = 1 that pass again in halves, and the next ones as small
-    (:func:`.memory.halving_on_oom`); at P > 1 every rank runs that pass and the next ones in halves,
-    in lockstep (:func:`.memory.passes_in_lockstep`); ``fits[where]`` then keeps the size that fitted
-    for the next call, and caps ``step``. Returns the results of every sub-pass, in order."""
+    """``run(c0, c1, s)``: positions ``c0 .. c1`` of this rank's rows (``what``: what they are, in the
+    warnings) in sub-passes of ``s`` (positions past its ``mine`` rows: a pass of no row, as a rank
+    with fewer rows than another makes), a list of one result per sub-pass; here over positions
+    ``0 .. end`` (the same on every rank) in passes of ``step``. Out of memory: at P = 1 that pass
+    again in halves, and the next ones as small (:func:`.memory.halving_on_oom`); at P > 1 every rank
+    runs that pass and the next ones in halves, in lockstep (:func:`.memory.passes_in_lockstep`);
+    ``fits[where]`` then keeps the size that fitted for the next call, and caps ``step``. ``steps``: a
+    pass takes gradient steps itself (β-CROWN in BaB), so the dummy pass at P > 1 does too (else it
+    runs without autograd: the caller's backward, if any, comes after every pass). Returns the
+    results of every sub-pass, in order."""
     fits = {} if fits is None else fits
     step = max(1, min(step, fits.get(where, step)))
     out: list[T] = []
@@ -174,7 +179,7 @@ def in_passes(
         c0, start = 0, step
         while c0 < end:
             n = min(step, end - c0)
-            parts, step = memory.halving_on_oom(lambda s, c0=c0, n=n: run(c0, c0 + n, s), n, where)
+            parts, step = memory.halving_on_oom(lambda s, c0=c0, n=n: run(c0, c0 + n, s), n, where, what=what)
             out += parts
             c0 += n
         if step < start:
@@ -182,8 +187,8 @@ def in_passes(
         return out
 
     def shadow() -> object:
-        with torch.no_grad():  # positions past every rank's rows: a pass of no row
-            return run(end, end + 1, 1)
+        with contextlib.nullcontext() if steps else torch.no_grad():  # positions past every rank's rows:
+            return run(end, end + 1, 1)  # a pass of no row
 
     def halve(p: tuple[int, int]) -> list[tuple[int, int]]:
         h = p[1] - p[1] // 2
@@ -195,7 +200,7 @@ def in_passes(
     passes = [(c, min(step, end - c)) for c in range(0, end, step)]
     done = memory.passes_in_lockstep(
         passes, lambda p: run(p[0], p[0] + p[1], p[1]), shadow,
-        lambda p: max(0, min(p[0] + p[1], mine) - p[0]), halve, where, on_failure=failed,
+        lambda p: max(0, min(p[0] + p[1], mine) - p[0]), halve, where, what, failed,
     )  # fmt: skip
     return [one for parts in done for one in parts]
 

@@ -34,7 +34,9 @@ data. Helpers skip a transfer only on conditions every rank sees identically (e.
 ``issued()`` counts the helpers this process called (a helper that calls another is one). A rank that
 left a pass midway (out of memory) ends it with the others by running it again over a dummy row
 inside ``replaying(n)``: the n helpers it called already are not called again but stood in for by a
-result of their shape (``memory.lockstep_on_oom``).
+result of their shape (``memory.lockstep_on_oom``), or, for a decision (``all_reduce_flag``, an
+``all_reduce`` of at most ``DECISION_NUMEL`` elements: a vote, a stop), by the very result it had, so
+that the replay takes the branches the pass took.
 """
 
 from __future__ import annotations
@@ -239,15 +241,27 @@ def lockstep(on: bool) -> Iterator[None]:
         _lockstep = before
 
 
+DECISION_NUMEL = 16  # an all_reduce this small is taken for a decision: its result is kept for a replay
+KEPT_DECISIONS = 4096  # the decisions of at least this many of the last collectives are kept
+
+
 @dataclass
 class _Issued:
     """The lockstep collectives this process issued (outermost helper calls; a helper that calls another
-    is one), and, while it replays a pass it left midway (:func:`replaying`), how many of the next
-    ones it issued already."""
+    is one), the results of the recent decisions among them (by their position in that count), and,
+    while it replays a pass it left midway (:func:`replaying`), how many of the next ones it issued
+    already and the position of the next."""
 
     count: int = 0
     skip: int = 0
+    at: int = 0
     depth: int = 0
+    decisions: dict[int, Any] = field(default_factory=dict)
+
+    def keep(self, out: Any) -> None:
+        self.decisions[self.count] = out.clone() if isinstance(out, Tensor) else out
+        if len(self.decisions) > 2 * KEPT_DECISIONS:
+            self.decisions = {i: v for i, v in self.decisions.items() if i >= self.count - KEPT_DECISIONS}
 
 
 _ISSUED = _Issued()
@@ -257,9 +271,13 @@ class NotReplayable(RuntimeError):
     """A collective whose result a rank cannot stand in for (it depends on the other ranks' data)."""
 
 
-def _counted(stand_in: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _counted(
+    stand_in: Callable[..., Any], decision: Callable[..., bool] = lambda *_, **__: False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Count a public collective helper in :func:`issued`; inside :func:`replaying` it is not issued
-    again while calls are left to skip: ``stand_in`` (same arguments) returns a result of its shape."""
+    again while calls are left to skip: the result it had when ``decision`` (same arguments) says it
+    was a decision and that result is still kept, else ``stand_in`` (same arguments), a result of its
+    shape."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -267,13 +285,18 @@ def _counted(stand_in: Callable[..., Any]) -> Callable[[Callable[..., Any]], Cal
             if _ISSUED.depth or not _parallel(kwargs.get("group")):
                 return fn(*args, **kwargs)
             if _ISSUED.skip:
-                _ISSUED.skip -= 1
+                _ISSUED.skip, _ISSUED.at = _ISSUED.skip - 1, _ISSUED.at + 1
+                if decision(*args, **kwargs) and _ISSUED.at - 1 in _ISSUED.decisions:
+                    had = _ISSUED.decisions[_ISSUED.at - 1]
+                    return had.clone() if isinstance(had, Tensor) else had
                 return stand_in(*args, **kwargs)
             _ISSUED.depth += 1
             try:
                 out = fn(*args, **kwargs)
             finally:
                 _ISSUED.depth -= 1
+            if decision(*args, **kwargs):
+                _ISSUED.keep(out)
             _ISSUED.count += 1
             return out
 
@@ -293,8 +316,9 @@ def replaying(n: int) -> Iterator[None]:
     inside, the same pass runs again (over fewer rows) without issuing them again, so that it ends
     having issued what the other ranks' passes issue. Each skipped helper returns a stand-in of its
     result's shape (values undefined: the pass's result is dropped). Raises where the pass issued
-    fewer than ``n`` or one whose result cannot be stood in for (:class:`NotReplayable`)."""
-    _ISSUED.skip = n
+    fewer than ``n`` or one whose result cannot be stood in for (:class:`NotReplayable`). A decision
+    among them returns the result it had (see the module docstring)."""
+    _ISSUED.skip, _ISSUED.at = n, _ISSUED.count - n
     try:
         yield
     finally:
@@ -511,7 +535,7 @@ def _starts(sizes: Sequence[int]) -> list[int]:
     return [sum(sizes[:q]) for q in range(len(sizes))]
 
 
-@_counted(lambda t, op="sum", **_: t.detach().clone())
+@_counted(lambda t, op="sum", **_: t.detach().clone(), lambda t, *_, **__: t.numel() <= DECISION_NUMEL)
 def all_reduce(t: Tensor, op: str = "sum", *, group: ProcessGroup | None = None) -> Tensor:
     """Element-wise reduction over ranks (``"sum"``, ``"max"``, ``"min"``); out of place, no autograd."""
     if op not in _REDUCE_OPS:
@@ -524,7 +548,7 @@ def all_reduce(t: Tensor, op: str = "sum", *, group: ProcessGroup | None = None)
     return out
 
 
-@_counted(_not_replayable("all_reduce_flag"))
+@_counted(_not_replayable("all_reduce_flag"), lambda *_, **__: True)
 def all_reduce_flag(flag: bool, op: str = "or", *, group: ProcessGroup | None = None) -> bool:
     """Collective decision: logical ``"or"`` / ``"and"`` of every rank's ``flag``."""
     if op not in ("or", "and"):
