@@ -274,24 +274,26 @@ def test_a_pass_that_runs_out_of_memory_runs_again_in_halves(monkeypatch, capsys
 
 def _oom_worker(spec: dict, cases: list[tuple[str, bool, int | None]]) -> list[list[tuple]]:
     """Every case ``(mode, replicate, limit)`` on every rank, with a collective ``expired``: rank 1 runs
-    out of memory at the end of every β-CROWN bound of more than ``limit`` domains (after its
-    collectives). Per case, every rank's (verdict, domains, collectives issued) or ("out of memory",
-    collectives issued)."""
-    from complete_verifier_ext.bab.domain import BetaCrown
+    out of memory in the third β-CROWN step of a batch of more than ``limit`` domains (after two steps'
+    collectives and backward passes). Per case, every rank's (verdict, domains, collectives issued) or
+    ("out of memory", collectives issued)."""
+    from complete_verifier_ext.bab import domain
 
     torch.set_num_threads(1)
-    bound, limit = BetaCrown.bound, [None]
+    split_bound, limit, steps = domain.split_bound, [None], [0]
 
-    def stand_in(self, doms, *args, **kwargs):
-        out = bound(self, doms, *args, **kwargs)
-        if comm.rank() == 1 and limit[0] is not None and len(doms) > limit[0]:
-            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+    def stand_in(graph, start, A, bounds, box, *args, **kwargs):
+        out = split_bound(graph, start, A, bounds, box, *args, **kwargs)
+        if comm.rank() == 1 and limit[0] is not None and box[0].shape[0] > limit[0]:
+            steps[0] += 1
+            if steps[0] % 3 == 0:
+                raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
         return out
 
-    BetaCrown.bound = stand_in
+    domain.split_bound = stand_in
     out = []
     for mode, replicate, limit[0] in cases:
-        before = comm.issued()
+        before, steps[0] = comm.issued(), 0
         try:
             r, _ = _solve(**spec, mode=mode, replicate=replicate, collective=True)
             mine = (r.verdict, r.domains, comm.issued() - before)
@@ -302,12 +304,13 @@ def _oom_worker(spec: dict, cases: list[tuple[str, bool, int | None]]) -> list[l
 
 
 def test_at_p2_a_pass_that_runs_out_on_one_rank_runs_again_in_halves_on_every_rank(capfd):
-    """P = 2, tp (collectives inside every bound) and fsdp with whole weights (only the collective
-    ``expired`` inside): rank 1 runs out of memory after bounding more than 2 domains at once. It ends
-    the pass with the others over no domain, replaying the collectives it issued (the ``expired``
-    decisions as they were), the ranks vote, and every rank bounds that round's children and the later
-    rounds' in passes of half as many. The verdict is P = 1's, both ranks issue the same collectives,
-    one line per pass that ran out; a domain that does not fit alone ends every rank with the error."""
+    """P = 2, tp (collectives inside every bound and its backward) and fsdp with whole weights (only the
+    collective ``expired`` inside): rank 1 runs out of memory in the third β-CROWN step of more than 2
+    domains at once. It ends the pass with the others over no domain, replaying the collectives it
+    issued (the ``expired`` decisions as they were), the ranks vote, and every rank bounds that
+    round's children and the later rounds' in passes of half as many. The verdict is P = 1's, both
+    ranks issue the same collectives, one line per pass that ran out; a domain that does not fit alone
+    ends every rank with the error."""
     spec = {**_single("unsat")[0]}
     cases = [("tp", False, 2), ("fsdp", True, 2), ("fsdp", True, 0)]
     results = launch.run(_oom_worker, 2, (spec, cases), backend="gloo")
