@@ -286,6 +286,18 @@ def _summaries(proc: subprocess.CompletedProcess) -> list[list[dict]]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('[{"')]
 
 
+def _retried(proc: subprocess.CompletedProcess, domains: int, fits: tuple[list, list]) -> list[list[int]]:
+    """What both kinds of BaB check of :func:`_bab`'s cases (P = 1, P = 2, then one that gives up): the
+    last case ended with the error; the first two are unsat after ``domains`` domains (or boxes), with
+    ``bab_fits`` ``fits`` (P = 1's, P = 2's). Returns P = 2's per-rank collectives of every round."""
+    assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr  # the last case gave up
+    (p1,), p2 = _summaries(proc)
+    for got in (p1, *p2):
+        assert (got["verdict"], got["bab"]["domains"]) == ("unsat", domains), got
+    assert p1["bab_fits"] == fits[0] and p2[0]["bab_fits"] == fits[1]
+    return p2[0]["bab_collectives"]
+
+
 def test_a_bab_round_that_runs_out_of_memory_runs_again_with_fewer_domains(tmp_path):
     """256x2 prop_9_0.05 needs BaB (kFSB, 8 domains a round; unpatched α,β-CROWN: unsat after 16 domains
     in 4 rounds, ``BAB_P1`` of test_abcrown_plugin_search_activation): on rank 0, every
@@ -297,12 +309,7 @@ def test_a_bab_round_that_runs_out_of_memory_runs_again_with_fewer_domains(tmp_p
     on both ranks). Both are unsat after the 16 domains of the run that never ran out. Where one domain
     split once does not fit (more than 1 child), the run gives up with the error after one line."""
     proc = _bab(tmp_path, [(1, 6), (2, 6), (1, 1)])
-    assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr  # the last case gave up
-    (p1,), p2 = _summaries(proc)
-    for got in (p1, *p2):
-        assert (got["verdict"], got["bab"]["domains"]) == ("unsat", 16), got
-    assert p1["bab_fits"] == [1] and p2[0]["bab_fits"] == [1, None]
-    rounds = p2[0]["bab_collectives"]
+    rounds = _retried(proc, 16, ([1], [1, None]))
     assert len(rounds[0]) == 4 and rounds[0] == rounds[1], rounds
     line = "warning: out of memory in a BaB round of 2 domain(s); retrying with 1 a round"
     assert _warnings(proc.stderr) == [
@@ -331,12 +338,7 @@ def test_an_input_split_round_that_runs_out_of_memory_runs_again_bounding_half_a
     spec = write_vnnlib(tmp_path / "p.vnnlib", [v - 0.08 for v in x0], [v + 0.08 for v in x0], 0, 3)
     args = ["--onnx_path", str(onnx), "--vnnlib_path", str(spec)]
     proc = _bab(tmp_path, [(1, 24), (2, 12), (1, 1)], config(tmp_path, INPUT_SPLIT_YAML), args)
-    assert proc.returncode != 0 and "torch.OutOfMemoryError" in proc.stderr  # the last case gave up
-    (p1,), p2 = _summaries(proc)
-    for got in (p1, *p2):
-        assert (got["verdict"], got["bab"]["domains"]) == ("unsat", 218), got
-    assert p1["bab_fits"] == [15] and p2[0]["bab_fits"] == [7, None]
-    rounds = p2[0]["bab_collectives"]
+    rounds = _retried(proc, 218, ([15], [7, None]))
     assert len(rounds[0]) > 5 and rounds[0] == rounds[1], rounds
     line = (
         "warning: out of memory in an input-split BaB round bounding {} box(es); retrying with at most {} "

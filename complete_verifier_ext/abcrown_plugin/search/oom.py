@@ -231,9 +231,8 @@ def batch_verification_input_split(run: Run, orig):
             except torch.OutOfMemoryError:
                 undo = run.rounds.undo
                 picked = _picked(undo)
-                bounded = (
-                    stats.visited - visited if stats is not None else 0
-                ) or picked  # (get_bounds counts)
+                counted = stats.visited - visited if stats is not None else 0  # what get_bounds bounded
+                bounded = counted or picked
                 least = picked <= 1 and bounded <= (1 if reordered else 2)  # one box, split once
                 changed = undo is None or not undo.intact(d)
                 if least or changed:
