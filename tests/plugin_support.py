@@ -220,12 +220,17 @@ def run_jobs_out_of_memory(limit: int, late: bool, final_rows: int | None, *jobs
         BoundRelu.bound_backward = orig
 
 
-def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], *jobs) -> list[dict]:
-    """:func:`run_jobs` with a stand-in for a GPU that runs out of memory in BaB: on the ranks ``ranks``,
-    the bounding of a round's children raises ``torch.OutOfMemoryError`` (what CUDA raises) when they
-    are more than ``limit`` domains (β-CROWN's ``LiRPANet.update_bounds``) or boxes (input-split BaB's
-    ``LiRPANet.get_lower_bound_naive``), after the round's domains were picked off the list and
-    branched."""
+def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], where: str, *jobs) -> list[dict]:
+    """:func:`run_jobs` with a stand-in for a GPU that runs out of memory in BaB, on the ranks ``ranks``
+    (raising ``torch.OutOfMemoryError``, what CUDA raises), where a round handles more than ``limit``
+    domains or boxes. ``where`` is ``"bound"``: in the bounding of a round's children (β-CROWN's
+    ``LiRPANet.update_bounds``; input-split BaB's ``LiRPANet.get_lower_bound_naive``), after the round's
+    domains were picked off the list and branched; or ``"pick"``: in a round's pick, midway (after
+    ``BatchedDomainList.pick_out`` popped the per-domain A-matrices, α, specs and thresholds, before
+    the intermediate bounds; after an input-split list's ``pick_out_batch`` popped every storage,
+    before its volume: not in the moves of boxes between the ranks, picks too)."""
+    import sys
+
     import torch
 
     from complete_verifier_ext.abcrown_plugin import bridge, locate
@@ -233,23 +238,58 @@ def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], *jobs) -> lis
 
     bridge.import_abcrown(locate.find(str(VENDOR)))
     from beta_CROWN_solver import LiRPANet
-
-    update_bounds, naive = LiRPANet.update_bounds, LiRPANet.get_lower_bound_naive
+    from branching_domains import BatchedDomainList
+    from input_split.branching_domains import UnsortedInputDomainList
 
     def check(count: int) -> None:
         if comm.rank() in ranks and count > limit:
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
 
-    def children(self, d, *args, **kwargs):
-        check(int(next(iter(d["lower_bounds"].values())).shape[0]))
-        return update_bounds(self, d, *args, **kwargs)
+    def in_round() -> bool:  # inside α,β-CROWN's input-split round (not a move between the ranks)
+        f = sys._getframe()
+        while f is not None and not f.f_code.co_filename.endswith("batch_branch_and_bound.py"):
+            f = f.f_back
+        return f is not None
 
-    def boxes(self, *args, **kwargs):
-        check(int(kwargs["dm_l"].shape[0]))
-        return naive(self, *args, **kwargs)
+    def children(update_bounds):
+        def f(self, d, *args, **kwargs):
+            check(int(next(iter(d["lower_bounds"].values())).shape[0]))
+            return update_bounds(self, d, *args, **kwargs)
 
-    LiRPANet.update_bounds, LiRPANet.get_lower_bound_naive = children, boxes
+        return f
+
+    def boxes(naive):
+        def f(self, *args, **kwargs):
+            check(int(kwargs["dm_l"].shape[0]))
+            return naive(self, *args, **kwargs)
+
+        return f
+
+    def picking(interm):
+        def f(self, batch, device):
+            check(batch)
+            return interm(self, batch, device)
+
+        return f
+
+    def picked_boxes(volume):
+        def f(self, dm_l, dm_u, sign=1):
+            if sign < 0 and in_round():
+                check(int(dm_l.shape[0]))
+            return volume(self, dm_l, dm_u, sign)
+
+        return f
+
+    stand_ins = {
+        "bound": [(LiRPANet, "update_bounds", children), (LiRPANet, "get_lower_bound_naive", boxes)],
+        "pick": [(BatchedDomainList, "_interm_bounds_wo_transfer", picking),
+                 (UnsortedInputDomainList, "_add_volume", picked_boxes)],
+    }[where]  # fmt: skip
+    kept = [(cls, name, getattr(cls, name)) for cls, name, _ in stand_ins]
+    for cls, name, make in stand_ins:
+        setattr(cls, name, make(getattr(cls, name)))
     try:
         return run_jobs(*jobs)
     finally:
-        LiRPANet.update_bounds, LiRPANet.get_lower_bound_naive = update_bounds, naive
+        for cls, name, orig in kept:
+            setattr(cls, name, orig)

@@ -261,7 +261,7 @@ def job(name, P):
 
 for P, limit in {cases!r}:
     a = job(f"{{P}}_{{limit}}", P)
-    args = (limit, (0,), a.job)
+    args = (limit, (0,), {where!r}, a.job)
     out = [parent.summary_json(r, a.par)
            for r in launch.run(plugin_support.run_jobs_bab_out_of_memory, P, args, backend="gloo")]
     print(json.dumps(out), flush=True)
@@ -269,15 +269,17 @@ for P, limit in {cases!r}:
 
 
 def _bab(
-    tmp_path, cases, cfg: str | None = None, args: list[str] | None = None
+    tmp_path, cases, cfg: str | None = None, args: list[str] | None = None, where: str = "bound"
 ) -> subprocess.CompletedProcess:
     """The cases (P, limit) in one process, each a line of JSON (the ranks' summaries); by default on
-    256x2 prop_9_0.05 with ``BAB_YAML``."""
+    256x2 prop_9_0.05 with ``BAB_YAML``; ``where`` the stand-in runs out (``run_jobs_bab_out_of_memory``)."""
     from plugin_support import BAB_YAML, config, instance
 
     cfg = cfg or config(tmp_path, BAB_YAML)
     args = args or instance("mnist-net_256x2", "prop_9_0.05.vnnlib")
-    code = BAB.format(tests=str(Path(__file__).parent), cfg=cfg, tmp=str(tmp_path), args=args, cases=cases)
+    code = BAB.format(
+        tests=str(Path(__file__).parent), cfg=cfg, tmp=str(tmp_path), args=args, cases=cases, where=where
+    )
     return python(code, timeout=600)
 
 
@@ -342,7 +344,7 @@ def test_an_input_split_round_that_runs_out_of_memory_runs_again_bounding_half_a
     assert len(rounds[0]) > 5 and rounds[0] == rounds[1], rounds
     line = (
         "warning: out of memory in an input-split BaB round bounding {} box(es); retrying with at most {} "
-        "a round"
+        "bounded a round"
     )
     assert _warnings(proc.stderr) == [
         line.format(30, 15),  # P = 1: 15 picks
@@ -350,4 +352,50 @@ def test_an_input_split_round_that_runs_out_of_memory_runs_again_bounding_half_a
         line.format(4, 2),  # the last case: 2 picks, then 1 split once
         "warning: out of memory in an input-split BaB round bounding 2 box(es) (one box split once): "
         "giving up",
+    ], proc.stderr[-3000:]
+
+
+def test_a_pick_that_runs_out_of_memory_picks_half_as_many(tmp_path):
+    """256x2 prop_9_0.05 as above, but copying a round's domains off the list runs out of memory (on
+    rank 0, midway through ``pick_out``: the A-matrices, α, specs and thresholds popped, the
+    intermediate bounds not yet) where a pick takes more than 1 domain. The popped domains go back on
+    the list, half as many are picked, one warning line, and the later rounds pick at most that many:
+    unsat after the same 16 domains at P = 1 and P = 2 (rank 0 alone, the ranks' collectives equal).
+    Where one domain does not fit, the run gives up with the error after one line."""
+    proc = _bab(tmp_path, [(1, 1), (2, 1), (1, 0)], where="pick")
+    rounds = _retried(proc, 16, ([1], [1, None]))
+    assert rounds[0] == rounds[1], rounds
+    line = "warning: out of memory picking 2 domain(s) off the list; retrying with 1 a round"
+    assert _warnings(proc.stderr) == [
+        line,  # P = 1
+        line,  # P = 2, rank 0
+        line,  # the last case: the first pick (the root domain's two children; the root is split unpicked)
+        "warning: out of memory picking 1 domain off the list: giving up",
+    ], proc.stderr[-3000:]
+
+
+def test_an_input_split_pick_that_runs_out_of_memory_picks_half_as_many(tmp_path):
+    """Input-split BaB as above, but copying a round's boxes off the list runs out of memory (on rank 0,
+    midway through ``pick_out_batch``: every storage popped, the list's volume not yet) where a round
+    picks more than 8 boxes (P = 1) or 4 (P = 2). The boxes go back on the list and the round picks
+    half as many (15 then 7 at P = 1; rank 0's 7 then 3 at P = 2), one warning line, and so do the
+    later rounds: unsat after the same 218 boxes, the ranks' collectives equal in every round. Where
+    one box does not fit, the run gives up with the error after one line."""
+    from plugin_support import INPUT_SPLIT_YAML, config
+
+    from complete_verifier_ext.testing import mlp_onnx, write_vnnlib
+
+    onnx = mlp_onnx(tmp_path / "m.onnx", [4, 96, 96, 3], seed=3)
+    x0 = [0.1, -0.2, 0.3, 0.05]
+    spec = write_vnnlib(tmp_path / "p.vnnlib", [v - 0.08 for v in x0], [v + 0.08 for v in x0], 0, 3)
+    args = ["--onnx_path", str(onnx), "--vnnlib_path", str(spec)]
+    proc = _bab(tmp_path, [(1, 8), (2, 4), (1, 0)], config(tmp_path, INPUT_SPLIT_YAML), args, where="pick")
+    rounds = _retried(proc, 218, ([15], [7, None]))  # fits: the boxes bounded, each pick split once
+    assert len(rounds[0]) > 5 and rounds[0] == rounds[1], rounds
+    line = "warning: out of memory in an input-split BaB round picking {} box(es) off the list{}"
+    assert _warnings(proc.stderr) == [
+        line.format(15, "; retrying with at most 7 picked a round"),  # P = 1
+        line.format(7, "; retrying with at most 3 picked a round"),  # P = 2, rank 0
+        line.format(2, "; retrying with at most 1 picked a round"),  # the last case
+        line.format(1, " (one box): giving up"),
     ], proc.stderr[-3000:]

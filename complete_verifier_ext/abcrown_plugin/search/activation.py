@@ -158,6 +158,8 @@ def act_split_round(run: Run, orig):
     it with α,β-CROWN's own ``split_domain``; one agreement a round."""
     import bab
 
+    from .oom import pick  # (oom reads this module's storages)
+
     split_domain, check_worst_domain = bab.split_domain, bab.check_worst_domain
 
     def act_split_round(domains, net, batch, iter_idx, stats=None, branching_heuristic=None):
@@ -171,7 +173,7 @@ def act_split_round(run: Run, orig):
             mine = min(picks[me], run.rounds.fits or picks[me])  # after running out of memory (oom.py)
             if mine > 0:
                 stats.timer.start("pickout")
-                d = domains.pick_out(batch=mine, device=net.device)
+                d = pick(run, domains, mine, net.device)  # fewer where copying them runs out of memory
                 if bab_args["vanilla_crown"]:
                     d["history"] = None
                 stats.timer.add("pickout")

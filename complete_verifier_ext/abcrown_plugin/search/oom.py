@@ -15,7 +15,11 @@ from the list's storages, copied to the device), then ``split_domain`` scores th
   were), drops the failed batch, picks half as many and runs the round's ``split_domain`` on them; one
   warning line each time, down to one domain, below which the error is raised after one line saying so;
 * the later rounds pick at most the number that fitted (``Rounds.fits``): :func:`act_split_round` at
-  P = 1, the domain-split round of :mod:`.activation` at P > 1.
+  P = 1, the domain-split round of :mod:`.activation` at P > 1;
+* where the pick itself runs out, copying the picked domains to the device (its record then has no
+  ``after``: some storages popped, others not), the pick is undone and half as many are picked, one
+  warning line, down to one domain (:func:`pick`; at P = 1 the round's own pick inside
+  ``act_split_round``), and the later rounds pick at most that many.
 
 At P > 1 a round's work is rank-local (each rank bounds its own share, the weights replicated or served
 on request), so a rank that runs out retries on its own: the round's collectives, before and after the
@@ -34,8 +38,10 @@ after running out, :func:`batch_verification_input_split` keeps half the number 
 round bounded (``Rounds.fits``; ``get_bounds`` counts them in ``stats.visited``): the round runs again,
 and so do the later ones, picking at most half that many boxes (each is split at least once; with
 ``use_reordered_bab`` the picks themselves are bounded, and split after) and splitting them no deeper
-than that many (:func:`get_split_depth`), down to one box split once. The boxes are the list's own, as
-above: what the failed attempt wrote into them (its α) only moves a starting point.
+than that many (:func:`get_split_depth`), down to one box split once. Where the pick itself runs out,
+the round runs again picking half as many (split once each, unless reordered), down to one box. The
+boxes are the list's own, as above: what the failed attempt wrote into them (its α) only moves a
+starting point.
 """
 
 from __future__ import annotations
@@ -108,12 +114,56 @@ def _recorded(run: Run, orig, stores, rebound):
 
     def pick(self, *args, **kwargs):
         undo = Undo.of(self, stores, rebound(self))
-        ret = orig(self, *args, **kwargs)
+        try:
+            ret = orig(self, *args, **kwargs)
+        except torch.OutOfMemoryError:
+            run.rounds.undo = undo  # the pick ran out midway (``after`` None): a list's record, not its
+            raise  # lists' (a list of lists calls its lists' picks)
         undo.picked(self)
         run.rounds.undo = undo
         return ret
 
     return pick
+
+
+def _undone_pick(run: Run, dl, batch: int) -> int:
+    """In a handler of ``torch.OutOfMemoryError``: where it came from a pick of ``batch`` off ``dl`` (which
+    then took some of its storages' entries and not the others), that pick undone and the number of
+    domains it picked; else 0. A pick of one domain is the last: one line saying so, and 0."""
+    undo = run.rounds.undo
+    if undo is None or undo.after is not None or undo.dl() is not dl:
+        return 0
+    undo.restore(dl)
+    run.rounds.undo = None
+    n = min(batch, dl.num_domains)
+    if n <= 1:
+        print("warning: out of memory picking 1 domain off the list: giving up", file=sys.stderr, flush=True)
+        return 0
+    return n
+
+
+def _fewer(run: Run, n: int) -> int:
+    """After a pick of ``n`` domains ran out of memory (outside the handler: its tensors freed): half as
+    many a round from now on (``Rounds.fits``), one warning line."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    run.rounds.fits = max(1, n // 2)
+    print(f"warning: out of memory picking {n} domain(s) off the list; retrying with {run.rounds.fits} a "
+          "round", file=sys.stderr, flush=True)  # fmt: skip
+    return run.rounds.fits
+
+
+def pick(run: Run, domains, batch: int, device) -> dict:
+    """A round's ``domains.pick_out(batch)``, again with half as many where copying the picked domains
+    runs out of memory (:func:`_undone_pick`, :func:`_fewer`)."""
+    while True:
+        try:
+            return domains.pick_out(batch=batch, device=device)
+        except torch.OutOfMemoryError:
+            n = _undone_pick(run, domains, batch)
+            if not n:
+                raise
+        batch = _fewer(run, n)
 
 
 def pick_out(run: Run, orig):
@@ -156,7 +206,7 @@ def split_domain(run: Run, orig):
             run.rounds.picked = None  # (at P > 1: the split depth from this rank's batch)
             print(f"warning: out of memory in a BaB round of {n} domain(s); retrying with {batch} a round",
                   file=sys.stderr, flush=True)  # fmt: skip
-            d = domains.pick_out(batch=batch, device=net.device)
+            d = pick(run, domains, batch, net.device)
             if arguments.Config["bab"]["vanilla_crown"]:
                 d["history"] = None
 
@@ -168,9 +218,16 @@ def act_split_round(run: Run, orig):
     out of memory (at P > 1 :mod:`.activation`'s round caps each rank's share)."""
 
     def act_split_round(domains, net, batch, iter_idx, stats=None, branching_heuristic=None):
-        if run.rounds.fits is not None:
-            batch = min(batch, run.rounds.fits)
-        return orig(domains, net, batch, iter_idx, stats, branching_heuristic)
+        while True:
+            if run.rounds.fits is not None:
+                batch = min(batch, run.rounds.fits)
+            try:
+                return orig(domains, net, batch, iter_idx, stats, branching_heuristic)
+            except torch.OutOfMemoryError:  # in the round's own pick (split_domain's picks use pick())
+                n = _undone_pick(run, domains, batch)
+                if not n:
+                    raise
+            _fewer(run, n)
 
     return act_split_round
 
@@ -230,15 +287,23 @@ def batch_verification_input_split(run: Run, orig):
                 return orig(d, net, batch, *args, **kwargs)
             except torch.OutOfMemoryError:
                 undo = run.rounds.undo
-                picked = _picked(undo)
-                counted = stats.visited - visited if stats is not None else 0  # what get_bounds bounded
-                bounded = counted or picked
-                least = picked <= 1 and bounded <= (1 if reordered else 2)  # one box, split once
-                changed = undo is None or not undo.intact(d)
+                if undo is not None and undo.after is None:  # the pick itself ran out, copying the boxes
+                    picked = min(batch, _picked(undo, before=True))
+                    bounded = picked * (1 if reordered else 2)  # as if each pick were split once
+                    what, least, changed = f"picking {picked} box(es) off the list", picked <= 1, False
+                    unit = "picked"  # (the picks a round then takes: half as many)
+                else:
+                    picked = _picked(undo)
+                    counted = stats.visited - visited if stats is not None else 0  # what get_bounds bounded
+                    bounded = counted or picked
+                    what, unit = f"bounding {bounded} box(es)", "bounded"
+                    least = picked <= 1 and bounded <= (1 if reordered else 2)  # one box, split once
+                    changed = undo is None or not undo.intact(d)
                 if least or changed:
-                    why = "the box list changed since the pick" if changed else "one box split once"
-                    print(f"warning: out of memory in an input-split BaB round bounding {bounded} box(es) "
-                          f"({why}): giving up", file=sys.stderr, flush=True)  # fmt: skip
+                    why = ("the box list changed since the pick" if changed else "one box split once"
+                           if unit == "bounded" else "one box")  # fmt: skip
+                    print(f"warning: out of memory in an input-split BaB round {what} ({why}): giving up",
+                          file=sys.stderr, flush=True)  # fmt: skip
                     raise
             # outside the handler: the failed attempt's tensors are freed
             undo.restore(d)
@@ -246,18 +311,19 @@ def batch_verification_input_split(run: Run, orig):
                 stats.visited = visited
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            run.rounds.fits = max(1, bounded // 2)
-            print(f"warning: out of memory in an input-split BaB round bounding {bounded} box(es); retrying "
-                  f"with at most {run.rounds.fits} a round", file=sys.stderr, flush=True)  # fmt: skip
+            fits = run.rounds.fits = max(1, bounded // 2)
+            then = fits if unit == "bounded" or reordered else max(1, fits // 2)
+            print(f"warning: out of memory in an input-split BaB round {what}; retrying with at most {then} "
+                  f"{unit} a round", file=sys.stderr, flush=True)  # fmt: skip
 
     return batch_verification_input_split
 
 
-def _picked(undo: Undo | None) -> int:
-    """The boxes a pick took off the list."""
-    if undo is None or undo.after is None:
+def _picked(undo: Undo | None, before: bool = False) -> int:
+    """The boxes a pick took off the list; ``before``: the boxes the list held before it."""
+    if undo is None or (undo.after is None and not before):
         return 0
-    return sum(undo.used[k][0] - undo.after[k] for k in undo.used if k[1] == "dm_l")
+    return sum(undo.used[k][0] - (0 if before else undo.after[k]) for k in undo.used if k[1] == "dm_l")
 
 
 def get_split_depth(run: Run, orig):
