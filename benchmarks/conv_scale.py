@@ -2,7 +2,8 @@
 
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/conv_scale.py \
         [--shapes cnn7-c16-cifar ...] [--regimes random certified] [--modes fsdp tp] [--worlds 2 4] \
-        [--iterations 20] [--unpatched] [--out benchmarks/results/conv_scale] [--reuse] [--budget-gb 12]
+        [--iterations 20] [--unpatched] [--out benchmarks/results/conv_scale] [--reuse] [--budget-gb 12] \
+        [--repeat 1]
 
 Shapes (``complete_verifier_ext.examples``; fixed-seed random weights, BatchNorm folded): CNN7 (five 3x3
 convs with c, c, 2c (stride 2), 2c, 2c channels, a 512-unit linear layer, the classifier) at a given
@@ -33,7 +34,9 @@ process's peak RSS, both measured from outside, for each.
 
 Writes ``conv_scale.{json,md,png}`` into ``--out`` with the commit and command; ``--reuse`` keeps the
 rows of an earlier ``conv_scale.json`` there (each with the commit that made it) and runs only what it
-lacks; ``--budget-gb B`` also plots GB per rank against P with B and B / 2 (``conv_scale_budget.png``).
+lacks; ``--budget-gb B`` also plots GB per rank against P with B and B / 2 (``conv_scale_budget.png``);
+``--repeat N`` runs the whole plan N times in turns (wall times on this machine vary by 10% from run to
+run): a row's wall time is the median of its runs, each listed; its memory and bounds are the first's.
 """
 
 from __future__ import annotations
@@ -213,6 +216,15 @@ def rel_diff(a: list, b: list) -> float:
     return float(np.max(np.abs(a[both] - b[both]) / np.maximum(np.abs(a[both]), 1.0)))
 
 
+def _again(first: dict, r: dict) -> dict:
+    """A row measured once more (``--repeat``): the first run's row with every run's wall time
+    (``walls``) and their median as ``wall_s``; an error in either is the row's."""
+    if "error" in first or "error" in r:
+        return first if "error" in first else r
+    walls = first.get("walls", [first["wall_s"]]) + [r["wall_s"]]
+    return {**first, "walls": walls, "wall_s": round(float(np.median(walls)), 1)}
+
+
 def _floor(base: dict, row: dict) -> float | None:
     if "peak_mb" not in base or row["P"] == 1:
         return None
@@ -236,7 +248,7 @@ def table(rows: list[dict]) -> str:
         if r["mode"] == "unpatched":
             ratio = f"{r['wall_s'] / base['wall_s']:.2f}" if base.get("wall_s") else ""
             out.append(head + f"| process RSS {r['rss_mb']:.0f} (plugin {base.get('rss_mb', 0):.0f}) | | | "
-                       f"| {r['wall_s']:.1f} (plugin ×{ratio}) | | | |")  # fmt: skip
+                       f"| {_wall(r)} (plugin ×{ratio}) | | | |")  # fmt: skip
             continue
         peak = max(r["peak_mb"])
         f = _floor(base, r)
@@ -245,8 +257,14 @@ def table(rows: list[dict]) -> str:
         diff = f"{rel_diff(base['lb'], r['lb']):.1e}" if base.get("lb") and r["P"] > 1 else ""
         cdiff = f"{rel_diff(base['crown'], r['crown']):.1e}" if base.get("crown") and r["P"] > 1 else ""
         stops = "; ".join(sorted(set(r.get("early_stop") or []))) or ("no" if "early_stop" in r else "")
-        out.append(head + f"| {peak:.0f} | {fl} | {times} | {r['wall_s']:.1f} | {diff} | {cdiff} | {stops} |")
+        out.append(head + f"| {peak:.0f} | {fl} | {times} | {_wall(r)} | {diff} | {cdiff} | {stops} |")
     return "\n".join(out)
+
+
+def _wall(r: dict) -> str:
+    """A row's wall time; with ``--repeat``, the median and every run's."""
+    walls = r.get("walls")
+    return f"{r['wall_s']:.1f}" + (f" ({', '.join(f'{w:.1f}' for w in walls)})" if walls else "")
 
 
 def counts_table(rows: list[dict]) -> str:
@@ -337,6 +355,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "conv_scale"))
     ap.add_argument("--reuse", action="store_true", help="keep the rows of an earlier run in --out")
     ap.add_argument("--budget-gb", type=float, help="also plot GB per rank against P with this budget")
+    ap.add_argument("--repeat", type=int, default=1, help="the plan this many times in turns")
     a = ap.parse_args()
     if not os.environ.get("ABCROWN_PATH"):
         os.environ["ABCROWN_PATH"] = str(checkout())
@@ -365,7 +384,7 @@ def main() -> None:
             plan = [("plugin", 1)] + [(m, P) for m in a.modes for P in a.worlds]
             if a.unpatched:
                 plan.append(("unpatched", 1))
-            for mode, P in plan:
+            for rep, (mode, P) in [(rep, step) for rep in range(a.repeat) for step in plan]:
                 if (shape, regime, mode, P) in done:
                     continue
                 if mode == "unpatched":
@@ -376,6 +395,10 @@ def main() -> None:
                     r = {"error": f"ran {r['iterations_run']} α-CROWN iterations, not {a.iterations}"}
                 r.update(shape=shape, regime=regime, mode=mode, P=P, layer_mb=layer_mb, commit=meta["commit"])
                 r["config"] = config
+                if rep > 0:  # the same run again, in turn with the others: its wall times, the median
+                    first = next(x for x in rows if (x["shape"], x["regime"], x["mode"], x["P"]) == (shape,
+                                 regime, mode, P))  # fmt: skip
+                    r = _again(first, r)
                 rows = [
                     x
                     for x in rows
