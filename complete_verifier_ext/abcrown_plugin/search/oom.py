@@ -290,8 +290,8 @@ def batch_verification_input_split(run: Run, orig):
                 if undo is not None and undo.after is None:  # the pick itself ran out, copying the boxes
                     picked = min(batch, _picked(undo, before=True))
                     bounded = picked * (1 if reordered else 2)  # as if each pick were split once
-                    what, least, changed = f"picking {picked} box(es) off the list", picked <= 1, False
-                    unit = "picked"  # (the picks a round then takes: half as many)
+                    what, unit = f"picking {picked} box(es) off the list", "picked"  # (half as many a round)
+                    least, changed = picked <= 1, undo.dl() is not d
                 else:
                     picked = _picked(undo)
                     counted = stats.visited - visited if stats is not None else 0  # what get_bounds bounded
