@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from complete_verifier_ext.parallel.sharded import _conv_t, conv_output_padding
+from complete_verifier_ext.parallel.sharded import conv_output_padding, conv_t
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def one(shape: tuple, worlds: list[int], repeat: int) -> list[dict]:
     W = torch.randn(c_out, c_in, k, k, generator=g)
     in_side = (side - 1) * s - 2 * p + k if name.startswith("patches") else side * s
     pad = conv_output_padding((in_side, in_side), (side, side), (k, k), (s, s), (p, p), (1, 1))
-    kind = _conv_t((s, s), (p, p), (1, 1), pad)
+    kind = conv_t((s, s), (p, p), (1, 1), pad)
     G = kind.apply(A, W)
     variants = {"product": lambda: kind.apply(A, W), "adjoint": lambda: kind.adjoint(G, W)}
     for P in worlds:

@@ -142,7 +142,7 @@ def conv_output_padding(
     return int(in_hw[0]) - reached[0], int(in_hw[1]) - reached[1]
 
 
-def _conv_t(
+def conv_t(
     stride: IntOrPair, padding: IntOrPair, dilation: IntOrPair, output_padding: IntOrPair
 ) -> _Transposed:
     """conv_transpose2d(A, W) with the given geometry; its adjoint is conv2d(G, W) (same geometry)."""
@@ -362,7 +362,7 @@ class ShardedWeight:
         output_padding: IntOrPair = 0,
     ) -> Tensor:
         """``conv_transpose2d(A, W)``: (N, out, H', W') -> (N, in, H, W)."""
-        return self._transposed(A, _conv_t(stride, padding, dilation, output_padding))
+        return self._transposed(A, conv_t(stride, padding, dilation, output_padding))
 
     def _transposed(self, A: Tensor, kind: _Transposed) -> Tensor:
         if self.mode == "none":

@@ -36,7 +36,6 @@ made whole on every rank when BaB starts (it was kept by row while α-CROWN ran:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 import torch
 
@@ -44,30 +43,8 @@ from ...parallel import comm
 from ..clocks import local_clock
 from ..run import Run
 from . import cuts
+from .oom import LISTS, pick, storages
 from .rounds import ListQueue, Moved, deal_round, fetched, lockstep_calls, searching, to_cpu, worst_over_ranks
-
-# the per-domain lists of a BatchedDomainList (beside its TensorStorages)
-LISTS = ("all_betas", "all_intermediate_betas", "histories", "split_histories", "depths")
-
-
-def storages(dl) -> dict[tuple, Any]:
-    """Every per-domain ``TensorStorage`` of a ``BatchedDomainList`` (the ones ``pick_out`` pops), by key.
-    The other layers' bounds are static (one entry, rebuilt from each domain's history)."""
-    out: dict[tuple, Any] = {("lA", k): s for k, s in dl.all_lAs.items()}
-    final = dl.final_name
-    out[("global_lb",)], out[("global_ub",)] = dl.all_global_lbs, dl.all_global_ubs
-    out[("thresholds",)], out[("c",)] = dl.all_thresholds, dl.Cs
-    out[("lb", final)], out[("ub", final)] = dl.all_lb_alls[final], dl.all_ub_alls[final]
-    for name in ("all_x_Ls", "all_x_Us", "all_input_split_idx"):
-        if getattr(dl, name) is not None:
-            out[(name,)] = getattr(dl, name)
-    for k, v in dl.all_alphas.items():
-        for kk, s in v.items():
-            out[("alpha", k, kk)] = s
-    for k, pair in (dl.unstable_interm_bounds or {}).items():
-        if pair is not None:
-            out[("unstable", k, 0)], out[("unstable", k, 1)] = pair
-    return out
 
 
 def _root_unstable(dl, key: tuple, count: int) -> torch.Tensor:
@@ -157,8 +134,6 @@ def act_split_round(run: Run, orig):
     """``bab.act_split_round`` (``orig``, replaced whole): each rank picks its share, splits and bounds
     it with α,β-CROWN's own ``split_domain``; one agreement a round."""
     import bab
-
-    from .oom import pick  # (oom reads this module's storages)
 
     split_domain, check_worst_domain = bab.split_domain, bab.check_worst_domain
 

@@ -56,7 +56,29 @@ from typing import Any
 import torch
 
 from ..run import Run
-from .activation import LISTS, storages
+
+# the per-domain lists of a BatchedDomainList (beside its TensorStorages)
+LISTS = ("all_betas", "all_intermediate_betas", "histories", "split_histories", "depths")
+
+
+def storages(dl) -> dict[tuple, Any]:
+    """Every per-domain ``TensorStorage`` of a ``BatchedDomainList`` (the ones ``pick_out`` pops), by key.
+    The other layers' bounds are static (one entry, rebuilt from each domain's history)."""
+    out: dict[tuple, Any] = {("lA", k): s for k, s in dl.all_lAs.items()}
+    final = dl.final_name
+    out[("global_lb",)], out[("global_ub",)] = dl.all_global_lbs, dl.all_global_ubs
+    out[("thresholds",)], out[("c",)] = dl.all_thresholds, dl.Cs
+    out[("lb", final)], out[("ub", final)] = dl.all_lb_alls[final], dl.all_ub_alls[final]
+    for name in ("all_x_Ls", "all_x_Us", "all_input_split_idx"):
+        if getattr(dl, name) is not None:
+            out[(name,)] = getattr(dl, name)
+    for k, v in dl.all_alphas.items():
+        for kk, s in v.items():
+            out[("alpha", k, kk)] = s
+    for k, pair in (dl.unstable_interm_bounds or {}).items():
+        if pair is not None:
+            out[("unstable", k, 0)], out[("unstable", k, 1)] = pair
+    return out
 
 
 @dataclass
@@ -64,7 +86,7 @@ class Undo:
     """What one pick changed in a domain (or box) list, to undo it: each per-domain storage's (count,
     start) before the pick and its count after, and the attributes the pick rebinds, as they were (a
     breadth-first deque copied: ``pick_out`` pops from it). ``stores(list)``: the list's storages by
-    key (:func:`.activation.storages`, :func:`input_storages`)."""
+    key (:func:`storages`, :func:`input_storages`)."""
 
     dl: weakref.ref
     stores: Callable[[Any], dict[tuple, Any]]
