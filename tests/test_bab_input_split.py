@@ -289,3 +289,53 @@ def test_a_round_that_runs_out_of_memory_runs_again_with_half_its_boxes(monkeypa
     assert capsys.readouterr().err.splitlines()[-1] == (
         "warning: out of memory in a pass of 1 parent(s) of a BaB round (one parent per pass): giving up"
     )
+
+
+def _out_of_memory_worker(limit: int, who: int) -> tuple:
+    """unsat2 at P = 2 (fsdp, batches of 8 parents a rank) where rank ``who`` runs out of memory in any
+    pass of a layer's neuron rows over more than ``limit`` boxes (the stand-in for
+    ``torch.OutOfMemoryError``): its row passes halve in lockstep down to one row, then every rank
+    stops the round together and runs it again with half as many parents. Returns every rank's result
+    and the most boxes of a pass that bounded rows there."""
+    from complete_verifier_ext.bounds import crown as crown_module
+
+    torch.set_num_threads(1)
+    unit_rows, boxes = crown_module._bound_unit_rows, []
+
+    def stand_in(graph, k, part, bounds, box, a):
+        if comm.rank() == who and len(part) > 0 and box[0].shape[0] > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        boxes.extend([box[0].shape[0]] if len(part) > 0 else [])  # not a pass of no row (a dummy)
+        return unit_rows(graph, k, part, bounds, box, a)
+
+    crown_module._bound_unit_rows = stand_in
+    try:
+        r = _run("unsat2", mode="fsdp")
+    finally:
+        crown_module._bound_unit_rows = unit_rows
+    return comm.all_gather_object(((r.verdict, r.domains, r.rounds, r.max_queue), max(boxes)))
+
+
+def test_a_round_at_two_ranks_that_runs_out_of_memory_runs_again_on_every_rank(capfd):
+    """P = 2: rank 1 cannot bound a layer's rows over more than 6 boxes, even one row at a time. Every
+    rank stops the round at the same point and runs it again with at most half the most parents any
+    rank popped, until the gathered batch fits (one parent a rank: 4 boxes), and later rounds pick that
+    many: the same verdict as P = 1, the same result on both ranks, no rows bounded on rank 1 over more
+    than 6 boxes. A limit below 2 boxes (one parent a rank) gives up on both ranks with the error."""
+    results = launch.run(_out_of_memory_worker, 2, (6, 1), backend="gloo")
+    assert results[0][0] == results[1][0]
+    verdict, domains, _, _ = results[0][0]
+    assert verdict == _single("unsat2")[0] == "unsat" and domains > 1
+    assert results[1][1] <= 6  # rank 0's passes of a round that rank 1 stopped ran over more
+    err = capfd.readouterr().err
+    retries = [ln for ln in err.splitlines() if "every rank stopped together" in ln]
+    caps = [int(ln.rsplit(" ", 3)[1]) for ln in retries]  # "... retrying with at most N per rank"
+    assert retries and caps[-1] == 1, err
+    for ln, cap in zip(retries, caps, strict=True):
+        assert ln == (
+            f"warning: out of memory in a pass of up to {2 * cap} parents per rank of a BaB round (every "
+            f"rank stopped together); retrying with at most {cap} per rank"
+        )
+    with pytest.raises(launch.RankFailure, match="OutOfMemoryError"):
+        launch.run(_out_of_memory_worker, 2, (1, 1), backend="gloo")
+    assert "(one parent per rank): giving up" in capfd.readouterr().err

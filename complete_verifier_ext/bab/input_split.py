@@ -325,13 +325,19 @@ class InputSplitSearch:
         return self._bound(lo, hi, torch.full((root, nc), -torch.inf, dtype=torch.float64))
 
     def expand(self, k: int) -> tuple[int, np.ndarray | None]:
-        """The round; at P = 1, where it runs out of memory, again with half as many parents as it
-        popped (:func:`.memory.halving_on_oom`), down to one; ``per_round`` keeps the number that
-        fitted. At P > 1 a rank that stopped midway no longer issues the collectives of the others'
-        round: the error, after one line."""
-        out, fitted = memory.halving_on_oom(self.bisect, k, "a BaB round", comm.world_size() == 1, "parents")
-        if fitted < k:
-            self.per_round = fitted
+        """The round; where it runs out of memory, again with half as many parents as it popped
+        (:func:`.memory.halving_on_oom`), down to one; ``per_round`` keeps the number that fitted. At
+        P > 1 only where every rank stopped at the same point (a pass of one row of the bounding ran
+        out: :class:`.memory.LockstepOutOfMemoryError`), every rank with at most half the most that any
+        popped; a rank that stopped alone no longer issues the collectives of the others' round: the
+        error, after one line."""
+
+        def fewer(n: int) -> None:  # at P > 1 the same n on every rank: so are their next rounds' sizes
+            self.per_round = n
+
+        out, _ = memory.halving_on_oom(
+            self.bisect, k, "a BaB round", what="parents", lockstep=comm.world_size() > 1, on_halve=fewer
+        )
         return out
 
     def bisect(self, k: int) -> tuple[int, np.ndarray | None]:

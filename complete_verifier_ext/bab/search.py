@@ -14,7 +14,7 @@ every rank, round after round:
    some rank cannot fill its next batch or the queues differ by more than a batch;
 4. ``expand`` on every rank (out of memory, ``torch.OutOfMemoryError`` as CUDA raises it, is the
    search's to handle: ReLU splits bound their children in passes that run again in halves, input
-   splits run the round again with half as many parents at P = 1).
+   splits run the round again with half as many parents, at P > 1 where every rank stopped together).
 
 Every decision is taken from collectively agreed numbers, so every rank issues the same collectives
 and returns the same :class:`BabResult`.

@@ -58,6 +58,7 @@ import torch
 
 __all__ = [
     "EXACT_MEMORY_ENV",
+    "LockstepOutOfMemoryError",
     "PeakMemory",
     "available_mb",
     "file_mb",
@@ -238,30 +239,69 @@ class PeakMemory:
         return max(0.0, self.peak_total_mb() - self.baseline_mb - self.library_mb() - self.code_mb())
 
 
+class LockstepOutOfMemoryError(torch.OutOfMemoryError):
+    """Out of memory that every rank raises at the same point of its collectives (some rank ran out on
+    a pass of one row and the ranks voted, :func:`lockstep_on_oom`): the ranks are still in lockstep,
+    so callers that catch it on every rank may run their work again, smaller, on every rank."""
+
+
 def halving_on_oom(
-    attempt: Callable[[int], T], size: int, where: str, retry: bool = True, what: str = "rows"
+    attempt: Callable[[int], T],
+    size: int,
+    where: str,
+    retry: bool = True,
+    what: str = "rows",
+    lockstep: bool = False,
+    on_halve: Callable[[int], None] | None = None,
 ) -> tuple[T, int]:
     """``attempt(size)``: a bound pass over rows (``what``: what it counts) in sub-passes of at most
     ``size`` of them. When the device runs out of memory (``torch.OutOfMemoryError``, what CUDA
     raises), the pass runs again with half as many per sub-pass, one warning line on stderr each time,
     down to one; below that, or where no retry is possible (``retry`` False: at P > 1 a rank that left
     a pass midway no longer issues the collectives the others do), the error is raised after one line
-    saying so. Returns the pass's result and the size that worked (the caller's next passes take it)."""
+    saying so. Returns the pass's result and the size that worked (the caller's next passes take it);
+    ``on_halve(n)`` is told each new size.
+
+    ``lockstep`` (at P > 1, where ``attempt`` issues collectives and every rank calls this together):
+    only a :class:`LockstepOutOfMemoryError` (raised on every rank at the same point) is retried. The
+    ranks agree on the largest size among them (one ``all_reduce``), every rank runs again with at
+    most half of it (``on_halve`` is told that cap, the same on every rank; one line, from rank 0), and
+    they give up together where that largest size was one. Any other out of memory is raised after
+    one line."""
+    from . import comm
+
+    def say(line: str) -> None:
+        if not lockstep or comm.rank() == 0:
+            print(f"warning: out of memory in a pass of {line}", file=sys.stderr, flush=True)
+
+    one = what.removesuffix("s")
     while True:
         try:
             return attempt(size), size
-        except torch.OutOfMemoryError:
-            if not retry or size <= 1:
-                one = what.removesuffix("s")
-                why = f"one {one} per pass" if retry else "at P > 1 the ranks cannot retry a pass in lockstep"
-                print(f"warning: out of memory in a pass of {size} {one}(s) of {where} ({why}): giving up",
-                      file=sys.stderr, flush=True)  # fmt: skip
+        except torch.OutOfMemoryError as e:
+            if not retry or (lockstep and not isinstance(e, LockstepOutOfMemoryError)):
+                print(f"warning: out of memory in a pass of {size} {one}(s) of {where} (at P > 1 the ranks "
+                      "cannot retry a pass in lockstep): giving up", file=sys.stderr, flush=True)  # fmt: skip
                 raise
-        failed, size = size, size // 2  # outside the handler: the failed pass's tensors are freed
+            most = size
+            if lockstep:  # every rank is here: agree on the largest size
+                most = int(comm.all_reduce(torch.tensor([size], device=comm.device()), "max"))
+            if most <= 1:
+                say(f"{most} {one}(s) of {where} (one {one} per {'rank' if lockstep else 'pass'}): giving up")
+                raise
+        cap = most // 2  # outside the handler: the failed pass's tensors are freed
+        size = min(size, cap)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        print(f"warning: out of memory in a pass of {failed} {what} of {where}; retrying in passes of {size}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        if lockstep:
+            say(
+                f"up to {most} {what} per rank of {where} (every rank stopped together); retrying with "
+                f"at most {cap} per rank"
+            )
+        else:
+            say(f"{most} {what} of {where}; retrying in passes of {size}")
+        if on_halve is not None:
+            on_halve(cap)
 
 
 def lockstep_on_oom(
@@ -275,8 +315,8 @@ def lockstep_on_oom(
     the same ones. Then the ranks vote (one ``all_reduce``). Returns ``(result, 0)``, or ``(None, n)``
     on every rank where some rank ran out, ``n`` the most rows of a pass that did: the caller runs each
     rank's pass again as two passes of half its rows. Where a rank ran out on a pass of one row, every
-    rank raises ``torch.OutOfMemoryError`` (one line on the rank that ran out); where even ``shadow()``
-    runs out, that rank raises, and the launcher ends the others."""
+    rank raises :class:`LockstepOutOfMemoryError` (one line on the rank that ran out); where even
+    ``shadow()`` runs out, that rank raises, and the launcher ends the others."""
     from . import comm
 
     before = comm.issued()
@@ -302,8 +342,8 @@ def lockstep_on_oom(
     if stuck:
         if failed and rows == 1:
             print(f"warning: out of memory on {me} in a pass of 1 of {where}'s {what} (the smallest "
-                  "pass): giving up", file=sys.stderr, flush=True)  # fmt: skip
-        raise torch.OutOfMemoryError(f"out of memory in a pass of 1 of {where}'s {what} (a rank at P > 1)")
+                  "pass): every rank stops there", file=sys.stderr, flush=True)  # fmt: skip
+        raise LockstepOutOfMemoryError(f"out of memory in a pass of 1 of {where}'s {what} (a rank at P > 1)")
     if failed:
         print(f"warning: out of memory on {me} in a pass of {rows} {what} of {where}; every rank runs "
               "that pass again in two halves", file=sys.stderr, flush=True)  # fmt: skip

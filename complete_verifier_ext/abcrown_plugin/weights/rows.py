@@ -342,7 +342,7 @@ def halving_on_oom(run: Run, orig):
 
         try:
             ret, size = memory.halving_on_oom(
-                attempt, fits.get(node.name, whole), node.name, comm.world_size() == 1
+                attempt, fits.get(node.name, whole), node.name, retry=comm.world_size() == 1
             )
         finally:
             opts.update(saved)
