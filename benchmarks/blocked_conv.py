@@ -11,14 +11,15 @@ so on a CPU whose convolutions are bound by their output the P blocks cost up to
 ``fsdp`` gathers the weight and runs one product, as one process does.
 
 Here the shards are the blocks of one tensor (no ring, no collective: only the arithmetic of the
-products), on dense A-matrices of the layer shapes of ``conv_scale.py``'s CNN7 at c = 16 (rows of a
-pass × output channels × map) and on auto_LiRPA's patches (the same products on a batch of small
-windows, how α,β-CROWN bounds conv layers by default), with ``--threads`` torch threads (1: a rank's
-share of this 2-core machine at P = 2). Median of ``--repeat`` runs, in ms.
+products), on dense A-matrices of the layer shapes of ``conv_scale.py``'s CNN7 at width ``--width``
+(c = 16 by default; rows of a pass × output channels × map) and on auto_LiRPA's patches (the same
+products on a batch of small windows, how α,β-CROWN bounds conv layers by default), with ``--threads``
+torch threads (1: a rank's share of this 2-core machine at P = 2). Median of ``--repeat`` runs, in ms.
 
-    python benchmarks/blocked_conv.py [--threads 1] [--repeat 9] [--out benchmarks/results/blocked_conv]
+    python benchmarks/blocked_conv.py [--width 16] [--threads 1] [--repeat 9] [--out DIR]
 
-Writes ``blocked_conv.{md,json}`` into ``--out`` with the commit and command.
+Writes ``blocked_conv.{md,json}`` into ``--out`` (``benchmarks/results/blocked_conv``) with the commit
+and command.
 """
 
 from __future__ import annotations
@@ -35,16 +36,19 @@ from complete_verifier_ext.parallel.sharded import conv_output_padding, conv_t
 
 REPO = Path(__file__).resolve().parents[1]
 
-# (name, rows N, output channels, input channels, output map side, kernel, stride, padding)
-SHAPES = [
-    ("dense: conv2 of cnn7-c16", 128, 16, 16, 32, 3, 1, 1),
-    ("dense: conv3 (stride 2)", 128, 32, 16, 16, 3, 2, 1),
-    ("dense: conv4", 128, 32, 32, 16, 3, 1, 1),
-    ("patches 3x3: conv4", 8192, 32, 32, 3, 3, 1, 0),
-    ("patches 5x5: conv4", 8192, 32, 32, 5, 3, 1, 0),
-    ("patches 7x7: conv3 (stride 2)", 4096, 32, 16, 7, 3, 2, 0),
-    ("patches 9x9: conv2", 2048, 16, 16, 9, 3, 1, 0),
-]
+
+def shapes(c: int) -> list[tuple]:
+    """(name, rows N, output channels, input channels, output map side, kernel, stride, padding) of the
+    CNN7's conv layers at width ``c`` (channels c, c, 2c stride 2, 2c, 2c)."""
+    return [
+        (f"dense: conv2 of cnn7-c{c}", 128, c, c, 32, 3, 1, 1),
+        ("dense: conv3 (stride 2)", 128, 2 * c, c, 16, 3, 2, 1),
+        ("dense: conv4", 128, 2 * c, 2 * c, 16, 3, 1, 1),
+        ("patches 3x3: conv4", 8192, 2 * c, 2 * c, 3, 3, 1, 0),
+        ("patches 5x5: conv4", 8192, 2 * c, 2 * c, 5, 3, 1, 0),
+        ("patches 7x7: conv3 (stride 2)", 4096, 2 * c, c, 7, 3, 2, 0),
+        ("patches 9x9: conv2", 2048, c, c, 9, 3, 1, 0),
+    ]
 
 
 def _ms(f) -> float:
@@ -107,16 +111,17 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--width", type=int, default=16, help="the CNN7's c (cnn7: 64, wide_cnn7: 128)")
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "blocked_conv"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [row for shape in SHAPES for row in one(shape, args.worlds, args.repeat)]
+    rows = [row for shape in shapes(args.width) for row in one(shape, args.worlds, args.repeat)]
     prov = provenance()
     onednn = "on" if torch.backends.mkldnn.enabled else "off"
     lines = [
-        "# tp's blocked convolution products against one whole product",
+        f"# tp's blocked convolution products against one whole product (CNN7 at c = {args.width})",
         "",
         f"Commit `{prov['commit']}`, command `{prov['command']}`; {prov['machine']}; torch "
         f"{torch.__version__}, {args.threads} thread(s), oneDNN {onednn}; median of {args.repeat} rounds, "
