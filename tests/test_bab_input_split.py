@@ -291,8 +291,9 @@ def test_a_round_that_runs_out_of_memory_runs_again_with_half_its_boxes(monkeypa
     )
 
 
-def _out_of_memory_worker(limit: int, who: int) -> tuple:
-    """unsat2 at P = 2 (fsdp, batches of 8 parents a rank) where rank ``who`` runs out of memory in any
+def _out_of_memory_worker(limit: int, who: int, mode: str, method: str) -> tuple:
+    """unsat2 at P = 2 (``mode``, ``method``, batches of 8 parents a rank) where rank ``who`` runs out of
+    memory in any
     pass of a layer's neuron rows over more than ``limit`` boxes (the stand-in for
     ``torch.OutOfMemoryError``): its row passes halve in lockstep down to one row, then every rank
     stops the round together and runs it again with half as many parents. Returns every rank's result
@@ -310,22 +311,23 @@ def _out_of_memory_worker(limit: int, who: int) -> tuple:
 
     crown_module._bound_unit_rows = stand_in
     try:
-        r = _run("unsat2", mode="fsdp")
+        r = _run("unsat2", method, mode=mode)
     finally:
         crown_module._bound_unit_rows = unit_rows
     return comm.all_gather_object(((r.verdict, r.domains, r.rounds, r.max_queue), max(boxes)))
 
 
 def test_a_round_at_two_ranks_that_runs_out_of_memory_runs_again_on_every_rank(capfd):
-    """P = 2: rank 1 cannot bound a layer's rows over more than 6 boxes, even one row at a time. Every
-    rank stops the round at the same point and runs it again with at most half the most parents any
-    rank popped, until the gathered batch fits (one parent a rank: 4 boxes), and later rounds pick that
-    many: the same verdict as P = 1, the same result on both ranks, no rows bounded on rank 1 over more
-    than 6 boxes. A limit below 2 boxes (one parent a rank) gives up on both ranks with the error."""
-    results = launch.run(_out_of_memory_worker, 2, (6, 1), backend="gloo")
+    """P = 2 (tp, α-CROWN: ring passes and α's gradient in the passes): rank 1 cannot bound a layer's
+    rows over more than 6 boxes, even one row at a time. Every rank stops the round at the same point
+    and runs it again with at most half the most parents any rank popped, until the gathered batch fits
+    (one parent a rank: 4 boxes), and later rounds pick that many: the same verdict as P = 1, the same
+    result on both ranks, no rows bounded on rank 1 over more than 6 boxes. A limit below 2 boxes (one
+    parent a rank) gives up on both ranks with the error (fsdp, CROWN)."""
+    results = launch.run(_out_of_memory_worker, 2, (6, 1, "tp", "alpha-crown"), backend="gloo")
     assert results[0][0] == results[1][0]
     verdict, domains, _, _ = results[0][0]
-    assert verdict == _single("unsat2")[0] == "unsat" and domains > 1
+    assert verdict == _run("unsat2", "alpha-crown").verdict == "unsat" and domains > 1
     assert results[1][1] <= 6  # rank 0's passes of a round that rank 1 stopped ran over more
     err = capfd.readouterr().err
     retries = [ln for ln in err.splitlines() if "every rank stopped together" in ln]
@@ -337,5 +339,5 @@ def test_a_round_at_two_ranks_that_runs_out_of_memory_runs_again_on_every_rank(c
             f"rank stopped together); retrying with at most {cap} per rank"
         )
     with pytest.raises(launch.RankFailure, match="OutOfMemoryError"):
-        launch.run(_out_of_memory_worker, 2, (1, 1), backend="gloo")
+        launch.run(_out_of_memory_worker, 2, (1, 1, "fsdp", "crown"), backend="gloo")
     assert "(one parent per rank): giving up" in capfd.readouterr().err
