@@ -41,7 +41,9 @@ the high-water mark holds them exactly once).
 Out of memory in a bound pass: at P = 1 (:func:`halving_on_oom`) the pass runs again with half its rows
 per sub-pass, down to one row, as GPU verifiers do; at P > 1 (:func:`passes_in_lockstep`) the rank that
 ran out ends the pass with the others over a dummy row, the ranks vote, and every rank runs that pass and
-the ones after it in halves (:func:`lockstep_on_oom`), so their collectives never part.
+the ones after it in halves (:func:`lockstep_on_oom`), so their collectives never part. A pass of one row
+that still runs out stops every rank at the same point (:class:`LockstepOutOfMemoryError`), where a
+caller that can shrink its own work on every rank retries it (``halving_on_oom(..., lockstep=True)``).
 """
 
 from __future__ import annotations
