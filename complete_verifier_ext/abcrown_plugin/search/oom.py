@@ -175,17 +175,23 @@ def _fewer(run: Run, n: int) -> int:
     return run.rounds.fits
 
 
-def pick(run: Run, domains, batch: int, device) -> dict:
-    """A round's ``domains.pick_out(batch)``, again with half as many where copying the picked domains
-    runs out of memory (:func:`_undone_pick`, :func:`_fewer`)."""
+def _picking_fewer(run: Run, domains, batch: int, attempt: Callable[[int], Any]) -> Any:
+    """``attempt(batch)``, whose pick off ``domains`` takes ``batch`` domains, again with half as many
+    where that pick runs out of memory copying them (:func:`_undone_pick`, :func:`_fewer`)."""
     while True:
         try:
-            return domains.pick_out(batch=batch, device=device)
+            return attempt(batch)
         except torch.OutOfMemoryError:
             n = _undone_pick(run, domains, batch)
             if not n:
                 raise
         batch = _fewer(run, n)
+
+
+def pick(run: Run, domains, batch: int, device) -> dict:
+    """A round's ``domains.pick_out(batch)``, again with half as many where copying the picked domains
+    runs out of memory."""
+    return _picking_fewer(run, domains, batch, lambda b: domains.pick_out(batch=b, device=device))
 
 
 def pick_out(run: Run, orig):
@@ -240,16 +246,12 @@ def act_split_round(run: Run, orig):
     out of memory (at P > 1 :mod:`.activation`'s round caps each rank's share)."""
 
     def act_split_round(domains, net, batch, iter_idx, stats=None, branching_heuristic=None):
-        while True:
-            if run.rounds.fits is not None:
-                batch = min(batch, run.rounds.fits)
-            try:
-                return orig(domains, net, batch, iter_idx, stats, branching_heuristic)
-            except torch.OutOfMemoryError:  # in the round's own pick (split_domain's picks use pick())
-                n = _undone_pick(run, domains, batch)
-                if not n:
-                    raise
-            _fewer(run, n)
+        if run.rounds.fits is not None:
+            batch = min(batch, run.rounds.fits)
+        # where the round's own pick runs out (split_domain's picks use pick())
+        return _picking_fewer(
+            run, domains, batch, lambda b: orig(domains, net, b, iter_idx, stats, branching_heuristic)
+        )
 
     return act_split_round
 
