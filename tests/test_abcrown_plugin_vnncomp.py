@@ -64,7 +64,11 @@ def test_every_name_of_the_checkouts_vnncomp_main_resolves():
         ("mnistfc", "mnist-net_256x6.onnx", "vnncomp22/mnistfc.yaml"),
         ("oval21", "n.onnx", "vnncomp22/oval22.yaml"),
         ("nn4sys_2023", "n.onnx", "vnncomp23/nn4sys.yaml"),  # a year suffix the checkout does not use
-        ("cifar100", "n.onnx", "vnncomp25/cifar100.yaml"),  # one it does, left out
+        ("cifar100", "n.onnx", "vnncomp24/cifar100.yaml"),  # VNN-COMP 2024's, commented out now
+        ("cifar100_2024", "n.onnx", "vnncomp25/cifar100.yaml"),  # 2025's name for it
+        ("lsnc", "n.onnx", "vnncomp24/lsnc.yaml"),  # commented out in vnncomp_main.py
+        ("safenlp_medical", "n.onnx", "vnncomp24/safenlp.yaml"),  # its startswith("safenlp")
+        ("collins-rul-cnn", "n.onnx", "vnncomp23/collins-rul-cnn.yaml"),
     ],
 )
 def test_older_and_year_suffixed_names(category, onnx, config):
@@ -76,10 +80,26 @@ def test_vnncomps_test_instances_take_the_test_configs():
     assert config_of("oval21", vnnlib="x/test_prop.vnnlib") == "vnncomp21/acasxu.yaml"
 
 
-def test_an_unknown_category_is_one_line_naming_the_known_ones():
-    with pytest.raises(PluginError, match="no alpha-beta-CROWN config known for category 'no_such'") as e:
-        config_of("no_such")
-    assert "\n" not in str(e.value) and "cersyve" in str(e.value)
+def test_every_commented_out_name_and_every_config_file_resolves():
+    """The names vnncomp_main.py keeps commented out (earlier years' categories) resolve to the config
+    it names, unless a live name of the same spelling overrides it; every config under
+    ``exp_configs/vnncomp2*/`` is found by its own name (the latest year's; where that name is a category's, as
+    ``oval21``'s, the config that category runs)."""
+    cv = VENDOR / "complete_verifier"
+    live, old = vnncomp.checkout_choices(cv), vnncomp.checkout_choices(cv, commented=True)
+    assert {"lsnc", "cifar100", "tinyimagenet", "ml4acopf_2023", "nn4sys_2023"} <= set(old)
+    for category, rel in old.items():
+        assert config_of(category) == live.get(category, rel)
+    root = cv / "exp_configs"
+    named = {**old, **live, **vnncomp.CONFIGS}
+    for path in root.glob("vnncomp2*/*.yaml"):  # its name's latest year, or the config its category runs
+        assert Path(config_of(path.stem)).name == path.name or path.stem in named, path
+
+
+def test_an_unknown_category_is_one_line_naming_the_nearest_known_ones():
+    with pytest.raises(PluginError, match="no alpha-beta-CROWN config known for category 'lsn'") as e:
+        config_of("lsn")
+    assert "\n" not in str(e.value) and "nearest known: lsnc" in str(e.value)
 
 
 @needs_abcrown

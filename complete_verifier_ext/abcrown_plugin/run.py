@@ -87,6 +87,7 @@ class Shards:
     #   tensor name: (ShardedWeight, transposed)}
     whole_layers: dict[str, str] = field(default_factory=dict)  # tp: layers it cannot shard (why)
     replicated: bool = False  # every weight whole for a while (BaB): the op wrappers pass through
+    calling: set[int] = field(default_factory=set)  # ids of the nodes whose wrapped method runs now
 
 
 @dataclass

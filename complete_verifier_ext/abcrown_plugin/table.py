@@ -93,6 +93,9 @@ _LINEAR_FORWARD, _MATMUL_FORWARD, _CONV_FORWARD = ("self", "x", "w", "b"), ("sel
 _LINEAR_BACKWARD = ("self", "last_lA", "last_uA", "x", "start_node", "reduce_bias", "kwargs")
 _CONV_BACKWARD = ("self", "last_lA", "last_uA", "x", "kwargs")
 _LINEAR_IBP, _IBP = ("self", "v", "C", "w"), ("self", "v", "C")
+_LINEAR_FWD = ("self", "dim_in", "x", "w", "b", "C", "weight_has_batch")
+_LINEAR_DYN = ("self", "x", "w", "b", "C", "max_dim", "offset")
+_CONV_FWD, _CONV_DYN = ("self", "dim_in", "x"), ("self", "x", "max_dim", "offset")
 _SOLVER = ("self", "v", "model", "C", "model_type", "solver_pkg")
 _ROUND = ("domains", "net", "batch", "iter_idx", "stats", "branching_heuristic")
 
@@ -209,6 +212,10 @@ TABLE: tuple[Patch, ...] = (
     Patch(f"{_OPS}.BoundLinear.bound_backward", "fsdp", fsdp.node_args, _GATHER, _LINEAR_BACKWARD),
     Patch(f"{_OPS}.BoundLinear.interval_propagate", "fsdp", fsdp.interval, _GATHER, _LINEAR_IBP),
     Patch(f"{_OPS}.BoundLinear.build_solver", "fsdp", fsdp.positional, _GATHER, _SOLVER),
+    Patch(f"{_OPS}.BoundLinear.bound_forward", "fsdp", fsdp.forward_mode, _GATHER, _LINEAR_FWD),
+    Patch(f"{_OPS}.BoundLinear.bound_dynamic_forward", "fsdp", fsdp.dynamic_forward, _GATHER, _LINEAR_DYN),
+    Patch(f"{_OPS}.BoundMatMul.bound_forward", "fsdp", fsdp.forward_mode, _GATHER,
+          ("self", "dim_in", "x", "y", "C")),
     Patch(f"{_OPS}.BoundMatMul.forward", "fsdp", fsdp.positional, _GATHER, _MATMUL_FORWARD),
     Patch(f"{_OPS}.BoundMatMul.bound_backward", "fsdp", fsdp.node_args, _GATHER,
           ("self", "last_lA", "last_uA", "x", "start_node", "kwargs")),
@@ -217,14 +224,20 @@ TABLE: tuple[Patch, ...] = (
     Patch(f"{_OPS}.BoundConv.bound_backward", "fsdp", fsdp.node_args, _GATHER, _CONV_BACKWARD),
     Patch(f"{_OPS}.BoundConv.interval_propagate", "fsdp", fsdp.interval, _GATHER, _IBP),
     Patch(f"{_OPS}.BoundConv.build_solver", "fsdp", fsdp.positional, _GATHER, _SOLVER),
+    Patch(f"{_OPS}.BoundConv.bound_forward", "fsdp", fsdp.forward_mode, _GATHER, _CONV_FWD),
+    Patch(f"{_OPS}.BoundConv.bound_dynamic_forward", "fsdp", fsdp.dynamic_forward, _GATHER, _CONV_DYN),
     Patch(f"{_OPS}.BoundLinear.forward", "tp", tp.forward, _RING, _LINEAR_FORWARD),
     Patch(f"{_OPS}.BoundLinear.bound_backward", "tp", tp.bound_backward, _RING, _LINEAR_BACKWARD),
     Patch(f"{_OPS}.BoundLinear.interval_propagate", "tp", tp.interval_propagate, _RING, _LINEAR_IBP),
     Patch(f"{_OPS}.BoundLinear.build_solver", "tp", tp.build_solver, _RING, _SOLVER),
+    Patch(f"{_OPS}.BoundLinear.bound_forward", "tp", tp.bound_forward, _RING, _LINEAR_FWD),
+    Patch(f"{_OPS}.BoundLinear.bound_dynamic_forward", "tp", tp.bound_dynamic_forward, _RING, _LINEAR_DYN),
     Patch(f"{_OPS}.BoundConv.forward", "tp", tp.conv_forward, _RING, _CONV_FORWARD),
     Patch(f"{_OPS}.BoundConv.interval_propagate", "tp", tp.conv_interval_propagate, _RING, _IBP),
     Patch(f"{_OPS}.BoundConv.bound_backward", "tp", tp.conv_bound_backward, _RING, _CONV_BACKWARD),
     Patch(f"{_OPS}.BoundConv.build_solver", "tp", tp.build_solver, _RING, _SOLVER),
+    Patch(f"{_OPS}.BoundConv.bound_forward", "tp", tp.conv_bound_forward, _RING, _CONV_FWD),
+    Patch(f"{_OPS}.BoundConv.bound_dynamic_forward", "tp", tp.conv_bound_dynamic_forward, _RING, _CONV_DYN),
     Patch(f"{_BUILD}.__init__", "fsdp", fsdp.lirpanet_init,
           "built on the whole model, then its weights sharded (RUNTIME)", _LIRPANET_INIT),
     Patch(f"{_BUILD}.__init__", "tp", tp.lirpanet_init,
@@ -276,7 +289,7 @@ RUNTIME: tuple[tuple[str, str, str], ...] = (
      "(that would cost a collective and the whole weights' memory)"),
     ("the BoundParams of every sharded weight hold the shard (param.data)", "weights.shards.shard_net",
      "the LiRPANet is per instance; dropped with it"),
-    ("model_ori.forward runs with the weights gathered (torch.func.functional_call)",
+    ("model_ori.forward runs with the weights gathered in place of the shards (shards.swapped)",
      "weights.fsdp.gather_on_forward (fsdp)",
      "an instance attribute of the per-instance model; dropped with it"),
     ("the model's nn.Linear / nn.Conv2d forward is column-parallel",

@@ -46,18 +46,59 @@ CONFIGS = MappingProxyType(
 )
 ALIASES = MappingProxyType({"mnistfc": "mnist_fc", "collins-rul-cnn": "collins_rul_cnn"})
 
-# ``elif args.CATEGORY == "NAME":`` followed by ``cmd += "exp_configs/REL"`` in vnncomp_main.py
-_CHOICE = re.compile(r'args\.CATEGORY\s*==\s*"([^"]+)"\s*:\s*\n\s*cmd\s*\+=\s*"exp_configs/([^"]+)"')
+# ``if``/``elif args.CATEGORY == "NAME":`` then ``cmd += "exp_configs/REL"`` in vnncomp_main.py, live or
+# commented out (its record of earlier years' choices: ``# elif args.CATEGORY == "lsnc":``)
+_CHOICE = re.compile(
+    r'^(?P<hash>[ \t#]*)(?:el)?if\s+args\.CATEGORY\s*==\s*["\']([^"\']+)["\']\s*:\s*\n'
+    r'[ \t#]*cmd\s*\+=\s*["\'][^"\']*?exp_configs/([^"\']+)["\']',
+    re.M,
+)
+# ``args.CATEGORY.startswith("safenlp")``
+_PREFIX = re.compile(
+    r'args\.CATEGORY\.startswith\(\s*["\']([^"\']+)["\']\s*\)\s*:\s*\n'
+    r'[ \t#]*cmd\s*\+=\s*["\'][^"\']*?exp_configs/([^"\']+)["\']'
+)
 _YEAR = re.compile(r"_20\d\d$")
 # vnncomp_main.py's own special cases: VNN-COMP's test instances, whatever the category
 TEST_SPECS = frozenset(f"test_{size}.vnnlib" for size in ("nano", "tiny", "small"))
 
 
-def checkout_choices(complete_verifier: Path) -> dict[str, str]:
+def _norm(name: str, year: bool = False) -> str:
+    """A category or config name compared loosely: lower case, ``-`` as ``_``, no year suffix (unless
+    ``year``)."""
+    loose = name.lower().replace("-", "_")
+    return loose if year else _YEAR.sub("", loose)
+
+
+def checkout_choices(complete_verifier: Path, commented: bool = False) -> dict[str, str]:
     """Category -> config (relative to exp_configs) as the checkout's own ``vnncomp_main.py`` maps
-    them, so that a newer α,β-CROWN brings its own categories; empty when the file is not there."""
+    them, so that a newer α,β-CROWN brings its own categories; with ``commented``, the choices it keeps
+    commented out (earlier years'; where a name repeats, the latest, which comes last), whose config
+    the checkout still has. Empty when the file is not there."""
     main = complete_verifier / "vnncomp_main.py"
-    return dict(_CHOICE.findall(main.read_text(errors="replace"))) if main.is_file() else {}
+    if not main.is_file():
+        return {}
+    text = main.read_text(errors="replace")
+    out: dict[str, str] = {}
+    for m in _CHOICE.finditer(text):
+        if ("#" in m.group("hash")) == commented and (complete_verifier / "exp_configs" / m.group(3)).is_file():
+            out[m.group(2)] = m.group(3)
+    return out
+
+
+def _prefix_choices(complete_verifier: Path) -> dict[str, str]:
+    main = complete_verifier / "vnncomp_main.py"
+    return dict(_PREFIX.findall(main.read_text(errors="replace"))) if main.is_file() else {}
+
+
+def _config_files(complete_verifier: Path, year: bool = False) -> dict[str, str]:
+    """Every config under ``exp_configs/vnncomp2*/`` by its loose name (:func:`_norm` of the file's
+    stem; the latest year's where several share one): ``lsnc`` -> ``vnncomp24/lsnc.yaml``."""
+    found: dict[str, str] = {}
+    root = complete_verifier / "exp_configs"
+    for path in sorted(root.glob("vnncomp2*/*.yaml")):  # years in order: the latest wins
+        found[_norm(path.stem, year)] = str(path.relative_to(root))
+    return found
 
 
 def _pick(table: dict, name: str, onnx: str) -> str | None:
@@ -65,36 +106,55 @@ def _pick(table: dict, name: str, onnx: str) -> str | None:
     return choice(onnx) if callable(choice) else choice
 
 
-def config_choice(choices: dict[str, str], category: str, onnx: str, vnnlib: str) -> str | None:
+def config_choice(complete_verifier: Path, category: str, onnx: str, vnnlib: str) -> str | None:
     """The config (relative to exp_configs) for ``category``: VNN-COMP's test specs first, as
-    vnncomp_main.py does; then the checkout's mapping, then the fallback table, each by the exact
-    name, then with a year suffix (``_2023``) dropped or added as the other side spells it."""
+    vnncomp_main.py does; then the name exactly as the checkout's ``vnncomp_main.py`` maps it (live,
+    then commented out), the fallback table (2021/2022 names, and picks by the ONNX file); then the
+    config file of that name under ``exp_configs/vnncomp2*/``; then all of these with a year suffix
+    (``_2023``) dropped or added as either side spells it, and the prefix choices (``safenlp*``)."""
     if Path(vnnlib).name in TEST_SPECS:
         return "vnncomp21/test.yaml"
     if "test_prop" in vnnlib:
         return "vnncomp21/acasxu.yaml"
     name = ALIASES.get(category, category)
-    for table in (choices, CONFIGS):
+    tables = (checkout_choices(complete_verifier), checkout_choices(complete_verifier, True), CONFIGS)
+    for table in tables:
         found = _pick(table, name, onnx)
         if found:
             return found
-    bare = _YEAR.sub("", name)
-    for table in (choices, CONFIGS):
+    exact = _config_files(complete_verifier, year=True).get(_norm(name, year=True))
+    if exact:
+        return exact
+    for table in tables:
         for key in table:
-            if _YEAR.sub("", ALIASES.get(key, key)) == bare:
+            if _norm(ALIASES.get(key, key)) == _norm(name):
                 return _pick(table, key, onnx)
-    return None
+    for prefix, rel in _prefix_choices(complete_verifier).items():
+        if name.startswith(prefix):
+            return rel
+    return _config_files(complete_verifier).get(_norm(name))
+
+
+def known_categories(complete_verifier: Path) -> list[str]:
+    """Every category name :func:`config_choice` knows by name."""
+    names = {*checkout_choices(complete_verifier), *checkout_choices(complete_verifier, True), *CONFIGS}
+    return sorted(names | set(_config_files(complete_verifier)))
 
 
 def abcrown_config(checkout_root: Path, category: str, onnx: str, vnnlib: str = "") -> Path:
+    import difflib
+
     from .locate import PluginError
 
     cv = checkout_root / "complete_verifier"
-    choices = checkout_choices(cv)
-    rel = config_choice(choices, category, onnx, vnnlib)
+    rel = config_choice(cv, category, onnx, vnnlib)
     if rel is None:
-        known = ", ".join(sorted({*choices, *CONFIGS}))
-        raise PluginError(f"no alpha-beta-CROWN config known for category {category!r} (known: {known})")
+        known = known_categories(cv)
+        near = difflib.get_close_matches(category, known, n=4, cutoff=0.5) or known[:6]
+        raise PluginError(
+            f"no alpha-beta-CROWN config known for category {category!r} (nearest known: {', '.join(near)}; "
+            f"{len(known)} known in {cv / 'vnncomp_main.py'} and {cv / 'exp_configs'})"
+        )
     path = cv / "exp_configs" / rel
     if not path.is_file():
         raise PluginError(f"{path}: not found in the alpha-beta-CROWN checkout")

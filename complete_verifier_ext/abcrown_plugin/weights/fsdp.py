@@ -12,8 +12,8 @@ place of the shard, and drops it when the method returns. Autograd never keeps i
 ``saved_tensors_hooks`` pair saves a token instead and gathers again in backward (the TP/FSDP paper's
 fork kept every gathered weight alive through the α-CROWN graph).
 
-``model_ori``'s forward runs through ``torch.func.functional_call`` with the gathered weights (PGD's
-graph keeps them only until its backward).
+``model_ori``'s forward runs with the gathered weights in place of its shards (PGD's graph keeps them
+only until its backward).
 
 Every rank must call each wrapped method in the same order: α,β-CROWN's control flow is replicated
 (same inputs, same seed, the synced clock of :mod:`..clocks`). Every replacement here is a
@@ -22,6 +22,8 @@ Every rank must call each wrapped method in the same order: α,β-CROWN's contro
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,9 +35,10 @@ from . import shards
 
 
 def gather_on_forward(reg: Shards, model: nn.Module, table: dict) -> None:
-    """``model(x)`` runs with every sharded tensor gathered, through ``torch.func.functional_call``: the
-    gathered tensors are what autograd saves (PGD's backward gets the right ones) and they are freed
-    with the graph; the module's own tensors stay shards."""
+    """``model(x)`` runs with every sharded tensor gathered in place of its shard (:func:`.shards.swapped`,
+    as ``torch.func.functional_call`` would): the gathered tensors are what autograd saves (PGD's
+    backward gets the right ones) and they are freed with the graph; the module's own tensors stay
+    shards."""
     orig_forward = model.forward
 
     def forward(*args, **kwargs):
@@ -43,9 +46,8 @@ def gather_on_forward(reg: Shards, model: nn.Module, table: dict) -> None:
             return orig_forward(*args, **kwargs)
         model._cve_in_call = True
         try:
-            return torch.func.functional_call(
-                model, shards.gathered(reg, model), args, kwargs, tie_weights=False, strict=False
-            )
+            with shards.swapped(model, shards.gathered(reg, model)):
+                return orig_forward(*args, **kwargs)
         finally:
             model._cve_in_call = False
 
@@ -118,36 +120,64 @@ def _restore(w, saved: dict) -> None:
         setattr(w, a, v)
 
 
-def _wrap_arg(reg: Shards, orig, as_arg):
-    """Wrap ``orig(self, *args, **kwargs)`` whose ``args[1]`` is the weight: it gets ``as_arg(full)``."""
+@contextlib.contextmanager
+def _calling(reg: Shards, op) -> Iterator[None]:
+    """``op``'s wrapped method runs: a wrapped method it calls on itself (``BoundMatMul``'s methods call
+    ``BoundLinear``'s, which are wrapped too, on the weight they were handed) passes through."""
+    reg.calling.add(id(op))
+    try:
+        yield
+    finally:
+        reg.calling.discard(id(op))
+
+
+def _wrap_arg(reg: Shards, orig, index: int, as_arg):
+    """Wrap ``orig(self, *args, **kwargs)`` whose ``args[index]`` is the weight: it gets ``as_arg(full)``."""
 
     def wrapper(self, *args, **kwargs):
         _, shard = shards.weight_of(reg, self)
-        if shard is None or len(args) < 2:
+        if shard is None or len(args) <= index or id(self) in reg.calling:
             return orig(self, *args, **kwargs)
         full = shard.fresh()
-        args = (args[0], as_arg(full), *args[2:])
-        with _NoFullWeightSaved(shard, full):
+        args = (*args[:index], as_arg(full), *args[index + 1 :])
+        with _NoFullWeightSaved(shard, full), _calling(reg, self):
             return orig(self, *args, **kwargs)
 
     wrapper.__wrapped__ = orig
     return wrapper
 
 
+def _interval(full: Tensor):
+    from auto_LiRPA.operators.base import Interval
+
+    return Interval(full, full)
+
+
+def _linear_bound(full: Tensor):
+    """A constant's forward-mode bound, as auto_LiRPA's ``BoundParams.bound_forward`` makes it."""
+    from auto_LiRPA.linear_bound import LinearBound
+
+    return LinearBound(None, full, None, full, full, full)
+
+
 def positional(run: Run, orig):
     """``forward(self, x, w, ...)`` / ``build_solver(self, *v, ...)``: argument 1 is the weight."""
-    return _wrap_arg(run.shards, orig, lambda full: full)
+    return _wrap_arg(run.shards, orig, 1, lambda full: full)
 
 
 def interval(run: Run, orig):
     """``interval_propagate(self, *v, ...)``: ``v[1]`` is the weight's interval."""
+    return _wrap_arg(run.shards, orig, 1, _interval)
 
-    def as_interval(full: Tensor):
-        from auto_LiRPA.operators.base import Interval
 
-        return Interval(full, full)
+def forward_mode(run: Run, orig):
+    """``bound_forward(self, dim_in, x, w, ...)``: argument 2 is the weight's forward-mode bound."""
+    return _wrap_arg(run.shards, orig, 2, _linear_bound)
 
-    return _wrap_arg(run.shards, orig, as_interval)
+
+def dynamic_forward(run: Run, orig):
+    """``bound_dynamic_forward(self, x, w, ...)``: argument 1 is the weight's forward-mode bound."""
+    return _wrap_arg(run.shards, orig, 1, _linear_bound)
 
 
 def node_args(run: Run, orig):
@@ -156,12 +186,12 @@ def node_args(run: Run, orig):
 
     def wrapper(self, last_lA, last_uA, *x, **kwargs):
         w, shard = shards.weight_of(reg, self)
-        if shard is None:
+        if shard is None or id(self) in reg.calling:
             return orig(self, last_lA, last_uA, *x, **kwargs)
         full = shard.fresh()
         saved = _set_full(w, full)
         try:
-            with _NoFullWeightSaved(shard, full):
+            with _NoFullWeightSaved(shard, full), _calling(reg, self):
                 return orig(self, last_lA, last_uA, *x, **kwargs)
         finally:
             _restore(w, saved)

@@ -8,8 +8,10 @@ gathers the whole into a new tensor (what auto_LiRPA's methods may keep while th
 ``tp`` the same object computes column-parallel products without ever building the whole.
 
 * ``Shards.by_param``: auto_LiRPA ``BoundParams`` node → its ShardedWeight;
-* ``Shards.by_model``: ``model_ori`` → ``{tensor name: (ShardedWeight, transposed)}``, its tensors
-  that hold a sharded weight or a (transposed) copy of one;
+* ``Shards.by_model``: ``model_ori`` → ``{(module path, attribute): (ShardedWeight, transposed)}``, its
+  tensors that hold a sharded weight or a (transposed) copy of one (keyed by the module's path as
+  ``named_modules`` gives it, never by a dotted name: onnx2pytorch names modules after ONNX nodes, whose
+  names hold dots, ``Gemm_/main/main.0/Gemm``);
 * :func:`replicated`: every sharded weight whole on every rank for a while (BaB with
   ``parallel.bab_weights: replicated``); the wrappers pass through while inside.
 
@@ -44,19 +46,47 @@ class Strategy:
     model_forward: Callable[[Shards, nn.Module, dict], None]  # model_ori's forward on its shards
 
 
-def model_tensors(model: nn.Module) -> dict[str, Tensor]:
-    """Every parameter and buffer of ``model`` by name, shared ones under each of their names."""
-    named = dict(model.named_parameters(remove_duplicate=False))
-    named.update(dict(model.named_buffers(remove_duplicate=False)))
+Key = tuple[str, str]
+"""A tensor of a model: (its module's path as ``named_modules`` gives it, the attribute)."""
+
+
+def model_tensors(model: nn.Module) -> dict[Key, Tensor]:
+    """Every parameter and buffer of ``model`` by (module path, attribute), a shared one under each."""
+    named = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        for attr, t in [*module._parameters.items(), *module._buffers.items()]:
+            if t is not None:
+                named[(path, attr)] = t
     return named
+
+
+@contextlib.contextmanager
+def swapped(model: nn.Module, tensors: dict[Key, Tensor]) -> Iterator[None]:
+    """``model``'s tensors ``tensors`` (by :data:`Key`) replaced by the given ones while inside (what
+    ``torch.func.functional_call`` does, without its dotted names)."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    saved = []
+    for (path, attr), t in tensors.items():
+        module = modules[path]
+        table = module._parameters if attr in module._parameters else module._buffers
+        saved.append((table, attr, table[attr]))
+        table[attr] = t
+    try:
+        yield
+    finally:
+        for table, attr, t in reversed(saved):
+            table[attr] = t
 
 
 def weight_of(reg: Shards, op) -> tuple[Any, ShardedWeight | None]:
     """The weight node (input 1) of a Linear/MatMul/Conv op and its ShardedWeight; ``(None, None)``
-    when the op has no weight input or inside :func:`replicated`."""
-    if len(op.inputs) < 2 or reg.replicated:
+    when the op has no weight input, inside :func:`replicated`, or for a receiver that is not a node
+    (auto_LiRPA merges the spec into the output's interval with ``BoundLinear.interval_propagate(None,
+    ...)``)."""
+    inputs = getattr(op, "inputs", None)
+    if not inputs or len(inputs) < 2 or reg.replicated:
         return None, None
-    w = op.inputs[1]
+    w = inputs[1]
     return w, reg.by_param.get(w)
 
 

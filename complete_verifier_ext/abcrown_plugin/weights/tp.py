@@ -6,9 +6,14 @@ as the native engine's :class:`~complete_verifier_ext.parallel.sharded.ShardedWe
 The op wrappers compute with the shards only:
 
 * ``forward`` and ``interval_propagate``: column-parallel. Each rank computes its own output slice
-  (its rows of W, its slice of the bias) and one ``all_gather`` assembles the small output. When
-  auto_LiRPA merges the spec C into the last layer's IBP (``C @ W``), the merged ``(B, spec, in)``
-  matrix is the sum of the ranks' ``C[..., rows] @ W_rows`` (one ``all_reduce``).
+  (its rows of W, its slice of the bias) and one ``all_gather`` assembles the small output; under
+  autograd (α,β-CROWN's attack through the bounded model) the gather keeps the rank's block of the
+  gradient and the input's gradient is summed over the ranks. When auto_LiRPA merges the spec C into
+  the last layer's IBP (``C @ W``), the merged ``(B, spec, in)`` matrix is the sum of the ranks'
+  ``C[..., rows] @ W_rows`` (one ``all_reduce``).
+* ``bound_forward`` / ``bound_dynamic_forward`` (forward-mode bounds, ``bound_prop_method:
+  forward+backward``, nn4sys's ``forward+crown``): each block of output units from its shard as it
+  comes round the ring, the spec merged as for IBP.
 * ``bound_backward``: ``A @ W`` by :meth:`ShardedWeight.linear_t`, a conv's ``conv_transpose2d(A, W)``
   by :meth:`ShardedWeight.conv_transpose2d` (with auto_LiRPA's output padding). The shards travel
   around the ring (P - 1 passes, at most two travelling shards resident) and each multiplies the
@@ -78,9 +83,21 @@ def _part(b: Any, rows: tuple[int, int], dim: int) -> Any:
     return b.narrow(dim, rows[0], rows[1] - rows[0]) if isinstance(b, Tensor) else b
 
 
-def _no_grad_through(*ts: Any) -> None:
-    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ts):
-        raise RuntimeError("tp: a BoundLinear forward/IBP needs a gradient; not supported")
+def _needs_grad(*ts: Any) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ts)
+
+
+def _column_parallel(sw, xs: tuple[Tensor, ...], block, dim: int) -> Tensor:
+    """``block(xs, W_rows, (lo, hi))`` (the output slice of rows ``lo:hi``) for every rank's rows,
+    concatenated along ``dim``, differentiable in ``xs`` when autograd records (α,β-CROWN's attack takes
+    gradients through the bounded model): every rank computes the same loss from the gathered output,
+    so the gather's backward keeps the rank's block of the gradient and each input's gradient is summed
+    over the ranks. While :mod:`.serve` is active (a BaB round, ranks out of lockstep) every shard is
+    fetched and every block computed here."""
+    if serve.active() or not _needs_grad(*xs):
+        return sw.columns(lambda w, rows: block(xs, w, rows), dim)
+    y = block(tuple(comm.reduce_grad(x) if _needs_grad(x) else x for x in xs), sw.local, sw.rows)
+    return comm.all_gather_cat_same_loss(y, dim, sizes=sw.sizes)
 
 
 def forward(run: Run, orig):
@@ -90,13 +107,138 @@ def forward(run: Run, orig):
         sw = _sharded(reg, self)
         if sw is None:
             return orig(self, x, w, b)
-        _no_grad_through(x)
-        y = sw.columns(lambda w, rows: orig(self, x, w, _part(b, rows, -1)), -1)
+        y = _column_parallel(sw, (x,), lambda xs, w, rows: orig(self, xs[0], w, _part(b, rows, -1)), -1)
         self.y_shape = torch.Size((sw.shape[1], sw.shape[0]))  # as orig sets it for the whole W
         return y
 
     forward.__wrapped__ = orig
     return forward
+
+
+def _constant(t: Tensor):
+    """A constant's forward-mode bound, as auto_LiRPA's ``forward_general`` makes it."""
+    from auto_LiRPA.linear_bound import LinearBound
+
+    return LinearBound(None, t, None, t, t, t)
+
+
+def _blocks(sw, one_block, dims: dict[str, int]):
+    """A forward-mode bound (auto_LiRPA ``LinearBound``) whose output units are the weight's rows: each
+    block from its shard as it comes round the ring (every rank computes every block; no whole
+    weight), concatenated along ``dims`` (``lw``/``uw`` and ``lb``/``ub``)."""
+    from auto_LiRPA.linear_bound import LinearBound
+
+    parts = [one_block(w, rows) for rows, w in sw.each_shard()]
+    first = parts[0]
+    cat: dict[str, Any] = {}
+    for key in ("lw", "lb", "uw", "ub"):
+        if getattr(first, key) is None:
+            cat[key] = None
+            continue
+        twin = {"uw": "lw", "ub": "lb"}.get(key)
+        same = twin is not None and all(getattr(p, key) is getattr(p, twin) for p in parts)
+        cat[key] = cat[twin] if same else torch.cat([getattr(p, key) for p in parts], dims[key[1]])
+    return LinearBound(cat["lw"], cat["lb"], cat["uw"], cat["ub"], x_L=first.x_L, x_U=first.x_U,
+                       offset=first.offset, tot_dim=first.tot_dim)  # fmt: skip
+
+
+def _merged(sw, C: Tensor) -> Tensor:
+    """``C @ W`` (``(B, spec, in)``) with the spec merged into the layer: the ranks' blocks summed."""
+    return sw.row_sum(lambda w, rows: C[..., rows[0] : rows[1]].to(w).matmul(w))
+
+
+def bound_forward(run: Run, orig):
+    """``BoundLinear.bound_forward`` (forward-mode bounds, ``bound_prop_method: forward+...``): each
+    output block from its weight shard (:func:`_blocks`); where auto_LiRPA merges the spec into this
+    layer (``C``), the merged ``C @ W`` is summed over the ranks' blocks and applied as auto_LiRPA's own
+    code applies it (``BoundLinear.bound_forward_mul``)."""
+    reg = run.shards
+
+    def bound_forward(self, dim_in, x, w=None, b=None, C=None, weight_has_batch=False):
+        from auto_LiRPA.linear_bound import LinearBound
+        from auto_LiRPA.operators import BoundLinear
+
+        sw = _sharded(reg, self)
+        if sw is None or w is None or weight_has_batch:
+            return orig(self, dim_in, x, w, b, C, weight_has_batch)
+        bias = b.lower if b is not None else None
+        if C is None:
+
+            def one_block(w_q, rows):
+                b_q = None if bias is None else _constant(_part(bias, rows, -1))
+                return orig(self, dim_in, x, _constant(w_q), b_q, None, False)
+
+            return _blocks(sw, one_block, {"w": -1, "b": -1})
+        wt = _merged(sw, C).transpose(-1, -2)  # (B, in, spec)
+        lw, lb, uw, ub = BoundLinear.bound_forward_mul(x.lw, x.lb.unsqueeze(1), x.uw, x.ub.unsqueeze(1), wt)
+        lb, ub = lb.squeeze(1), ub.squeeze(1)
+        if bias is not None:
+            cb = C.to(bias).matmul(bias)
+            lb, ub = lb + cb, ub + cb
+        return LinearBound(lw, lb, uw, ub)
+
+    bound_forward.__wrapped__ = orig
+    return bound_forward
+
+
+def bound_dynamic_forward(run: Run, orig):
+    """``BoundLinear.bound_dynamic_forward`` (``dynamic-forward``): as :func:`bound_forward`."""
+    reg = run.shards
+
+    def bound_dynamic_forward(self, x, w=None, b=None, C=None, max_dim=None, offset=0):
+        from auto_LiRPA.linear_bound import LinearBound
+
+        sw = _sharded(reg, self)
+        if sw is None or w is None:
+            return orig(self, x, w, b, C, max_dim, offset)
+        bias = b.lb if b is not None else None
+        if C is None:
+
+            def one_block(w_q, rows):
+                b_q = None if bias is None else _constant(_part(bias, rows, -1))
+                return orig(self, x, _constant(w_q), b_q, None, max_dim, offset)
+
+            return _blocks(sw, one_block, {"w": -1, "b": -1})
+        wt = _merged(sw, C).transpose(-1, -2)  # (B, in, spec)
+        w_new = x.lw.matmul(wt)
+        b_new = x.lb.unsqueeze(1).matmul(wt).squeeze(1)
+        if bias is not None:
+            b_new = b_new + C.to(bias).matmul(bias)
+        return LinearBound(w_new, b_new, w_new, b_new, x_L=x.x_L, x_U=x.x_U, tot_dim=x.tot_dim)
+
+    bound_dynamic_forward.__wrapped__ = orig
+    return bound_dynamic_forward
+
+
+def _conv_forward_mode(run: Run, orig, lead: int):
+    """``BoundConv``'s forward-mode bound, ``orig(self, *lead_args, x, w, b)``: each block of output
+    channels from its weight shard (:func:`_blocks`); ``lead``: the arguments before ``x``."""
+    reg = run.shards
+
+    def wrapper(self, *args, **kwargs):
+        sw = _sharded(reg, self)
+        if sw is None:
+            return orig(self, *args, **kwargs)
+        bias = args[lead + 2].lb if len(args) > lead + 2 else None
+
+        def one_block(w_q, rows):
+            rest = [] if bias is None else [_constant(_part(bias, rows, 0))]
+            return orig(self, *args[: lead + 1], _constant(w_q), *rest, **kwargs)
+
+        return _blocks(sw, one_block, {"w": -3, "b": -3})
+
+    wrapper.__wrapped__ = orig
+    return wrapper
+
+
+def conv_bound_forward(run: Run, orig):
+    """``BoundConv.bound_forward(dim_in, x, w, b)``."""
+    return _conv_forward_mode(run, orig, 1)
+
+
+def conv_bound_dynamic_forward(run: Run, orig):
+    """``BoundConv.bound_dynamic_forward(x, w, b)``."""
+    return _conv_forward_mode(run, orig, 0)
 
 
 def interval_propagate(run: Run, orig):
@@ -108,7 +250,6 @@ def interval_propagate(run: Run, orig):
         sw = _sharded(reg, self)
         if sw is None or w is not None:
             return orig(self, *v, C=C, w=w)
-        _no_grad_through(v[0][0], v[0][1], C)
 
         def bias(fn) -> list:  # the bias interval through fn (the same tensor twice when constant)
             if len(v) < 3:
@@ -118,11 +259,12 @@ def interval_propagate(run: Run, orig):
 
         if C is None:
 
-            def block(w, rows):  # this block's (lower, upper), stacked
-                lo, hi = orig(self, v[0], Interval(w, w), *bias(lambda b: _part(b, rows, -1)))
+            def block(xs, w, rows):  # this block's (lower, upper), stacked
+                x = Interval.make_interval(xs[0], xs[1], v[0])
+                lo, hi = orig(self, x, Interval(w, w), *bias(lambda b: _part(b, rows, -1)))
                 return torch.stack((lo, hi))
 
-            both = sw.columns(block, -1)
+            both = _column_parallel(sw, (v[0][0], v[0][1]), block, -1)
             return both[0], both[1]
         merged = sw.row_sum(lambda w, rows: C[..., rows[0] : rows[1]].matmul(w))  # C @ W: (B, spec, in)
         local = Interval(sw.local, sw.local)
@@ -208,8 +350,11 @@ def conv_forward(run: Run, orig):
         sw = _sharded(reg, self)
         if sw is None:
             return orig(self, *x)
-        _no_grad_through(x[0])
-        return sw.columns(lambda w, rows: orig(self, x[0], w, *[_part(t, rows, 0) for t in x[2:]]), 1)
+
+        def block(xs, w, rows):
+            return orig(self, xs[0], w, *[_part(t, rows, 0) for t in x[2:]])
+
+        return _column_parallel(sw, (x[0],), block, 1)
 
     forward.__wrapped__ = orig
     return forward
@@ -224,17 +369,17 @@ def conv_interval_propagate(run: Run, orig):
         sw = _sharded(reg, self)
         if sw is None:
             return orig(self, *v, C=C)
-        _no_grad_through(v[0][0], v[0][1])
 
-        def block(w, rows):  # this block's (lower, upper), stacked
+        def block(xs, w, rows):  # this block's (lower, upper), stacked
             bias = []
             if len(v) == 3:
                 lo = _part(v[2][0], rows, 0)
                 hi = lo if v[2][1] is v[2][0] else _part(v[2][1], rows, 0)
                 bias = [Interval.make_interval(lo, hi, v[2])]
-            return torch.stack(orig(self, v[0], Interval(w, w), *bias, C=C))
+            x = Interval.make_interval(xs[0], xs[1], v[0])
+            return torch.stack(orig(self, x, Interval(w, w), *bias, C=C))
 
-        both = sw.columns(block, 2)
+        both = _column_parallel(sw, (v[0][0], v[0][1]), block, 2)
         return both[0], both[1]
 
     interval_propagate.__wrapped__ = orig
@@ -377,10 +522,9 @@ def lirpanet_init(run: Run, orig):
 
 def column_parallel_forward(reg: Shards, model: nn.Module, table: dict[str, tuple[Any, bool]]) -> None:
     """Every ``nn.Linear`` of ``model`` whose weight is sharded computes its own output columns;
-    ``table``: the model's sharded tensors by name (``reg.by_model[model]``)."""
-    modules = dict(model.named_modules())
-    for name, (shard, transposed) in table.items():
-        owner, _, attr = name.rpartition(".")
+    ``table``: the model's sharded tensors by (module path, attribute) (``reg.by_model[model]``)."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    for (owner, attr), (shard, transposed) in table.items():
         m = modules.get(owner)
         if attr == "weight" and not transposed and isinstance(m, nn.Linear):
             m.forward = _linear_forward(m, shard)
