@@ -83,8 +83,8 @@ def test_vnncomps_test_instances_take_the_test_configs():
 def test_every_commented_out_name_and_every_config_file_resolves():
     """The names vnncomp_main.py keeps commented out (earlier years' categories) resolve to the config
     it names, unless a live name of the same spelling overrides it; every config under
-    ``exp_configs/vnncomp2*/`` is found by its own name (the latest year's; where that name is a category's, as
-    ``oval21``'s, the config that category runs)."""
+    ``exp_configs/vnncomp2*/`` is found by its own name (the latest year's; where that name is a
+    category's, as ``oval21``'s, the config that category runs)."""
     cv = VENDOR / "complete_verifier"
     live, old = vnncomp.checkout_choices(cv), vnncomp.checkout_choices(cv, commented=True)
     assert {"lsnc", "cifar100", "tinyimagenet", "ml4acopf_2023", "nn4sys_2023"} <= set(old)

@@ -81,7 +81,8 @@ def checkout_choices(complete_verifier: Path, commented: bool = False) -> dict[s
     text = main.read_text(errors="replace")
     out: dict[str, str] = {}
     for m in _CHOICE.finditer(text):
-        if ("#" in m.group("hash")) == commented and (complete_verifier / "exp_configs" / m.group(3)).is_file():
+        exists = (complete_verifier / "exp_configs" / m.group(3)).is_file()
+        if ("#" in m.group("hash")) == commented and exists:
             out[m.group(2)] = m.group(3)
     return out
 
