@@ -105,6 +105,26 @@ def list_instances(cfg: Config) -> list[Instance]:
     return out
 
 
+def instance_config(cfg: Config, source: tuple[str | None, list[str]], inst: Instance) -> Config:
+    """The config of one instance: ``cfg`` itself, or with ``general.complete_verifier: auto`` the
+    method :mod:`.methods` chooses for its model and query under the keys the YAML file and command
+    line (``source``) set themselves, named in one stderr line (rank 0)."""
+    if cfg.general.complete_verifier != "auto":
+        return cfg
+    from . import methods
+    from .config_load import explicit_keys
+    from .parallel import comm
+
+    path, overrides = source
+    method, why = methods.for_instance(inst.onnx, inst.vnnlib, cfg.parallel.mode == "tp")
+    explicit = explicit_keys(path, overrides) - {"general.complete_verifier"}
+    chosen = methods.settings(method, explicit)
+    if comm.rank() == 0:
+        print(f"method: {why} (general.complete_verifier auto)", file=sys.stderr, flush=True)
+    out, _ = load_config(path, [*chosen, *overrides])
+    return out
+
+
 def run_instances(
     cfg: Config,
     instances: list[Instance],
@@ -112,12 +132,15 @@ def run_instances(
     partial: str | None = None,
     started: float | None = None,
     quiet: bool = False,
+    source: tuple[str | None, list[str]] = (None, []),
 ) -> list[InstanceResult]:
     """Runs on every rank, in lockstep.  A user error in one instance of a list is that instance's
     ``error`` verdict; a single instance re-raises it so that the CLI exits non-zero.  The clock of a
     single instance starts at ``started`` (the verifier's start, clock.py): its timeout is a wall-clock limit.
     For a list, rank 0 prints one line per finished instance and appends it to the results file at
-    once, and to ``partial`` (JSON lines for the summary): a run that is killed keeps what it did."""
+    once, and to ``partial`` (JSON lines for the summary): a run that is killed keeps what it did.
+    ``source`` (the YAML file and the command line) gives each instance its method where the config
+    leaves it to ``auto`` (:func:`instance_config`)."""
     from .parallel import comm
     from .verify import InstanceResult, verify_instance
 
@@ -128,7 +151,8 @@ def run_instances(
         progress.start(inst)
         try:
             t0 = started if single else None
-            results.append(verify_instance(cfg, inst.onnx, inst.vnnlib, inst.timeout, progress, started=t0))
+            mine = instance_config(cfg, source, inst)
+            results.append(verify_instance(mine, inst.onnx, inst.vnnlib, inst.timeout, progress, started=t0))
         except shell.USER_ERRORS as e:
             if single:
                 progress.close()
@@ -221,8 +245,8 @@ def write_outputs(
                     else "  (an upper bound: parallel.exact_memory: true gives the exact peak)"
                 )
                 print("    peak MB per rank: " + " ".join(f"{p:.1f}" for p in res.peak_mb) + note)
-        if res.message:
-            print("    " + res.message)
+        if res.message:  # why it stopped without an answer: said even when quiet (on stderr)
+            print("    " + res.message, file=sys.stderr if quiet else sys.stdout)
     else:
         counts = {
             v: sum(r.verdict == v for r in results) for v in ("sat", "unsat", "unknown", "timeout", "error")
@@ -294,13 +318,24 @@ def results_file_hint(config: str | None, overrides: list[str]) -> str | None:
     return flag_value(overrides, "--general.results_file") or _yaml_general(config, "results_file")
 
 
-def engine_of(config: str | None, overrides: list[str]) -> str:
+def engine_of(config: str | None, overrides: list[str], say: bool = False) -> str:
     """``general.engine`` from the command line (``--general.engine X``; α,β-CROWN's ``--engine X``),
-    else from the YAML, else ``native``. Read before the config is loaded: with ``abcrown`` the YAML is
-    α,β-CROWN's, which our loader does not check."""
-    return (
-        flag_value(overrides, "--general.engine", "--engine") or _yaml_general(config, "engine") or "native"
-    )
+    else from the YAML, else ``auto``: ``abcrown`` where an α,β-CROWN checkout is found
+    (``$ABCROWN_PATH``, or an importable ``complete_verifier``), so that α,β-CROWN's users type their
+    own command, else ``native``; ``say``: one stderr line names the engine ``auto`` chose and why.
+    Read before the config is loaded: with ``abcrown`` the YAML is α,β-CROWN's, which our loader does
+    not check."""
+    engine = flag_value(overrides, "--general.engine", "--engine") or _yaml_general(config, "engine") or "auto"
+    if engine != "auto":
+        return engine
+    from .abcrown_plugin import available
+
+    root, why = available()
+    engine = "abcrown" if root else "native"
+    if say:
+        reason = f"alpha-beta-CROWN found at {root} ({why})" if root else f"no alpha-beta-CROWN: {why}"
+        print(f"engine: {engine} (general.engine auto; {reason})", file=sys.stderr)
+    return engine
 
 
 def _abcrown_help() -> int:
@@ -382,7 +417,7 @@ def _main(argv: list[str] | None, started: float | None) -> int:
     if {"-h", "--help"} & set(raw) and engine_of(flag_value(raw, "--config"), raw) == "abcrown":
         return _abcrown_help()
     args, overrides = parse_args(raw)
-    if engine_of(args.config, overrides) == "abcrown":
+    if engine_of(args.config, overrides, say=True) == "abcrown":
         from .abcrown_plugin import main as abcrown_main
 
         started_wall = clock.started_wall() if argv is None else None
@@ -417,7 +452,7 @@ def _native(sh: shell.Shell, args: argparse.Namespace, overrides: list[str], arg
     if not instances:
         print(f"nothing to do: the {len(earlier)} instances are all in {results_file}")
         return 0
-    rank_args = (cfg, instances, not args.quiet, partial, started, args.quiet)
+    rank_args = (cfg, instances, not args.quiet, partial, started, args.quiet, (args.config, overrides))
     results = sh.launch(_rank_main, cfg.parallel, rank_args, cfg.general.device)
     if not sh.writer:  # torchrun: every rank got the result, rank 0 alone reports
         return 0

@@ -127,8 +127,11 @@ class GeneralConfig:
             (``false``: straight to BaB, which starts from CROWN's bounds).
         complete_verifier: ``bab`` (branch and bound), ``bab-refine`` (first tighten the intermediate
             bounds, ``solver.mip``, then branch and bound), ``mip`` (the same refinement, then a MILP
-            of the whole network per open clause for all the time left, as alpha-beta-CROWN's ``mip``)
-            or ``skip`` (stop after incomplete verification).
+            of the whole network per open clause for all the time left, as alpha-beta-CROWN's ``mip``),
+            ``skip`` (stop after incomplete verification) or ``auto`` (the method chosen for each
+            instance from its model and query, ``methods.py``: input split for few input dimensions,
+            else ``bab-refine`` on fully connected nets and ``bab`` on convolutional ones; keys the
+            config sets itself win).
         deterministic: use deterministic torch kernels (``torch.use_deterministic_algorithms``).
         double_fp: compute in float64 (not implemented: a value other than false is warned and ignored).
         verbose: print what every stage does on its own line of stderr (PGD, each bound method, every
@@ -137,9 +140,10 @@ class GeneralConfig:
         sparse_alpha: keep alpha-CROWN's slopes only for the neurons unstable when it starts (as
             alpha-beta-CROWN's ``sparse_alpha``); ``false``: one slope per neuron (the same bounds,
             more memory).
-        engine: ``native`` (this package's engine) or ``abcrown`` (a real alpha-beta-CROWN checkout named
-            by ``$ABCROWN_PATH``, sharded at runtime; the YAML then goes to alpha-beta-CROWN as it is, see
-            docs/abcrown_plugin.md).
+        engine: ``auto`` (``abcrown`` where an alpha-beta-CROWN checkout is found: ``$ABCROWN_PATH``
+            or an importable ``complete_verifier``; else ``native``; one stderr line says which),
+            ``native`` (this package's engine) or ``abcrown`` (the user's alpha-beta-CROWN, sharded at
+            runtime; the YAML then goes to alpha-beta-CROWN as it is, see docs/abcrown_plugin.md).
     """
 
     device: str = _opt("cpu", check=_is_device, expected="cpu, cuda or cuda:N")
@@ -148,12 +152,12 @@ class GeneralConfig:
     csv_name: str | None = _opt(None)
     results_file: str = _opt("out.txt")
     enable_incomplete_verification: bool = _opt(True)
-    complete_verifier: str = _opt("bab", choices=("bab", "bab-refine", "mip", "skip"), legacy={"auto": "bab"})
+    complete_verifier: str = _opt("bab", choices=("bab", "bab-refine", "mip", "skip", "auto"))
     deterministic: bool = _opt(False)
     double_fp: bool = _opt(False)
     verbose: bool = _opt(False)
     sparse_alpha: bool = _opt(True)
-    engine: str = _opt("native", choices=("native", "abcrown"))
+    engine: str = _opt("auto", choices=("auto", "native", "abcrown"))
 
 
 @dataclass(frozen=True)
@@ -414,7 +418,8 @@ class ParallelConfig:
 
     Attributes:
         mode: ``none`` (one process), ``fsdp`` (weights gathered per layer) or ``tp`` (weights streamed).
-        world_size: number of ranks; > 1 requires ``mode`` fsdp or tp.
+            Left out with ``world_size`` above 1: ``fsdp``.
+        world_size: number of ranks; > 1 requires ``mode`` fsdp or tp (``fsdp`` when mode is not given).
         backend: ``auto`` (gloo on CPU, NCCL on CUDA), ``gloo`` or ``nccl``.
         exact_memory: run every rank with ``MALLOC_MMAP_THRESHOLD_=65536`` and ``MKL_DISABLE_FAST_MM=1``
             so that freed tensors and GEMM buffers go back to the OS at once and the reported CPU peak

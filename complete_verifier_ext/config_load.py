@@ -370,8 +370,16 @@ def load_parallel(sources: Sequence[tuple[Any, str]]) -> ParallelConfig:
     flat: Flat = {}
     for data, source in sources:
         flat.update(_flatten({"parallel": data}, source)[0])
-    par = _build(ParallelConfig, flat, [], ("parallel",))
+    par = _default_mode(_build(ParallelConfig, flat, [], ("parallel",)), flat)
     _validate_parallel(par, flat)
+    return par
+
+
+def _default_mode(par: ParallelConfig, flat: Flat) -> ParallelConfig:
+    """``parallel.world_size`` above 1 with no ``parallel.mode`` given means ``fsdp`` (the bounds of one
+    process, bit for bit in CROWN); an explicit ``none`` stays an error."""
+    if ("parallel", "mode") not in flat and par.world_size > 1 and par.mode == "none":
+        return dataclasses.replace(par, mode="fsdp")
     return par
 
 
@@ -566,6 +574,7 @@ def _assemble(data: Any, source: str, overrides: Sequence[str]) -> tuple[Config,
     flat.update(over_flat)
     notes: list[str] = []
     cfg = _build(Config, flat, notes)
+    cfg = dataclasses.replace(cfg, parallel=_default_mode(cfg.parallel, flat))
     _validate(cfg, flat)
     if cfg.bab.branching.input_split.enable:  # there the method names the input-split heuristic
         notes = [_input_split_note(n) if n.startswith("bab.branching.method ") else n for n in notes]
@@ -643,6 +652,14 @@ def load_config(path: str | None, overrides: Sequence[str] = ()) -> tuple[Config
     cfg, flat, warnings = _assemble(data, path if path is not None else COMMAND_LINE, overrides)
     cfg_dir = os.path.dirname(os.path.abspath(path)) if path is not None else None
     return _resolve_paths(cfg, flat, cfg_dir, path), warnings
+
+
+def explicit_keys(path: str | None, overrides: Sequence[str] = ()) -> set[str]:
+    """The dotted keys (YAML names) that the YAML file ``path`` or the command line ``overrides`` set."""
+    data = _read_yaml(path) if path is not None else None
+    flat, _ = _flatten(data, path if path is not None else COMMAND_LINE)
+    flat.update(_flatten(_overrides_tree(overrides), COMMAND_LINE)[0])
+    return {".".join(key) for key in flat}
 
 
 def config_to_dict(cfg: Any) -> dict:

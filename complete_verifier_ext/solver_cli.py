@@ -37,7 +37,6 @@ from pathlib import Path
 from . import clock
 
 NAME = "complete_verifier_ext: sharded IBP, CROWN, alpha-CROWN and beta-CROWN branch and bound"
-INPUT_SPLIT_MAX_DIMS = 16  # input-split BaB up to this many input dimensions (ACAS Xu has 5)
 
 
 def _version() -> str:
@@ -177,34 +176,6 @@ def check_types(spec, query: str) -> None:
                 )
 
 
-def choose_method(spec, onnx_path: str) -> tuple[list[str], str]:
-    """The native engine's settings for a query without a category, and one line naming the choice."""
-    from .model.onnx_loader import read_onnx
-
-    if spec.n_inputs <= INPUT_SPLIT_MAX_DIMS:
-        why = f"{spec.n_inputs} input dimensions: input-split branch and bound (CROWN)"
-        return INPUT_SPLIT, why
-    ops = {n.op_type for n in read_onnx(onnx_path).graph.node}
-    if "Conv" not in ops:
-        why = f"{spec.n_inputs} input dimensions, fully connected: β-CROWN BaB after split+MILP refinement"
-        return REFINE, why
-    return ACTIVATION, f"{spec.n_inputs} input dimensions, convolutional: β-CROWN branch and bound"
-
-
-# the methods (as --section.key overrides of the native engine): configs/acasxu.yaml's input split,
-# configs/mnist_fc.yaml's refinement, configs/default.yaml's activation BaB
-INPUT_SPLIT = ["--solver.batch_size", "4096", "--solver.bound_prop_method", "crown",
-               "--bab.branching.input_split.enable", "true",
-               "--attack.pgd_order", "after", "--attack.pgd_restarts", "100"]  # fmt: skip
-REFINE = ["--general.complete_verifier", "bab-refine", "--solver.batch_size", "1024",
-          "--solver.bound_prop_method", "alpha-crown", "--solver.alpha-crown.iteration", "100",
-          "--solver.mip.refine_method", "split+milp", "--bab.branching.method", "kfsb",
-          "--attack.pgd_order", "before", "--attack.pgd_restarts", "100"]  # fmt: skip
-ACTIVATION = ["--solver.batch_size", "256", "--solver.bound_prop_method", "alpha-crown",
-              "--solver.alpha-crown.iteration", "50", "--bab.branching.method", "kfsb",
-              "--attack.pgd_order", "before", "--attack.pgd_restarts", "30"]  # fmt: skip
-
-
 def _assignment(text: str, spec) -> list[tuple[str, str, tuple[int, ...], list[float]]]:
     """The variables of a ``sat`` results file (after its first line): a VNN-LIB 2.0 witness is
     already ``NAME TYPE [dims]`` blocks; a 1.x counterexample's ``(X_i v)`` / ``(Y_j v)`` are scalars."""
@@ -306,11 +277,12 @@ def _run(a: argparse.Namespace, spec, onnx_arg: str, results: str, started: floa
         if a.config:
             method, why = ["--config", a.config], f"the methods of {a.config}"
         else:
-            from .model.joint import model_for
+            from .methods import for_instance
 
-            method, why = choose_method(spec, model_for(onnx_arg, spec)[0])
+            method, why = for_instance(onnx_arg, a.query, a.world_size > 1 and a.mode == "tp")
         print(f"complete-verifier-ext: {why}", file=sys.stderr)
-        argv = [*method, "--model.onnx_path", onnx_arg, "--specification.vnnlib_path", a.query]
+        argv = [*method, "--general.engine", "native", "--model.onnx_path", onnx_arg]
+        argv += ["--specification.vnnlib_path", a.query]
         argv += ["--general.results_file", results, "--general.csv_name", "null", "--general.root_path", ""]
         argv += ["--bab.timeout", str(timeout), "--quiet"]
         if a.world_size > 1:
@@ -324,10 +296,11 @@ def _run_abcrown(a: argparse.Namespace, spec, onnx_arg: str, results: str, timeo
     """The user's α,β-CROWN through the plugin: its config for the method (``--config``: the user's)."""
     from . import abcrown_plugin
     from .abcrown_plugin import locate
+    from .methods import INPUT_SPLIT_MAX_DIMS
 
     if a.config:
         config, why = a.config, f"alpha-beta-CROWN with {a.config}"
-    elif spec.n_inputs <= INPUT_SPLIT_MAX_DIMS:
+    elif spec.n_inputs <= INPUT_SPLIT_MAX_DIMS:  # as the native engine's methods.choose
         config = str(locate.find().complete_verifier / "exp_configs" / "vnncomp21" / "acasxu.yaml")
         why = f"{spec.n_inputs} input dimensions: alpha-beta-CROWN's input split (vnncomp21/acasxu.yaml)"
     else:

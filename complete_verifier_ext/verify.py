@@ -641,6 +641,7 @@ def verify_region(run: RegionRun, onnx_path: str) -> RegionVerdict:
     if not verified and cfg.general.complete_verifier != "skip" and not clock.expired() and not out.message:
         res = out.search = complete_region(run)
         verified = res.verdict == "unsat"
+        out.message = res.reason if res.verdict == "unknown" else ""
         if res.verdict == "sat" and res.counterexample is not None:
             cex, device = res.counterexample, compute_device(cfg)
             ok, y = check_counterexample(graph, graph.input_shape, cex, region, onnx_path, device)

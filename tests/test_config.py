@@ -282,7 +282,7 @@ def test_type_error_in_override():
         ("parallel.backend", "mpi", "auto|gloo|nccl"),
         ("bab.branching.method", "best", "babsr|fsb|kfsb"),
         ("bab.branching.reduceop", "sum", "min|max"),
-        ("general.complete_verifier", "lp", "bab|bab-refine|mip|skip"),
+        ("general.complete_verifier", "lp", "bab|bab-refine|mip|skip|auto"),
     ],
 )
 def test_enum_errors(key, value, allowed):
@@ -297,8 +297,10 @@ def test_device_errors(device):
 
 
 def test_parallel_consistency(tmp_path):
+    cfg, _ = load_config(write_yaml(tmp_path, "parallel: {world_size: 2}\n"))  # no mode given: fsdp
+    assert (cfg.parallel.mode, cfg.parallel.world_size) == ("fsdp", 2)
     with pytest.raises(ConfigError) as err:
-        load_config(write_yaml(tmp_path, "parallel: {world_size: 2}\n"))
+        load_config(write_yaml(tmp_path, "parallel: {world_size: 2, mode: none}\n"))
     assert "'parallel.mode' is 'none'" in str(err.value) and "fsdp" in str(err.value)
     with pytest.raises(ConfigError, match="nccl"):
         load_config(None, ["--parallel.backend", "nccl"])
@@ -362,14 +364,13 @@ def test_replaced_values_are_reported_in_the_same_warning(tmp_path):
     path = write_yaml(
         tmp_path,
         """
-        general: {complete_verifier: auto, conv_mode: matrix}
+        general: {conv_mode: matrix}
         solver: {bound_prop_method: forward+backward}
         bab: {branching: {method: kfsb-intercept-only}}
         attack: {pgd_order: middle}
     """,
     )
     cfg, warnings = load_config(path)
-    assert cfg.general.complete_verifier == "bab"
     assert cfg.solver.bound_prop_method == "crown"
     assert cfg.bab.branching.method == "kfsb"
     assert cfg.attack.pgd_order == "before"
@@ -623,8 +624,8 @@ def test_run_instance_command_line(tmp_path):
     args = args_file.read_text().splitlines()
     assert args[:5] == ["-m", "complete_verifier_ext.worker", "run", "native", "cli"]
     args = args[5:]
-    assert args[:2] == ["--config", str(REPO / "configs" / "oval21.yaml")]
-    assert args[2:] == [
+    assert args[:4] == ["--config", str(REPO / "configs" / "oval21.yaml"), "--general.engine", "native"]
+    assert args[4:] == [
         "--model.onnx_path",
         "net.onnx",
         "--specification.vnnlib_path",

@@ -55,7 +55,7 @@ if [[ "$ENGINE" == abcrown ]]; then
     exec "${WORKER[@]}" vnncomp "$CATEGORY" "$ONNX" "$VNNLIB" \
         "$RESULTS" "$TIMEOUT" --ours "$CONFIG" ${EXTRA[@]+"${EXTRA[@]}"}
 fi
-exec "${WORKER[@]}" cli --config "$CONFIG" \
+exec "${WORKER[@]}" cli --config "$CONFIG" --general.engine native \
     --model.onnx_path "$ONNX" \
     --specification.vnnlib_path "$VNNLIB" \
     --general.results_file "$RESULTS" \

@@ -23,7 +23,23 @@ Process-wide state: :mod:`.locate`'s loaded checkout alone (α,β-CROWN's module
 ``sys.modules``: one checkout per process). Everything else lives in a :class:`~.run.Run`.
 """
 
-__all__ = ["keys_help", "main", "vnncomp_main"]
+__all__ = ["available", "keys_help", "main", "vnncomp_main"]
+
+
+def available() -> tuple[str | None, str]:
+    """Whether an α,β-CROWN checkout is found (``$ABCROWN_PATH``, else an importable
+    ``complete_verifier``), without importing it: ``(its root, how it was found)``, or ``(None, why
+    not)`` (:func:`.locate.find`'s reason)."""
+    import os
+
+    from .locate import ENV, PluginError, find
+
+    try:
+        checkout = find()
+    except PluginError as e:
+        return None, str(e).removeprefix("general.engine abcrown: ")
+    how = f"${ENV}" if os.environ.get(ENV) else "an importable complete_verifier"
+    return str(checkout.root), how
 
 
 def main(config, overrides, summary, quiet, started_wall=None) -> int:

@@ -31,8 +31,8 @@ ENGINE_KEY = (
     dict(
         type=str,
         default="abcrown",
-        choices=["native", "abcrown"],
-        help="Which engine runs the verification: native (complete_verifier_ext) or abcrown (this one).",
+        choices=["auto", "native", "abcrown"],
+        help="Which engine runs the verification: auto, native (complete_verifier_ext) or abcrown (this one).",
     ),
 )
 

@@ -38,6 +38,7 @@ class BabResult:
     rounds: int = 0
     max_queue: list[int] | None = None  # largest queue seen, per rank
     bound: float = -np.inf  # unsat: the least clause margin bound of a verified leaf (> 0); else -inf
+    reason: str = ""  # unknown: why the search stopped before its time was up, in one line
 
     def add_work(self, other: BabResult) -> None:
         """Count another search's work in this one: domains and rounds add up, and the largest

@@ -173,6 +173,14 @@ def run_search(
         if verdict is not None:
             queues = comm.all_gather_cat(torch.tensor([max_queue], dtype=torch.int64), 0)
             result = BabResult(verdict, None, total, rounds, [int(v) for v in queues.tolist()])
+            if verdict == "unknown":
+                result.reason = (
+                    "branch and bound stopped early: a domain with every unstable ReLU split is still not "
+                    "verified (its bound is not exact); input splits (bab.branching.input_split) may decide it"
+                    if a.stuck
+                    else f"branch and bound stopped early: {a.left} domains alive, more than bab.max_domains "
+                    f"({opts.max_domains})"
+                )
             if verdict == "sat":  # found was agreed: every rank takes part in the sharing
                 result.counterexample = share_counterexample(cex)
             if verdict == "unsat":  # every leaf verified: the least leaf bound bounds the margin
