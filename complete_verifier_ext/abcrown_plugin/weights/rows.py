@@ -390,13 +390,16 @@ def get_sparse_C(run: Run, orig):
     i.e. the unstable ones where it uses a sparse C (a sparse-spec α, or no α and at most
     ``minimum_sparsity`` of them unstable), else every neuron (its dense C). Each pass's C is then the
     one auto_LiRPA builds for those rows, so every row's bound is the one-pass bound. A residual sum in
-    patches mode, which auto_LiRPA never bounds in passes, is bounded by :func:`_sum_passes`."""
+    patches mode, which auto_LiRPA never bounds in passes, is bounded by :func:`_sum_passes`. A pass
+    that returns its A-matrices (``return_A``) gets P = 1's C and runs unsharded."""
 
     def get_sparse_C(self, node, ref_intermediate):
         from auto_LiRPA.utils import BatchedCrownC
 
         sparse, ref_lb, ref_ub = ref_intermediate
-        if not (run.rows.active and comm.world_size() > 1 and sparse):
+        # a pass that returns its A-matrices (clip-and-verify's domain clipper keeps them by the layer's
+        # rows as P = 1 numbers them) runs unsharded: P = 1's C
+        if not (run.rows.active and comm.world_size() > 1 and sparse) or self.return_A:
             return orig(self, node, ref_intermediate)
         run.rows.module = weakref.ref(self)
         kind = start_kind(node)
