@@ -325,7 +325,8 @@ def engine_of(config: str | None, overrides: list[str], say: bool = False) -> st
     own command, else ``native``; ``say``: one stderr line names the engine ``auto`` chose and why.
     Read before the config is loaded: with ``abcrown`` the YAML is α,β-CROWN's, which our loader does
     not check."""
-    engine = flag_value(overrides, "--general.engine", "--engine") or _yaml_general(config, "engine") or "auto"
+    given = flag_value(overrides, "--general.engine", "--engine") or _yaml_general(config, "engine")
+    engine = given or "auto"
     if engine != "auto":
         return engine
     from .abcrown_plugin import available

@@ -32,7 +32,7 @@ ENGINE_KEY = (
         type=str,
         default="abcrown",
         choices=["auto", "native", "abcrown"],
-        help="Which engine runs the verification: auto, native (complete_verifier_ext) or abcrown (this one).",
+        help="Which engine runs the verification: auto, native (ours) or abcrown (this one).",
     ),
 )
 

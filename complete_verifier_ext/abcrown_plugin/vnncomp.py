@@ -163,18 +163,48 @@ def abcrown_config(checkout_root: Path, category: str, onnx: str, vnnlib: str = 
 
 
 def _parallel_of(ours: str | None) -> list[str]:
+    """Every key of the ``parallel`` section of our category config ``ours``, checked by the one schema
+    (:func:`~complete_verifier_ext.config_load.load_parallel`), as ``--parallel.KEY VALUE``."""
     if not ours or not Path(ours).is_file():
         return []
     import yaml
 
-    par = (yaml.safe_load(Path(ours).read_text()) or {}).get("parallel") or {}
-    if "mode" not in par or "world_size" not in par:
-        return []
-    return ["--parallel.mode", str(par["mode"]), "--parallel.world_size", str(par["world_size"])]
+    from ..config_load import load_parallel
+
+    section = (yaml.safe_load(Path(ours).read_text()) or {}).get("parallel") or {}
+    par = load_parallel([(section, ours)])
+    return [item for key in section for item in (f"--parallel.{key}", str(getattr(par, key)).lower())]
+
+
+def plain(path: str) -> str:
+    """``path`` itself, or for a gzipped file (``.onnx.gz``, ``.vnnlib.gz``, as VNN-COMP's repositories
+    hold them) its content decompressed once into the cache folder (named by content): α,β-CROWN's
+    customized loaders (gtrsb's, cctsdb's) read plain files only, as the competition hands them."""
+    import gzip
+    import hashlib
+    import os
+
+    from ..spec import cache_root
+
+    if not path.endswith(".gz") or not os.path.isfile(path):
+        return path
+    data = Path(path).read_bytes()
+    try:
+        data = gzip.decompress(data)
+    except (OSError, EOFError):
+        return path  # not gzip after all: α,β-CROWN's loaders say what is wrong with it
+    name = Path(path).name.removesuffix(".gz")
+    out = cache_root() / "plain" / hashlib.sha256(data).hexdigest()[:32] / name
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f"{name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+    return str(out)
 
 
 def command(category: str, onnx: str, vnnlib: str, results: str, timeout: str, ours: str | None) -> list[str]:
-    """The ``abcrown`` arguments for one instance."""
+    """The ``abcrown`` arguments for one instance (gzipped files decompressed: :func:`plain`)."""
     from . import locate
 
     args = [
@@ -183,9 +213,9 @@ def command(category: str, onnx: str, vnnlib: str, results: str, timeout: str, o
         "--general.engine",
         "abcrown",
         "--onnx_path",
-        onnx,
+        plain(onnx),
         "--vnnlib_path",
-        vnnlib,
+        plain(vnnlib),
         "--results_file",
         results,
         "--timeout",

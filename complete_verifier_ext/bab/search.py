@@ -176,7 +176,8 @@ def run_search(
             if verdict == "unknown":
                 result.reason = (
                     "branch and bound stopped early: a domain with every unstable ReLU split is still not "
-                    "verified (its bound is not exact); input splits (bab.branching.input_split) may decide it"
+                    "verified (its bound is not exact); input splits (bab.branching.input_split) may "
+                    "decide it"
                     if a.stuck
                     else f"branch and bound stopped early: {a.left} domains alive, more than bab.max_domains "
                     f"({opts.max_domains})"
