@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import importlib
+import builtins
 import inspect
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,8 +57,12 @@ class Patcher:
     saved: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     def wrap(self, dotted: str, make: Callable[[Any], Any]) -> None:
-        """Set ``dotted`` to ``make(its current value)``."""
+        """Set ``dotted`` to ``make(its current value)``; a module-level name the module does not define
+        (a builtin it uses, such as ``set``) is made from the builtin and deleted again on undo."""
         owner, name = resolve(dotted)
+        if isinstance(owner, types.ModuleType) and name not in vars(owner) and hasattr(builtins, name):
+            self.set(owner, name, make(getattr(builtins, name)))
+            return
         self.set(owner, name, make(inspect.getattr_static(owner, name)))
 
     def set(self, owner: Any, name: str, value: Any) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import clocks, inputs, probe
+from . import clocks, inputs, order, probe
 from .patcher import Patcher, check_signature
 from .run import Run
 from .search import activation, customized, cuts, input_split, mip, oom, rounds
@@ -115,6 +115,10 @@ TABLE: tuple[Patch, ...] = (
     Patch("utils.Logger.update_timeout", "always", clocks.update_timeout,
           "a single instance out of time before it starts ends timeout at once", ("self", "timeout")),
     *(Patch(f"{m}.time", "P>1", clocks.synced_time, _CLOCK, None) for m in clocks.CLOCK_MODULES),
+    # loops over sets of nodes that bound each node, in lockstep (order.py)
+    Patch("heuristics.nonlinear.utils.set", "P>1", order.insertion_ordered,
+          "the nodes whose A-matrices nonlinear branching needs are bounded in the same order on every rank "
+          "(a set of nodes iterates by their addresses)", None),
     # the rows of A-matrices and their α dealt over the ranks (weights/rows.py)
     Patch(f"{_AV}.batched_backward", "P>1", rows.batched_backward,
           "each rank back-substitutes its block of row passes; the bounds are all-gathered",

@@ -251,17 +251,21 @@ def _unshard_model(reg: Shards, model: nn.Module) -> list[tuple[Tensor, Tensor]]
 def lirpanet_init(run: Run, orig, strategy: Strategy):
     """``LiRPANet.__init__`` that builds on the whole model, then shards the new net's weights (and the
     model's, on its first build): :func:`shard_net`. Before a ``LiRPANet`` is built from an already
-    sharded ``model_ori`` (BaB without incomplete verification builds a second one), the model is
-    gathered back for the build and sharded again after it."""
+    sharded ``model_ori`` (BaB without incomplete verification builds a second one; gtrsb's attacker
+    builds one to attack through), the model is gathered back for the build, traced with its own
+    forward (:func:`replicated`'s flag: no collective inside the trace), and sharded again after it."""
     reg = run.shards
 
     def __init__(self, model_ori, in_size, c=None, device=None):
         if model_ori not in reg.by_model:
             share_copies(model_ori)
         regather = _unshard_model(reg, model_ori)
+        was = reg.replicated
+        reg.replicated = was or bool(regather)
         try:
             orig(self, model_ori, in_size, c, device)
         finally:
+            reg.replicated = was
             for t, local in regather:
                 t.data = local
         shard_net(reg, self, strategy)

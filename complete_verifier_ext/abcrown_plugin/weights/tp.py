@@ -520,20 +520,22 @@ def lirpanet_init(run: Run, orig):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def column_parallel_forward(reg: Shards, model: nn.Module, table: dict[str, tuple[Any, bool]]) -> None:
+def column_parallel_forward(reg: Shards, model: nn.Module, table: dict[shards.Key, tuple[Any, bool]]) -> None:
     """Every ``nn.Linear`` of ``model`` whose weight is sharded computes its own output columns;
     ``table``: the model's sharded tensors by (module path, attribute) (``reg.by_model[model]``)."""
     modules = dict(model.named_modules(remove_duplicate=False))
     for (owner, attr), (shard, transposed) in table.items():
         m = modules.get(owner)
         if attr == "weight" and not transposed and isinstance(m, nn.Linear):
-            m.forward = _linear_forward(m, shard)
+            m.forward = _linear_forward(reg, m, shard)
         elif attr == "weight" and not transposed and isinstance(m, nn.Conv2d) and m.padding_mode == "zeros":
-            m.forward = _conv_forward(m, shard)
+            m.forward = _conv_forward(reg, m, shard)
 
 
-def _linear_forward(m: nn.Linear, sw):
+def _linear_forward(reg: Shards, m: nn.Linear, sw):
     def forward(x: Tensor) -> Tensor:
+        if reg.replicated:  # the module holds its whole weight (a LiRPANet being built on it)
+            return F.linear(x, m.weight, m.bias)
         if serve.active():  # the ranks out of lockstep (a BaB round): every shard fetched here
             return sw.columns(lambda w, rows: F.linear(x, w, _part(m.bias, rows, 0)), -1)
         y = F.linear(comm.reduce_grad(x), sw.local, _part(m.bias, sw.rows, 0))
@@ -542,11 +544,13 @@ def _linear_forward(m: nn.Linear, sw):
     return forward
 
 
-def _conv_forward(m: nn.Conv2d, sw):
+def _conv_forward(reg: Shards, m: nn.Conv2d, sw):
     def with_bias(y: Tensor, rows: tuple[int, int]) -> Tensor:
         return y if m.bias is None else y + _part(m.bias, rows, 0).view(1, -1, 1, 1)
 
     def forward(x: Tensor) -> Tensor:
+        if reg.replicated:  # the module holds its whole weight (a LiRPANet being built on it)
+            return type(m).forward(m, x)
         if serve.active():
             conv = lambda w, rows: with_bias(F.conv2d(x, w, None, m.stride, m.padding, m.dilation), rows)
             return sw.columns(conv, 1)
