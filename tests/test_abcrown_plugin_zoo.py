@@ -82,10 +82,12 @@ from complete_verifier_ext.abcrown_plugin import parent
 from complete_verifier_ext.parallel import launch
 
 def job(name, cfg, onnx, spec, P, mode):
-    overrides = ["--onnx_path", onnx, "--vnnlib_path", spec, "--results_file", f"{tmp}/{{name}}-{{mode}}{{P}}.txt"]
+    overrides = ["--onnx_path", onnx, "--vnnlib_path", spec]
+    overrides += ["--results_file", f"{tmp}/{{name}}-{{mode}}{{P}}.txt"]
     if P > 1:
         overrides += ["--parallel.mode", mode, "--parallel.world_size", str(P)]
-    return parent.prepare(shell.Shell(), cfg, overrides, None, True, time.time(), tempfile.mkdtemp(dir={tmp!r}))
+    scratch = tempfile.mkdtemp(dir={tmp!r})
+    return parent.prepare(shell.Shell(), cfg, overrides, None, True, time.time(), scratch)
 
 out = {{}}
 for mode, P in {runs!r}:

@@ -9,8 +9,8 @@
 
 from __future__ import annotations
 
-import importlib
 import builtins
+import importlib
 import inspect
 import types
 from collections.abc import Callable
