@@ -156,5 +156,6 @@ def test_input_split_search_over_outputs_that_are_not_linear(tmp_path):
     instances = [(name, str(cfg), str(o), str(s)) for name, o, s in made]
     got = _runs(tmp_path, instances, timeout=600)
     _same_as_one_process(got, [name for name, _, _, _ in instances])
-    sat = [r["verdict"] for r, (name, *_) in zip(got["none1"], instances, strict=True) if name.endswith("-sat")]
+    one = zip(got["none1"], instances, strict=True)
+    sat = [r["verdict"] for r, (name, *_) in one if name.endswith("-sat")]
     assert sat == ["sat"] * len(builders)
