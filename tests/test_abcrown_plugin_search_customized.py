@@ -38,6 +38,52 @@ def test_customized_verifier_runs_once_on_rank0(tmp_path):
     assert "is not split: it runs on rank 0 alone" in proc.stderr
 
 
+# a verifier that finds a counterexample (PGD on the least violated disjunct of the spec: its rows C y
+# <= rhs all hold) and writes it where α,β-CROWN's Logger reads it back (attack.cex_path), as
+# cctsdb_yolo's verifier does
+ATTACKER = """import arguments
+import torch
+
+def verify(model_ori, vnnlib, onnx_path):
+    (box, specs), = vnnlib
+    box = torch.tensor(box, dtype=torch.float32)
+    lo, hi = box[:, 0].view(1, 1, 28, 28), box[:, 1].view(1, 1, 28, 28)
+    x = ((lo + hi) / 2).requires_grad_(True)
+    for _ in range(100):
+        y = model_ori(x).view(-1, 1)
+        worst = [((torch.tensor(C, dtype=torch.float32) @ y).view(-1) - torch.tensor(r)).max()
+                 for C, r in specs]
+        margin = torch.stack(worst).min()
+        if margin <= 0:
+            break
+        margin.backward()
+        x = (x - 0.01 * x.grad.sign()).clamp(lo, hi).detach().requires_grad_(True)
+    else:
+        return "unknown"
+    y = model_ori(x).view(-1)
+    lines = [f"(X_{i} {v})" for i, v in enumerate(x.view(-1).tolist())]
+    lines += [f"(Y_{j} {v})" for j, v in enumerate(y.tolist())]
+    with open(arguments.Config["attack"]["cex_path"], "w") as f:
+        f.write("(" + "\\n".join(lines) + ")\\n")
+    return "unsafe"
+"""
+
+
+@needs_abcrown
+def test_a_counterexample_of_the_customized_verifier_reaches_every_rank(tmp_path):
+    """At P = 2 the verifier runs on rank 0 and writes its counterexample there; α,β-CROWN's Logger on
+    every rank reads one back for its ``sat``: the other ranks get rank 0's, and the results file holds
+    it, confirmed by onnxruntime."""
+    (tmp_path / "verifier.py").write_text(ATTACKER)
+    cfg = config(tmp_path, YAML)
+    proc, s, results = run(tmp_path, cfg, *instance("mnist-net_256x2", "prop_1_0.03.vnnlib"), P=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert results.startswith("sat\n") and "(X_783 " in results
+    assert (
+        sum("warning" in line for line in proc.stderr.splitlines()) == 1
+    )  # "is not split", no re-check failure
+
+
 @needs_abcrown
 @pytest.mark.parametrize("P", [1, 2])
 def test_a_missing_customized_file_is_one_line(tmp_path, P):

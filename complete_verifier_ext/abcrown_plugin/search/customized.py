@@ -3,12 +3,16 @@
 α,β-CROWN hands the whole instance to the user's function (VNN-COMP's nn4sys and cctsdb_yolo configs do
 this). The plugin cannot know what that function does, so it is not split: it runs once, on rank 0
 alone (``comm.solo()``: as a single process, with every weight whole), while the other ranks wait on
-the group's store; its result is then every rank's, and one line says so.
+the group's store; its result is then every rank's, and one line says so. A counterexample it wrote
+(``attack.cex_path``, which α,β-CROWN's ``Logger`` reads back for a ``sat``) is written to every
+rank's own path too.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ...parallel import comm
@@ -24,16 +28,35 @@ def Customized(run: Run, orig):
         verify = orig(def_file, callable_name, *args, **kwargs)
 
         def on_rank0(*a: Any, **kw: Any) -> Any:
+            import arguments
+
+            cex_path = arguments.Config["attack"]["cex_path"]
+
             def compute():
                 name = f"{def_file}:{callable_name}"
                 print(f"warning: the Customized verifier {name} is not split: it runs on rank 0 alone "
                       "while the other ranks wait", file=sys.stderr)  # fmt: skip
+                before = _stamp(cex_path)
                 with local_clock(run):
-                    return verify(*a, **kw)
+                    result = verify(*a, **kw)
+                written = _stamp(cex_path) not in (None, before)
+                return result, Path(cex_path).read_text() if written else None
 
             with shards.replicated(run.shards):  # collective on entry: the weights whole on every rank
-                return comm.from_rank0(compute)
+                result, cex = comm.from_rank0(compute)
+            if cex is not None and comm.rank() != 0:
+                Path(cex_path).write_text(cex)
+            return result
 
         return on_rank0
 
     return Customized
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    """The file's modification time and size, or None where there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
