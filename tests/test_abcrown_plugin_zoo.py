@@ -83,7 +83,7 @@ from complete_verifier_ext.parallel import launch
 
 def job(name, cfg, onnx, spec, P, mode):
     overrides = ["--onnx_path", onnx, "--vnnlib_path", spec]
-    overrides += ["--results_file", f"{tmp}/{{name}}-{{mode}}{{P}}.txt"]
+    overrides += ["--results_file", f"{tmp}/{{name}}-{{mode}}{{P}}.txt", "--cex_path", f"{tmp}/{{name}}.cex"]
     if P > 1:
         overrides += ["--parallel.mode", mode, "--parallel.world_size", str(P)]
     scratch = tempfile.mkdtemp(dir={tmp!r})
