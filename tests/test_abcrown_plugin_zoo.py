@@ -2,7 +2,8 @@
 ``onnx_zoo`` (Gemm in all its forms, MatMul, layers with fewer output rows than ranks, Slice / Split /
 Concat / Reshape, Sigmoid / Tanh, a residual sum, ConvTranspose, BatchNorm after Gemm, onnx2pytorch's
 dotted module names, an output that is not a linear layer) gives one process's CROWN bounds (within
-1e-6) and verdict, under the settings that crashed inside a rank on VNN-COMP's own models:
+1e-6) and verdict, on every rank, under the settings that crashed inside a rank on VNN-COMP's own
+models:
 
 * forward-mode bounds through sharded weights (``bound_prop_method: forward+backward``, nn4sys's and
   tllverifybench's configs);
@@ -114,6 +115,7 @@ def _same_as_one_process(got: dict[str, list[dict]], names: list[str]) -> None:
             where = f"{name} at {key}"
             assert ref["verdict"] in ("sat", "unsat"), f"{name}: one process answered {ref['verdict']}"
             assert mine["verdict"] == ref["verdict"], where
+            assert mine["rank_spread"] <= 1e-6, where  # every rank's bounds are rank 0's
             crown, ref_crown = mine["bounds"].get("crown"), ref["bounds"].get("crown")
             if ref_crown is not None:
                 assert crown is not None and len(crown) == len(ref_crown), where

@@ -142,6 +142,7 @@ def summary_json(result: dict, par: ParallelConfig) -> dict:
                 bab_collectives=result["bab_collectives"],
                 **({"bab_fits": result["bab_fits"]} if any(f for f in result["bab_fits"]) else {}),
                 rows_dealt=result["rows_dealt"],
+                rank_spread=result["rank_spread"],
                 collectives=result["collectives"],
                 unstable_per_layer=rec["unstable"],
                 **({"whole_layers": result["whole_layers"]} if result.get("whole_layers") else {}),

@@ -133,9 +133,11 @@ def gathered_result(run: Run, phases: Phases, full_live: list[list[str]] | None,
     row += [fetched["full"], fetched["shard"]]
     mine = torch.tensor([row], dtype=torch.float64, device=comm.device())
     every = comm.all_gather_cat(mine, 0).cpu()
+    records = [vars(r) for r in run.probe.records]
     return {
+        "rank_spread": _agreement(comm.all_gather_object(records)),
         **({"full_weights_live": comm.all_gather_object(full_live)} if full_live is not None else {}),
-        "records": [vars(r) for r in run.probe.records],
+        "records": records,
         "peak_mb": [float(v) for v in every[:, 0].tolist()],
         "peak_mb_bounds": [float(v) for v in every[:, 1].tolist()],
         "peak_mb_bab": [float(v) for v in every[:, 2].tolist()],
@@ -152,6 +154,30 @@ def gathered_result(run: Run, phases: Phases, full_live: list[list[str]] | None,
         "crown_batch_size": crown_batch,
         "whole_layers": dict(run.shards.whole_layers),
     }
+
+
+class RanksDisagree(RuntimeError):
+    """The ranks ended an instance with different verdicts: a bug (the ranks run in lockstep on the same
+    data); the run ends with ``error`` rather than report one rank's answer."""
+
+
+def _agreement(per_rank: list[list[dict]]) -> float:
+    """Every rank's records of the run (``Probe.records``), checked: the same instances and verdicts on
+    every rank, else :class:`RanksDisagree`. Returns the largest difference between two ranks' initial
+    CROWN or α-CROWN bound of the same clause, relative to the bound (0.0: bit for bit)."""
+    first = per_rank[0]
+    spread = 0.0
+    for rank, records in enumerate(per_rank[1:], 1):
+        verdicts = [[r["verdict"] for r in rs] for rs in (first, records)]
+        if verdicts[0] != verdicts[1]:
+            raise RanksDisagree(f"ranks 0 and {rank} disagree: verdicts {verdicts[0]} and {verdicts[1]}")
+        for a, b in zip(first, records, strict=True):
+            for key in ("crown", "alpha_crown"):
+                if len(a[key]) != len(b[key]):
+                    raise RanksDisagree(f"ranks 0 and {rank} disagree: {key} bounds of different lengths")
+                for x, y in zip(a[key], b[key], strict=True):
+                    spread = max(spread, abs(x - y) / max(1.0, abs(x)))
+    return spread
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,20 @@
-"""A ``Customized`` verifier (``general.complete_verifier: Customized("file", "function")``) at P > 1.
+"""``Customized("file", "function")`` in ``abcrown.py`` at P > 1: a verifier, or an ad-hoc tuning.
 
-α,β-CROWN hands the whole instance to the user's function (VNN-COMP's nn4sys and cctsdb_yolo configs do
-this). The plugin cannot know what that function does, so it is not split: it runs once, on rank 0
-alone (``comm.solo()``: as a single process, with every weight whole), while the other ranks wait on
-the group's store; its result is then every rank's, and one line says so. A counterexample it wrote
-(``attack.cex_path``, which α,β-CROWN's ``Logger`` reads back for a ``sat``) is written to every
-rank's own path too.
+* A ``Customized`` verifier (``general.complete_verifier``): α,β-CROWN hands the whole instance to the
+  user's function (VNN-COMP's cctsdb_yolo config does this). The plugin cannot know what that function
+  does, so it is not split: it runs once, on rank 0 alone (``comm.solo()``: as a single process, with
+  every weight whole), while the other ranks wait on the group's store; its result is then every
+  rank's, and one line says so. A counterexample it wrote (``attack.cex_path``, which α,β-CROWN's
+  ``Logger`` reads back for a ``sat``) is written to every rank's own path too.
+* Anything else ``abcrown.py`` evaluates so (``general.adhoc_tuning``: nn4sys's and vit's configs set
+  α,β-CROWN's settings from the model's size) runs on every rank, so that every rank runs with the same
+  settings, with every weight whole (what it measures is the model's, not a shard's).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,11 +25,30 @@ from ..run import Run
 from ..weights import shards
 
 
+_CALL = re.compile(r"""Customized\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
+
+
+def _is_verifier(def_file: str, callable_name: str) -> bool:
+    """Whether ``Customized(def_file, callable_name)`` is ``general.complete_verifier``."""
+    import arguments
+
+    m = _CALL.match(str(arguments.Config["general"]["complete_verifier"]))
+    return m is not None and m.groups() == (def_file, callable_name)
+
+
 def Customized(run: Run, orig):
-    """``abcrown.Customized`` (what ``general.complete_verifier`` is evaluated with)."""
+    """``abcrown.Customized`` (what ``general.complete_verifier`` and ``general.adhoc_tuning`` are
+    evaluated with)."""
 
     def Customized(def_file, callable_name, *args: Any, **kwargs: Any):
         verify = orig(def_file, callable_name, *args, **kwargs)
+        if not _is_verifier(def_file, callable_name):
+
+            def every_rank(*a: Any, **kw: Any) -> Any:
+                with shards.replicated(run.shards):  # collective on entry: every weight whole
+                    return verify(*a, **kw)
+
+            return every_rank
 
         def on_rank0(*a: Any, **kw: Any) -> Any:
             import arguments

@@ -128,7 +128,8 @@ def _blocks(sw, one_block, dims: dict[str, int]):
     weight), concatenated along ``dims`` (``lw``/``uw`` and ``lb``/``ub``)."""
     from auto_LiRPA.linear_bound import LinearBound
 
-    parts = [one_block(w, rows) for rows, w in sw.each_shard()]
+    blocks = sorted(((rows[0], one_block(w, rows)) for rows, w in sw.each_shard()), key=lambda b: b[0])
+    parts = [part for _, part in blocks]
     first = parts[0]
     cat: dict[str, Any] = {}
     for key in ("lw", "lb", "uw", "ub"):
