@@ -24,7 +24,6 @@ from ..clocks import local_clock
 from ..run import Run
 from ..weights import shards
 
-
 _CALL = re.compile(r"""Customized\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
 
 
