@@ -1,4 +1,4 @@
-"""Out of memory while auto_LiRPA bounds a layer (``weights/rows.halving_on_oom``): the layer again with its
+"""Out of memory while auto_LiRPA bounds a layer (``rows/passes.halving_on_oom``): the layer again with its
 rows in passes of half as many, down to one row, and the bounds are those of a run that never ran out.
 
 No GPU here: the stand-in raises ``torch.OutOfMemoryError`` (what CUDA raises) from every
@@ -25,7 +25,7 @@ import json, math, sys
 import torch
 from complete_verifier_ext.abcrown_plugin import bridge, locate
 from complete_verifier_ext.abcrown_plugin.run import Rows
-from complete_verifier_ext.abcrown_plugin.weights import rows
+from complete_verifier_ext.abcrown_plugin.rows import passes, spec
 bridge.import_abcrown(locate.find({{vendor!r}}))
 from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
 
@@ -70,7 +70,7 @@ class Run:
 
 BoundedModule.backward_general = stand_in
 bounds_of_layer = BoundedModule.compute_intermediate_bounds
-BoundedModule.compute_intermediate_bounds = rows.halving_on_oom(Run, bounds_of_layer)
+BoundedModule.compute_intermediate_bounds = passes.halving_on_oom(Run, bounds_of_layer)
 print(json.dumps({{"ref": ref, "got": bounds(late), "fits": Run.rows.fits}}))
 """
 )
@@ -137,7 +137,7 @@ def stand_in(self, node, C, *args, **kwargs):
 class Run:
     rows = Rows(active=False)
 
-BoundedModule.backward_general = rows.backward_general(Run, stand_in)
+BoundedModule.backward_general = spec.backward_general(Run, stand_in)
 print(json.dumps({{"ref": ref, "got": bounds(late), "fits": Run.rows.fits}}))
 """
 )

@@ -88,5 +88,6 @@ def test_every_row_is_made_by_its_owner_with_one_contract():
         assert list(inspect.signature(row.make).parameters) == ["run", "orig"], row
         assert params.setdefault(row.target, row.params) == row.params, row.target
     owners = {row.by for row in table.TABLE}
-    assert {"inputs", "clocks", "probe", "weights.rows", "weights.fsdp", "weights.tp"} <= owners
+    assert {"inputs", "clocks", "probe", "rows.passes", "rows.spec", "rows.alpha", "rows.grads"} <= owners
+    assert {"weights.fsdp", "weights.tp"} <= owners
     assert {"search.activation", "search.input_split", "search.mip", "search.cuts"} <= owners

@@ -91,6 +91,6 @@ def test_collective_counts_per_crown_pass():
     steps = sum(range(2, n_ref + 2)) + n_lin
     expected = n_lin + n_ref + 1 + steps  # IBP sweep + row gathers + output gather + weight gathers
     assert res["crown_stats"]["all_gather"]["calls"] == expected
-    # one out-of-memory vote per back-substitution pass (memory.lockstep_on_oom): refined layers, output
+    # one out-of-memory vote per back-substitution pass (oom.lockstep_on_oom): refined layers, output
     assert res["crown_stats"]["all_reduce"]["calls"] == n_ref + 1
     assert "all_gather_sizes" not in res["crown_stats"]  # sizes are global knowledge

@@ -190,7 +190,7 @@ def _native_out_of_memory(mode: str, late: bool) -> list:
 def test_out_of_memory_at_p2_halves_the_pass_on_every_rank(capfd, mode, late):
     """At P = 2 a rank that runs out of memory midway through a pass of a layer's rows (or of the spec
     rows, the output node's back-substitution) ends that pass with the other rank over no row, and both
-    run it again in halves (:func:`.memory.passes_in_lockstep`): the bounds of CROWN and α-CROWN are
+    run it again in halves (:func:`.oom.passes_in_lockstep`): the bounds of CROWN and α-CROWN are
     those of the run that never ran out, both ranks make the same collective calls, one warning line
     per pass that ran out (once: α-CROWN's later iterations start from the size that fitted), no hang."""
     from complete_verifier_ext.parallel import launch

@@ -12,7 +12,7 @@ The parts, each owned by one concern:
 * :class:`Probe` (``probe.py``): what α,β-CROWN computed, per instance, for our ``--summary``;
 * :class:`Clocks` (``clocks.py``): the first instance's clock, the rank-local clock switch;
 * :class:`Shards` (``weights/``): which auto_LiRPA weights are sharded, and whether they are whole now;
-* :class:`Rows` (``weights/rows.py``): the row dealing of each bound pass, its α kept by row;
+* :class:`Rows` (``rows/``): the row dealing of each bound pass, its α kept by row;
 * :class:`Rounds` (``search/``): what one BaB round hands to the patches inside it, and its collectives.
 
 The plugin's one piece of process-wide state is :mod:`.locate`'s loaded checkout: α,β-CROWN's modules

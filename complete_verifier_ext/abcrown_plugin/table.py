@@ -23,9 +23,10 @@ from typing import Any
 
 from . import clocks, inputs, order, probe
 from .patcher import Patcher, check_signature
+from .rows import alpha, grads, passes, spec
 from .run import Run
 from .search import activation, customized, cuts, input_split, mip, oom, rounds
-from .weights import fsdp, rows, tp
+from .weights import fsdp, tp
 
 Make = Callable[[Run, Any], Any]
 """``make(run, original) -> replacement``: every row's one contract."""
@@ -119,42 +120,42 @@ TABLE: tuple[Patch, ...] = (
     Patch("heuristics.nonlinear.utils.set", "P>1", order.insertion_ordered,
           "the nodes whose A-matrices nonlinear branching needs are bounded in the same order on every rank "
           "(a set of nodes iterates by their addresses)", None),
-    # the rows of A-matrices and their α dealt over the ranks (weights/rows.py)
-    Patch(f"{_AV}.batched_backward", "P>1", rows.batched_backward,
+    # the rows of A-matrices and their α dealt over the ranks (rows/)
+    Patch(f"{_AV}.batched_backward", "P>1", passes.batched_backward,
           "each rank back-substitutes its block of row passes; the bounds are all-gathered",
           ("self", "node", "C", "unstable_idx", "batch_size", "bound_lower", "bound_upper", "return_A")),
-    Patch(f"{_AV}.get_sparse_C", "P>1", rows.get_sparse_C,
+    Patch(f"{_AV}.get_sparse_C", "P>1", passes.get_sparse_C,
           "a patches-mode residual sum's unstable rows bounded in passes too (to be dealt)",
           ("self", "node", "ref_intermediate")),
-    Patch(f"{_AV}.backward_general", "always", rows.backward_general,
+    Patch(f"{_AV}.backward_general", "always", spec.backward_general,
           "the output node's spec rows dealt in α-CROWN's iterations (P > 1), with its α; in passes of "
           "fewer where one runs out of memory",
           ("self", "bound_node", "C", "start_backpropagation_at_node", "bound_lower", "bound_upper",
            "average_A", "need_A_only", "unstable_idx", "update_mask", "apply_output_constraints_to",
            "initial_As", "initial_lb", "initial_ub")),
-    Patch(f"{_AV}._compute_bounds_main", "P>1", rows.compute_bounds_main,
+    Patch(f"{_AV}._compute_bounds_main", "P>1", grads.compute_bounds_main,
           "the bounds' gradient counted once over the ranks",
           ("self", "C", "method", "IBP", "bound_lower", "bound_upper", "reuse_ibp", "reuse_alpha",
            "average_A", "alpha_idx", "need_A_only", "update_mask")),
-    Patch(f"{_AV}.compute_intermediate_bounds", "always", rows.halving_on_oom,
+    Patch(f"{_AV}.compute_intermediate_bounds", "always", passes.halving_on_oom,
           "out of memory bounding a layer: at P = 1 its rows again in passes of half as many",
           ("self", "node", "prior_checked")),
-    Patch(f"{_OPS}.BoundRelu.init_opt_parameters", "P>1", rows.init_opt_parameters,
+    Patch(f"{_OPS}.BoundRelu.init_opt_parameters", "P>1", alpha.init_opt_parameters,
           "each rank keeps the α of its own rows", ("self", "start_nodes")),
-    Patch(f"{_OPS}.BoundRelu.select_alpha_by_idx", "P>1", rows.select_alpha_by_idx,
+    Patch(f"{_OPS}.BoundRelu.select_alpha_by_idx", "P>1", alpha.select_alpha_by_idx,
           "a rank reads its local α rows", ("self", "last_lA", "last_uA", "unstable_idx", "start_node")),
-    Patch("prune.PruneAfterCROWN.__init__", "P>1", rows.prune_after_crown,
+    Patch("prune.PruneAfterCROWN.__init__", "P>1", alpha.prune_after_crown,
           "the output node's α whole while α,β-CROWN prunes its verified spec rows, then kept by row",
           ("self", "net", "x", "c", "rhs", "lb", "aux_reference_bounds", "stop_criterion", "or_spec_size")),
-    Patch("prune.PruneAfterCROWN.recover", "P>1", rows.prune_recover,
+    Patch("prune.PruneAfterCROWN.recover", "P>1", alpha.prune_recover,
           "the output node's α whole where α,β-CROWN restores its pruned spec rows",
           ("self", "lb", "ub", "lA", "alphas", "mask", "input_split_idx", "full_alpha_info")),
-    Patch(f"{_BUILD}.get_lA", "P>1", rows.get_lA,
+    Patch(f"{_BUILD}.get_lA", "P>1", spec.get_lA,
           "the output node's A-matrices whole where α-CROWN's last iteration dealt its spec rows",
           ("self", "preserve_mask", "tot_cells", "transpose", "device")),
-    Patch("auto_LiRPA.backward_bound.tqdm", "P>1", rows.tqdm,
+    Patch("auto_LiRPA.backward_bound.tqdm", "P>1", grads.tqdm,
           "no progress bar for each dealt pass (every layer is bounded in passes at P > 1)", None),
-    Patch(f"{_BM}.optim", "P>1", rows.optim,
+    Patch(f"{_BM}.optim", "P>1", grads.optim,
           "Adam and SGD sum every gradient over the ranks before their step", None),
     # out of memory in a BaB round: the round again with half its domains (search/oom.py)
     Patch("branching_domains.BatchedDomainList.pick_out", "always", oom.pick_out,

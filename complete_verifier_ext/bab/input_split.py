@@ -57,7 +57,7 @@ from ..bounds.alpha import AlphaOptions, alpha_crown
 from ..bounds.crown import CrownState, crown
 from ..bounds.graph import Graph
 from ..bounds.walk import back_substitute
-from ..parallel import comm, memory
+from ..parallel import comm, oom
 from ..spec import Clauses
 from .common import BabOptions, BabResult, spread_positions
 from .search import run_search
@@ -326,16 +326,16 @@ class InputSplitSearch:
 
     def expand(self, k: int) -> tuple[int, np.ndarray | None]:
         """The round; where it runs out of memory, again with half as many parents as it popped
-        (:func:`.memory.halving_on_oom`), down to one; ``per_round`` keeps the number that fitted. At
+        (:func:`.oom.halving_on_oom`), down to one; ``per_round`` keeps the number that fitted. At
         P > 1 only where every rank stopped at the same point (a pass of one row of the bounding ran
-        out: :class:`.memory.LockstepOutOfMemoryError`), every rank with at most half the most that any
+        out: :class:`.oom.LockstepOutOfMemoryError`), every rank with at most half the most that any
         popped; a rank that stopped alone no longer issues the collectives of the others' round: the
         error, after one line."""
 
         def fewer(n: int) -> None:  # at P > 1 the same n on every rank: so are their next rounds' sizes
             self.per_round = n
 
-        out, _ = memory.halving_on_oom(
+        out, _ = oom.halving_on_oom(
             self.bisect, k, "a BaB round", what="parents", lockstep=comm.world_size() > 1, on_halve=fewer
         )
         return out

@@ -20,7 +20,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from ..parallel import comm, memory
+from ..parallel import comm, oom
 from .graph import Graph
 from .ops import Slopes
 from .walk import Alphas, Bounds, Box, back_substitute, concretize, finite_batch, proven_only
@@ -166,8 +166,8 @@ def in_passes(
     warnings) in sub-passes of ``s`` (positions past its ``mine`` rows: a pass of no row, as a rank
     with fewer rows than another makes), a list of one result per sub-pass; here over positions
     ``0 .. end`` (the same on every rank) in passes of ``step``. Out of memory: at P = 1 that pass
-    again in halves, and the next ones as small (:func:`.memory.halving_on_oom`); at P > 1 every rank
-    runs that pass and the next ones in halves, in lockstep (:func:`.memory.passes_in_lockstep`);
+    again in halves, and the next ones as small (:func:`.oom.halving_on_oom`); at P > 1 every rank
+    runs that pass and the next ones in halves, in lockstep (:func:`.oom.passes_in_lockstep`);
     ``fits[where]`` then keeps the size that fitted for the next call, and caps ``step``. ``steps``: a
     pass takes gradient steps itself (β-CROWN in BaB), so the dummy pass at P > 1 does too (else it
     runs without autograd: the caller's backward, if any, comes after every pass). Returns the
@@ -179,7 +179,7 @@ def in_passes(
         c0, start = 0, step
         while c0 < end:
             n = min(step, end - c0)
-            parts, step = memory.halving_on_oom(lambda s, c0=c0, n=n: run(c0, c0 + n, s), n, where, what=what)
+            parts, step = oom.halving_on_oom(lambda s, c0=c0, n=n: run(c0, c0 + n, s), n, where, what=what)
             out += parts
             c0 += n
         if step < start:
@@ -198,7 +198,7 @@ def in_passes(
         fits[where] = max(1, min(fits.get(where, n), n // 2))
 
     passes = [(c, min(step, end - c)) for c in range(0, end, step)]
-    done = memory.passes_in_lockstep(
+    done = oom.passes_in_lockstep(
         passes, lambda p: run(p[0], p[0] + p[1], p[1]), shadow,
         lambda p: max(0, min(p[0] + p[1], mine) - p[0]), halve, where, what, failed,
     )  # fmt: skip

@@ -34,7 +34,7 @@ data. Helpers skip a transfer only on conditions every rank sees identically (e.
 ``issued()`` counts the helpers this process called (a helper that calls another is one). A rank that
 left a pass midway (out of memory) ends it with the others by running it again over a dummy row
 inside ``replaying(n)``: the n helpers it called already are not called again but stood in for by a
-result of their shape (``memory.lockstep_on_oom``), or, for a decision (``all_reduce_flag``, an
+result of their shape (``oom.lockstep_on_oom``), or, for a decision (``all_reduce_flag``, an
 ``all_reduce`` of at most ``DECISION_NUMEL`` elements: a vote, a stop), by the very result it had, so
 that the replay takes the branches the pass took.
 """

@@ -51,24 +51,17 @@ from __future__ import annotations
 import gc
 import os
 import resource
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 
 __all__ = [
     "EXACT_MEMORY_ENV",
-    "LockstepOutOfMemoryError",
     "PeakMemory",
     "available_mb",
     "file_mb",
-    "halving_on_oom",
     "hwm_mb",
     "load_optimizer_libraries",
-    "lockstep_on_oom",
-    "passes_in_lockstep",
     "exact_memory_env_ok",
     "not_bound_mb",
     "rss_mb",
@@ -78,8 +71,6 @@ __all__ = [
 EXACT_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
 
 _MIB = 1024 * 1024
-T = TypeVar("T")
-Part = TypeVar("Part")
 # this process's lazily loaded torch libraries: their RSS, and the file-backed part of it
 _library = {"loaded": False, "mb": 0.0, "file_mb": 0.0}
 
@@ -239,143 +230,3 @@ class PeakMemory:
         """Peak above the baseline recorded at ``start()``, less library code loaded and code pages paged
         in since, MiB (never negative)."""
         return max(0.0, self.peak_total_mb() - self.baseline_mb - self.library_mb() - self.code_mb())
-
-
-class LockstepOutOfMemoryError(torch.OutOfMemoryError):
-    """Out of memory that every rank raises at the same point of its collectives (some rank ran out on
-    a pass of one row and the ranks voted, :func:`lockstep_on_oom`): the ranks are still in lockstep,
-    so callers that catch it on every rank may run their work again, smaller, on every rank."""
-
-
-def halving_on_oom(
-    attempt: Callable[[int], T],
-    size: int,
-    where: str,
-    retry: bool = True,
-    what: str = "rows",
-    lockstep: bool = False,
-    on_halve: Callable[[int], None] | None = None,
-) -> tuple[T, int]:
-    """``attempt(size)``: a bound pass over rows (``what``: what it counts) in sub-passes of at most
-    ``size`` of them. When the device runs out of memory (``torch.OutOfMemoryError``, what CUDA
-    raises), the pass runs again with half as many per sub-pass, one warning line on stderr each time,
-    down to one; below that, or where no retry is possible (``retry`` False: at P > 1 a rank that left
-    a pass midway no longer issues the collectives the others do), the error is raised after one line
-    saying so. Returns the pass's result and the size that worked (the caller's next passes take it);
-    ``on_halve(n)`` is told each new size.
-
-    ``lockstep`` (at P > 1, where ``attempt`` issues collectives and every rank calls this together):
-    only a :class:`LockstepOutOfMemoryError` (raised on every rank at the same point) is retried. The
-    ranks agree on the largest size among them (one ``all_reduce``), every rank runs again with at
-    most half of it (``on_halve`` is told that cap, the same on every rank; one line, from rank 0), and
-    they give up together where that largest size was one. Any other out of memory is raised after
-    one line."""
-    from . import comm
-
-    def say(line: str) -> None:
-        if not lockstep or comm.rank() == 0:
-            print(f"warning: out of memory in a pass of {line}", file=sys.stderr, flush=True)
-
-    one = what.removesuffix("s")
-    while True:
-        try:
-            return attempt(size), size
-        except torch.OutOfMemoryError as e:
-            if not retry or (lockstep and not isinstance(e, LockstepOutOfMemoryError)):
-                print(f"warning: out of memory in a pass of {size} {one}(s) of {where} (at P > 1 the ranks "
-                      "cannot retry a pass in lockstep): giving up", file=sys.stderr, flush=True)  # fmt: skip
-                raise
-            most = size
-            if lockstep:  # every rank is here: agree on the largest size
-                most = int(comm.all_reduce(torch.tensor([size], device=comm.device()), "max"))
-            if most <= 1:
-                say(f"{most} {one}(s) of {where} (one {one} per {'rank' if lockstep else 'pass'}): giving up")
-                raise
-        cap = most // 2  # outside the handler: the failed pass's tensors are freed
-        size = min(size, cap)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        if lockstep:
-            say(
-                f"up to {most} {what} per rank of {where} (every rank stopped together); retrying with "
-                f"at most {cap} per rank"
-            )
-        else:
-            say(f"{most} {what} of {where}; retrying in passes of {size}")
-        if on_halve is not None:
-            on_halve(cap)
-
-
-def lockstep_on_oom(
-    attempt: Callable[[], T], shadow: Callable[[], object], rows: int, where: str, what: str = "rows"
-) -> tuple[T | None, int]:
-    """One pass of this rank's ``rows`` rows (``attempt()``; ``what``: what it counts, e.g. channels of
-    dense rows, the smallest pass one of them) where the other ranks run theirs, in
-    lockstep. Where this rank runs out of memory midway (``torch.OutOfMemoryError``, what CUDA raises),
-    it runs ``shadow()``, the same pass over one dummy row, without issuing again the collectives it
-    issued before it stopped (:func:`.comm.replaying`): every rank then ends the pass having issued
-    the same ones. Then the ranks vote (one ``all_reduce``). Returns ``(result, 0)``, or ``(None, n)``
-    on every rank where some rank ran out, ``n`` the most rows of a pass that did: the caller runs each
-    rank's pass again as two passes of half its rows. Where a rank ran out on a pass of one row, every
-    rank raises :class:`LockstepOutOfMemoryError` (one line on the rank that ran out); where even
-    ``shadow()`` runs out, that rank raises, and the launcher ends the others."""
-    from . import comm
-
-    before = comm.issued()
-    result, failed = None, False
-    try:
-        result = attempt()
-    except torch.OutOfMemoryError:
-        failed = True
-    if failed:  # outside the handler: the failed pass's tensors are freed
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        try:
-            with comm.replaying(comm.issued() - before):
-                shadow()
-        except torch.OutOfMemoryError:
-            print(f"warning: out of memory on rank {comm.rank()} in a dummy pass of {where}: giving up",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            raise
-    rows = max(1, rows)  # a dummy pass is one row
-    vote = torch.tensor([rows if failed else 0, int(failed and rows == 1)], device=comm.device())
-    most, stuck = (int(v) for v in comm.all_reduce(vote, "max").tolist())
-    me = f"rank {comm.rank()}"
-    if stuck:
-        if failed and rows == 1:
-            print(f"warning: out of memory on {me} in a pass of 1 of {where}'s {what} (the smallest "
-                  "pass): every rank stops there", file=sys.stderr, flush=True)  # fmt: skip
-        raise LockstepOutOfMemoryError(f"out of memory in a pass of 1 of {where}'s {what} (a rank at P > 1)")
-    if failed:
-        print(f"warning: out of memory on {me} in a pass of {rows} {what} of {where}; every rank runs "
-              "that pass again in two halves", file=sys.stderr, flush=True)  # fmt: skip
-    return (None, most) if most else (result, 0)
-
-
-def passes_in_lockstep(
-    parts: list[Part],
-    attempt: Callable[[Part], T],
-    shadow: Callable[[], object],
-    real: Callable[[Part], int],
-    halve: Callable[[Part], list[Part]],
-    where: str,
-    what: str = "rows",
-    on_failure: Callable[[int], None] | None = None,
-) -> list[T]:
-    """``attempt(part)`` for this rank's passes ``parts`` (``real(part)`` rows each; every rank has as many
-    passes, run in lockstep with theirs), each under :func:`lockstep_on_oom` (``shadow()``: a pass over
-    one dummy row). A pass that runs out of memory on any rank runs again on every rank as two passes
-    (``halve(part)``: the two halves of its rows, a dummy into two dummies: every rank splits as many),
-    and so does each pass after it; ``on_failure(n)`` is told the most rows of the pass that failed.
-    Returns every pass's result, in ``parts``' order."""
-    queue, done = list(parts), []
-    while queue:
-        part = queue.pop(0)
-        out, failed = lockstep_on_oom(lambda part=part: attempt(part), shadow, real(part), where, what)
-        if out is None:
-            if on_failure is not None:
-                on_failure(failed)
-            queue = [half for p in (part, *queue) for half in halve(p)]
-            continue
-        done.append(out)
-    return done

@@ -35,8 +35,9 @@ import torch
 
 from ...bab.search import redistribute
 from ...parallel import comm, serve
+from ..rows import alpha
 from ..run import Run
-from ..weights import rows, shards
+from ..weights import shards
 
 
 def lockstep_calls() -> int:
@@ -161,7 +162,7 @@ def searching(run: Run, reference_dict: dict | None) -> Iterator[None]:
     """Around a whole BaB search (activation or input BaB): the α saved after α-CROWN whole on every
     rank, the weights replicated (unless they stay sharded), the rows of each bound not dealt (the
     domains are). Collective on entry."""
-    rows.whole_alphas(run.rows, reference_dict)
+    alpha.whole_alphas(run.rows, reference_dict)
     whole = contextlib.nullcontext() if run.weights_sharded else shards.replicated(run.shards)
-    with whole, rows.inactive(run.rows):
+    with whole, alpha.inactive(run.rows):
         yield

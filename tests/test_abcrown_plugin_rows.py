@@ -1,4 +1,4 @@
-"""``abcrown_plugin/weights/rows.py``: the rows of each bounded layer (and their α) dealt over the ranks,
+"""``abcrown_plugin/rows/``: the rows of each bounded layer (and their α) dealt over the ranks,
 under ``fsdp`` and ``tp``: the bounds are unpatched α,β-CROWN's."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def test_rows_dealt_evenly_in_as_many_passes_on_every_rank(P):
     """A start node's rows go to the ranks in contiguous blocks of ⌊U / P⌋ or ⌈U / P⌉ (or whole
     channels, about U / P rows each, where α is per channel), and every rank runs the same number of
     passes of at most ``crown.batch_size`` rows, near-equal in size (an empty one: a one-row dummy)."""
-    from complete_verifier_ext.abcrown_plugin.weights.rows import (
+    from complete_verifier_ext.abcrown_plugin.rows.deal import (
         channel_blocks,
         even_blocks,
         passes_per_rank,
@@ -55,8 +55,9 @@ class _Relu:  # what whole_alpha_dict reads of a BoundRelu: its name (a weak key
 def _alpha_round_trip() -> dict:
     """On each rank: an α (float64, float32, float16) of 7 start rows split by row as ``init_opt_parameters``
     keeps it, then made whole by ``whole_alpha_dict`` as α,β-CROWN's BaB and ``recover`` read it."""
+    from complete_verifier_ext.abcrown_plugin.rows.alpha import AlphaLayout, whole_alpha_dict
+    from complete_verifier_ext.abcrown_plugin.rows.deal import even_blocks
     from complete_verifier_ext.abcrown_plugin.run import Rows
-    from complete_verifier_ext.abcrown_plugin.weights.rows import AlphaLayout, even_blocks, whole_alpha_dict
 
     out = {}
     for dtype in (torch.float64, torch.float32, torch.float16):
