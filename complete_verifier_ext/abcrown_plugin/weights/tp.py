@@ -276,7 +276,8 @@ def interval_propagate(run: Run, orig):
 
 
 def _dense(A: Any, dtype: torch.dtype) -> Any:
-    """auto_LiRPA's ``eyeC`` / ``OneHotC`` start matrices as a dense ``(spec, B, out)`` tensor."""
+    """auto_LiRPA's ``eyeC`` / ``OneHotC`` start matrices, and patches-mode A, as a dense ``(spec, B,
+    out)`` tensor."""
     from auto_LiRPA.patches import Patches
     from auto_LiRPA.utils import OneHotC, eyeC
 
@@ -293,8 +294,9 @@ def _dense(A: Any, dtype: torch.dtype) -> Any:
             coeffs = coeffs.unsqueeze(1).expand(spec, batch)
         dense = torch.zeros((spec, batch, n), device=A.device, dtype=dtype)
         return dense.scatter(2, index.unsqueeze(-1), coeffs.to(dtype).unsqueeze(-1))
-    if isinstance(A, Patches):
-        raise PluginError("parallel.mode: tp: a Linear layer got patches-mode A matrices: use fsdp")
+    if isinstance(A, Patches):  # a Linear whose output the next layer reads as an image (cifar_biasfield):
+        dense = A.to_matrix(A.input_shape)  # (batch, spec, C, H, W): its A over the output units, spec
+        return dense.flatten(2).transpose(0, 1).to(dtype)  # rows in auto_LiRPA's order; a matrix after
     raise RuntimeError(f"tp: unexpected A-matrix type {type(A).__name__}")
 
 
