@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -22,42 +23,97 @@ from ..errors import end_cleanly_on_signals
 
 USAGE = "vnncomp CATEGORY ONNX VNNLIB RESULTS TIMEOUT [--ours CONFIG] [abcrown flags...]"
 
-# The fallback table (VNN-COMP 2021/2022 names, which α,β-CROWN's current ``vnncomp_main.py`` no longer
-# lists, and the 2026 VNN-LIB 2.0 ACAS Xu categories, which it does not know yet): category -> config
-# under complete_verifier/exp_configs; a callable picks by the ONNX argument (a path or a network list).
+# The fallback table: categories vnncomp_main.py does not name, live or commented out (the 2026 VNN-LIB
+# 2.0 ACAS Xu categories) -> config under complete_verifier/exp_configs; a callable picks by the ONNX
+# argument (a path or a network list).
 CONFIGS = MappingProxyType(
     {
-        "acasxu": "vnncomp21/acasxu.yaml",
         "acas_xu_vnnlib2": "vnncomp21/acasxu.yaml",
         "isomorphic_acasxu": "vnncomp21/acasxu.yaml",
         "monotonic_acasxu": "vnncomp21/acasxu.yaml",
-        "cifar2020": "vnncomp22/cifar2020_2_255.yaml",
-        "cifar_biasfield": "vnncomp22/cifar_biasfield.yaml",
-        "collins_rul_cnn": "vnncomp22/collins-rul-cnn.yaml",
-        "mnist_fc": lambda onnx: (
-            "vnncomp22/mnistfc_small.yaml" if "256x2" in onnx else "vnncomp22/mnistfc.yaml"
-        ),
-        "oval21": "vnncomp22/oval22.yaml",
-        "sri_resnet_a": "vnncomp22/resnet_A.yaml",
-        "sri_resnet_b": "vnncomp22/resnet_B.yaml",
-        "tllverifybench": "vnncomp22/tllVerifyBench.yaml",
-        "vggnet16_2022": "vnncomp22/vggnet16.yaml",
     }
 )
 ALIASES = MappingProxyType({"mnistfc": "mnist_fc", "collins-rul-cnn": "collins_rul_cnn"})
 
-# ``if``/``elif args.CATEGORY == "NAME":`` then ``cmd += "exp_configs/REL"`` in vnncomp_main.py, live or
-# commented out (its record of earlier years' choices: ``# elif args.CATEGORY == "lsnc":``)
-_CHOICE = re.compile(
-    r'^(?P<hash>[ \t#]*)(?:el)?if\s+args\.CATEGORY\s*==\s*["\']([^"\']+)["\']\s*:\s*\n'
-    r'[ \t#]*cmd\s*\+=\s*["\'][^"\']*?exp_configs/([^"\']+)["\']',
-    re.M,
-)
-# ``args.CATEGORY.startswith("safenlp")``
-_PREFIX = re.compile(
-    r'args\.CATEGORY\.startswith\(\s*["\']([^"\']+)["\']\s*\)\s*:\s*\n'
-    r'[ \t#]*cmd\s*\+=\s*["\'][^"\']*?exp_configs/([^"\']+)["\']'
-)
+# vnncomp_main.py's choices, live or commented out (its record of earlier years'): a header naming the
+# category (``== "X"``, ``in ["a", "b"]``, ``.startswith("x")``), then ``cmd += "exp_configs/REL"``, or a
+# chain of ``if 'S' in args.ONNX_FILE [or ...]:`` / ``elif`` / ``else:`` each with its own ``cmd +=``
+_HEADER = re.compile(r"^(?:el)?if\s+args\.CATEGORY\s*(==\s*\S|in\s*\[|\.startswith\()(.*?):\s*(#.*)?$")
+_NAMES = re.compile(r"""["']([^"']+)["']""")
+_BRANCH = re.compile(r"^(if|elif)\s+(.*?)\s*:\s*(#.*)?$")
+_CMD = re.compile(r"""^cmd\s*\+=\s*["'][^"']*?exp_configs/([^"']+)["']""")
+
+
+@dataclass
+class _Choice:
+    """One category's choice in vnncomp_main.py: its names (or a name prefix), whether it is commented
+    out, and its configs: ``(substrings of the ONNX path or None for the default, config)``."""
+
+    names: list[str]
+    prefix: bool
+    commented: bool
+    branches: list[tuple[list[str] | None, str]] = field(default_factory=list)
+
+    def config(self, onnx: str) -> str | None:
+        for needles, rel in self.branches:
+            if needles is None or any(n in onnx for n in needles):
+                return rel
+        return None
+
+
+def _parse_main(text: str, exists) -> list[_Choice]:
+    """Every category choice of vnncomp_main.py's ``text``, in file order, keeping only configs for
+    which ``exists(rel)``."""
+    out: list[_Choice] = []
+    needles: list[str] | None = None
+    for raw in text.splitlines():
+        commented = raw.lstrip().startswith("#")
+        line = raw.strip().lstrip("#").strip()
+        header = _HEADER.match(line)
+        if header:
+            kind, rest = header.group(1), header.group(1)[-1] + header.group(2)
+            out.append(_Choice(_NAMES.findall(rest), kind.startswith(".startswith"), commented))
+            needles = None
+            continue
+        if not out or out[-1].commented != commented:
+            continue
+        branch = _BRANCH.match(line)
+        if branch and "ONNX_FILE" in branch.group(2):
+            needles = _NAMES.findall(branch.group(2))
+        elif line.startswith("else:"):
+            needles = None
+        elif (cmd := _CMD.match(line)) and exists(cmd.group(1)):
+            out[-1].branches.append((needles, cmd.group(1)))
+    return [c for c in out if c.names and c.branches]
+
+
+def _main_choices(complete_verifier: Path) -> list[_Choice]:
+    main = complete_verifier / "vnncomp_main.py"
+    if not main.is_file():
+        return []
+    return _parse_main(
+        main.read_text(errors="replace"), lambda rel: (complete_verifier / "exp_configs" / rel).is_file()
+    )
+
+
+def checkout_choices(complete_verifier: Path, commented: bool = False) -> dict:
+    """Category -> config (relative to exp_configs; a callable of the ONNX path where vnncomp_main.py
+    picks by it) as the checkout's own ``vnncomp_main.py`` maps them, so that a newer α,β-CROWN brings
+    its own categories; with ``commented``, the choices it keeps commented out (earlier years'; where a
+    name repeats, the latest, which comes last), whose config the checkout still has. Empty when the
+    file is not there."""
+    out: dict = {}
+    for c in _main_choices(complete_verifier):
+        if c.commented == commented and not c.prefix:
+            value = c.branches[0][1] if c.branches[0][0] is None else c.config
+            out.update((name, value) for name in c.names)
+    return out
+
+
+def _prefix_choices(complete_verifier: Path) -> dict[str, str]:
+    return {c.names[0]: c.branches[0][1] for c in _main_choices(complete_verifier) if c.prefix}
+
+
 _YEAR = re.compile(r"_20\d\d$")
 # vnncomp_main.py's own special cases: VNN-COMP's test instances, whatever the category
 TEST_SPECS = frozenset(f"test_{size}.vnnlib" for size in ("nano", "tiny", "small"))
@@ -68,28 +124,6 @@ def _norm(name: str, year: bool = False) -> str:
     ``year``)."""
     loose = name.lower().replace("-", "_")
     return loose if year else _YEAR.sub("", loose)
-
-
-def checkout_choices(complete_verifier: Path, commented: bool = False) -> dict[str, str]:
-    """Category -> config (relative to exp_configs) as the checkout's own ``vnncomp_main.py`` maps
-    them, so that a newer α,β-CROWN brings its own categories; with ``commented``, the choices it keeps
-    commented out (earlier years'; where a name repeats, the latest, which comes last), whose config
-    the checkout still has. Empty when the file is not there."""
-    main = complete_verifier / "vnncomp_main.py"
-    if not main.is_file():
-        return {}
-    text = main.read_text(errors="replace")
-    out: dict[str, str] = {}
-    for m in _CHOICE.finditer(text):
-        exists = (complete_verifier / "exp_configs" / m.group(3)).is_file()
-        if ("#" in m.group("hash")) == commented and exists:
-            out[m.group(2)] = m.group(3)
-    return out
-
-
-def _prefix_choices(complete_verifier: Path) -> dict[str, str]:
-    main = complete_verifier / "vnncomp_main.py"
-    return dict(_PREFIX.findall(main.read_text(errors="replace"))) if main.is_file() else {}
 
 
 def _config_files(complete_verifier: Path, year: bool = False) -> dict[str, str]:
