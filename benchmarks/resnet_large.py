@@ -82,10 +82,10 @@ def crown_job(limit: float, threads: int, max_layers: int, mode: str) -> dict:
     from complete_verifier_ext.bounds.crown import final_bounds, sweep
     from complete_verifier_ext.config import Config
     from complete_verifier_ext.model.onnx_loader import load_onnx
+    from complete_verifier_ext.options import crown_chunk
     from complete_verifier_ext.parallel import comm
     from complete_verifier_ext.parallel.memory import PeakMemory
     from complete_verifier_ext.spec import load_vnnlib
-    from complete_verifier_ext.verify import crown_chunk
 
     torch.set_num_threads(threads)
     path, specs = ensure(n_specs=1)

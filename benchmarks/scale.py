@@ -93,7 +93,7 @@ def _chunk(g, onnx_path: str | None, chunk: int) -> int:
     if onnx_path is None or chunk:
         return chunk
     from complete_verifier_ext.config import Config
-    from complete_verifier_ext.verify import crown_chunk
+    from complete_verifier_ext.options import crown_chunk
 
     return crown_chunk(Config(), g)
 

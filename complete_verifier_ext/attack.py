@@ -21,8 +21,9 @@ on the clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,14 +44,16 @@ __all__ = [
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
 # Defaults mirroring config.AttackConfig; read with getattr so any object with these attributes works.
-_CFG_DEFAULTS: dict[str, Any] = {
-    "pgd_steps": 100,
-    "pgd_restarts": 30,
-    "pgd_alpha": "auto",
-    "pgd_early_stop": True,
-    "pgd_lr_decay": 0.99,
-    "pgd_odi_steps": 0,
-}
+_CFG_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "pgd_steps": 100,
+        "pgd_restarts": 30,
+        "pgd_alpha": "auto",
+        "pgd_early_stop": True,
+        "pgd_lr_decay": 0.99,
+        "pgd_odi_steps": 0,
+    }
+)
 
 
 # ----------------------------------------------------------------------------------------------------

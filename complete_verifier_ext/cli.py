@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 from . import clock, shell
 from .config import Config, ConfigError
-from .config_load import flag_value, key_table, load_config
+from .config_help import key_table
+from .config_load import flag_value, load_config
 from .errors import UserError, end_cleanly_on_signals
 from .results import check_writable, write_atomic
 from .spec.networks import label, map_paths

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .errors import UserError
@@ -274,17 +275,19 @@ class MipConfig:
     output_milp_percentage: float = _opt(0.0, check=_is_fraction, expected=_FRACTION)
 
 
-_BOUND_PROP_LEGACY = {
-    "init-crown": "crown",
-    "crown-ibp": "crown",
-    "forward": "crown",
-    "forward+crown": "crown",
-    "forward+backward": "crown",
-    "dynamic-forward": "crown",
-    "dynamic-forward+crown": "crown",
-    "dynamic-forward+backward": "crown",
-    "alpha-forward": "alpha-crown",
-}
+_BOUND_PROP_LEGACY = MappingProxyType(
+    {
+        "init-crown": "crown",
+        "crown-ibp": "crown",
+        "forward": "crown",
+        "forward+crown": "crown",
+        "forward+backward": "crown",
+        "dynamic-forward": "crown",
+        "dynamic-forward+crown": "crown",
+        "dynamic-forward+backward": "crown",
+        "alpha-forward": "alpha-crown",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -498,52 +501,56 @@ IGNORED_SECTIONS = frozenset(
 )
 """Whole alpha-beta-CROWN sections we ignore: any key below them is accepted (and reported)."""
 
-_IGNORED_KEYS_BY_SECTION = {
-    "general": """adhoc_tuning buffer_has_batchdim conv_mode deterministic_opt eval_adv_example
+_IGNORED_KEYS_BY_SECTION = MappingProxyType(
+    {
+        "general": """adhoc_tuning buffer_has_batchdim conv_mode deterministic_opt eval_adv_example
         graph_optimizer loss_reduction_func no_batchdim_buffers onnx_adv_example output_file precompile_jit
         prepare_only record_bounds reset_seed_after_precompile return_optimized_model save_adv_example
         save_output show_adv_example sparse_interm store_all_specs_on_cpu
         verify_onnxruntime_output""",
-    "model": """bound_opts cache_onnx_conversion check_optimized check_optmized debug_onnx
+        "model": """bound_opts cache_onnx_conversion check_optimized check_optmized debug_onnx
         flatten_final_output onnx_loader onnx_optimization_flags onnx_quirks
         onnx_vnnlib_joint_optimization_flags optimize_graph with_jacobian""",
-    "specification": "epsilon epsilon_min norm rhs_offset robustness_type shrink_eps type",
-    "solver": """auto_enlarge_batch_size batched_crown_auto_enlarge_max_vram_ratio build_batch_size
+        "specification": "epsilon epsilon_min norm rhs_offset robustness_type shrink_eps type",
+        "solver": """auto_enlarge_batch_size batched_crown_auto_enlarge_max_vram_ratio build_batch_size
         forward_before_compute_bounds init_bound_prop_method min_batch_size_ratio
         optimize_disjuncts_separately prune_after_crown skip_with_refined_bound start_save_best
         use_float64_in_last_iteration""",
-    "solver.alpha-crown": """alpha apply_output_constraints_to disable_optimization
+        "solver.alpha-crown": """alpha apply_output_constraints_to disable_optimization
         full_conv_alpha input_split_alpha_iteration input_split_lr_alpha matmul_share_alphas max_coeff_mul
         max_time no_joint_opt share_alphas share_slopes""",
-    "solver.crown": "max_crown_size activation_bound_option compare_crown_with_ibp",
-    "solver.beta-crown": "all_node_split_LP beta beta_warmup enable_opt_interm_bounds optimizer",
-    "bab": """backing_up_max_domain batched_domain_list decision_thresh dfs_percent get_upper_bound
+        "solver.crown": "max_crown_size activation_bound_option compare_crown_with_ibp",
+        "solver.beta-crown": "all_node_split_LP beta beta_warmup enable_opt_interm_bounds optimizer",
+        "bab": """backing_up_max_domain batched_domain_list decision_thresh dfs_percent get_upper_bound
         hugetensor_allocator initial_max_domains interm_transfer max_iterations optimized_interm
         optimized_intermediate_layers override_timeout pruning_in_iteration pruning_in_iteration_ratio
         recompute_interm sort_domain_interval sort_targets timeout_scale tree_traversal vanilla_crown""",
-    "bab.branching": """branching_input_and_activation branching_input_and_activation_order
+        "bab.branching": """branching_input_and_activation branching_input_and_activation_order
         branching_input_iterations branching_relu_iterations enable_intermediate_bound_opt sb_coeff_thresh""",
-    "bab.branching.input_split": """adv_check attack_patience bf_backup_thresh bf_batch_size bf_iters
+        "bab.branching.input_split": """adv_check attack_patience bf_backup_thresh bf_batch_size bf_iters
         bf_rhs_offset bf_zero_crossing_score catch_assertion compare_with_old_bounds enable_clip_domains
         enhanced_bound_patience enhanced_bound_prop_method enhanced_branching_method ibp_enhancement
         input_dim_threshold presplit_domains reorder_bab sb_coeff_thresh sb_margin_weight sb_primary_spec
         sb_primary_spec_iter sb_sum show_progress skip_getting_worst_domain sort_descending
         sort_domain_interval sort_index split_hint split_partitions touch_zero_score
         update_rhs_with_attack""",
-    "attack": """adv_example_finalizer adv_saver adv_verifier attack_func attack_mode attack_tolerance
+        "attack": """adv_example_finalizer adv_saver adv_verifier attack_func attack_mode attack_tolerance
         cex_path check_clean early_stop_condition enable_mip_attack gama_decay gama_lambda general_attack
         pgd_alpha_scale pgd_batch_size pgd_loss pgd_loss_mode pgd_restart_when_stuck""",
-}
+    }
+)
 
 IGNORED_KEYS = frozenset(
     f"{section}.{name}" for section, names in _IGNORED_KEYS_BY_SECTION.items() for name in names.split()
 )
 """Single alpha-beta-CROWN keys (dotted) we accept and ignore."""
 
-ALIASES = {
-    "solver.early_stop_patience": "solver.alpha-crown.early_stop_patience",
-    "solver.beta-crown.batch_size": "solver.batch_size",  # alpha-beta-CROWN before 2022
-}
+ALIASES = MappingProxyType(
+    {
+        "solver.early_stop_patience": "solver.alpha-crown.early_stop_patience",
+        "solver.beta-crown.batch_size": "solver.batch_size",  # alpha-beta-CROWN before 2022
+    }
+)
 """alpha-beta-CROWN spellings (dotted) of keys that live elsewhere in our tree."""
 
 PATH_KEYS = ("general.root_path", "model.onnx_path", "model.path", "specification.vnnlib_path")

@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import re
 import types
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
+from types import MappingProxyType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
@@ -47,9 +47,7 @@ from .spec.networks import map_paths
 __all__ = [
     "COMMAND_LINE",
     "config_from_dict",
-    "config_to_dict",
     "flag_value",
-    "key_table",
     "load_config",
     "load_parallel",
     "parse_overrides",
@@ -70,7 +68,7 @@ Flat = dict[KeyPath, tuple[Any, str]]  # dotted path -> (raw value, source it ca
 # ----------------------------------------------------------------------------------------------------
 
 
-def _yaml_key(f: dataclasses.Field) -> str:
+def yaml_key(f: dataclasses.Field) -> str:
     """The YAML name of a dataclass field."""
     return f.metadata.get("key") or f.name
 
@@ -85,7 +83,7 @@ def _hints(cls: type) -> dict[str, Any]:
 def _children(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
     """YAML name -> (field, resolved type) for the fields of ``cls``."""
     hints = _hints(cls)
-    return {_yaml_key(f): (f, hints[f.name]) for f in dataclasses.fields(cls)}
+    return {yaml_key(f): (f, hints[f.name]) for f in dataclasses.fields(cls)}
 
 
 def _lookup(path: KeyPath) -> tuple[dataclasses.Field, Any] | None:
@@ -246,7 +244,9 @@ def _yaml_scalar(text: str) -> Any:
         return text
 
 
-_SCALARS: dict[Any, Callable[[Any], Any]] = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+_SCALARS: Mapping[Any, Callable[[Any], Any]] = MappingProxyType(
+    {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+)
 _UNION_ORDER = (bool, int, float, list, str)  # try the most specific type first
 
 
@@ -262,8 +262,8 @@ def _is_optional(tp: Any) -> bool:
     return type(None) in _union_members(tp)
 
 
-_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-_PLURAL_TYPE_NAMES = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+_TYPE_NAMES = MappingProxyType({bool: "a boolean", int: "an integer", float: "a number", str: "a string"})
+_PLURAL_TYPE_NAMES = MappingProxyType({bool: "booleans", int: "integers", float: "numbers", str: "strings"})
 
 
 def _describe(tp: Any) -> str:
@@ -660,59 +660,6 @@ def explicit_keys(path: str | None, overrides: Sequence[str] = ()) -> set[str]:
     flat, _ = _flatten(data, path if path is not None else COMMAND_LINE)
     flat.update(_flatten(_overrides_tree(overrides), COMMAND_LINE)[0])
     return {".".join(key) for key in flat}
-
-
-def config_to_dict(cfg: Any) -> dict:
-    """Nested plain dict (YAML names, e.g. ``solver.alpha-crown``) of a config or of one of its sections.
-
-    ``config_from_dict(config_to_dict(cfg))[0] == cfg`` holds for any config.
-    """
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            value = config_to_dict(value)
-        elif isinstance(value, list):
-            value = list(value)
-        out[_yaml_key(f)] = value
-    return out
-
-
-def _attribute_docs(cls: type) -> dict[str, str]:
-    """``name -> text`` from the ``Attributes:`` section of a dataclass's docstring (continuation lines
-    joined), the one place each key is documented."""
-    docs: dict[str, str] = {}
-    lines = (
-        (cls.__doc__ or "").split("Attributes:", 1)[-1].splitlines()
-        if "Attributes:" in (cls.__doc__ or "")
-        else []
-    )
-    name = None
-    for line in lines:
-        m = re.match(r"^ {8}([A-Za-z_][\w-]*): (.*)$", line)
-        if m:
-            name = m.group(1)
-            docs[name] = m.group(2).strip()
-        elif name and line.startswith(" " * 12):
-            docs[name] += " " + line.strip()
-        elif line.strip():
-            name = None
-    return docs
-
-
-def key_table(cfg: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """``(dotted key, default, doc)`` for every key of the config, in schema order: what ``--help``
-    prints and what the README's key table is generated from."""
-    cfg = Config() if cfg is None else cfg
-    docs = _attribute_docs(type(cfg))
-    rows: list[tuple[str, Any, str]] = []
-    for f in dataclasses.fields(cfg):
-        value, key = getattr(cfg, f.name), prefix + _yaml_key(f)
-        if dataclasses.is_dataclass(value):
-            rows += key_table(value, key + ".")
-        else:
-            rows.append((key, value, docs.get(f.name, docs.get(_yaml_key(f), ""))))
-    return rows
 
 
 def flag_value(argv: Sequence[str], *names: str) -> str | None:

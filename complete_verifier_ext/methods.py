@@ -17,17 +17,17 @@ from __future__ import annotations
 
 INPUT_SPLIT_MAX_DIMS = 16
 
-INPUT_SPLIT = ["--general.complete_verifier", "bab", "--solver.batch_size", "4096",
+INPUT_SPLIT = ("--general.complete_verifier", "bab", "--solver.batch_size", "4096",
                "--solver.bound_prop_method", "crown", "--bab.branching.input_split.enable", "true",
-               "--attack.pgd_order", "after", "--attack.pgd_restarts", "100"]  # fmt: skip
-REFINE = ["--general.complete_verifier", "bab-refine", "--solver.batch_size", "1024",
+               "--attack.pgd_order", "after", "--attack.pgd_restarts", "100")  # fmt: skip
+REFINE = ("--general.complete_verifier", "bab-refine", "--solver.batch_size", "1024",
           "--solver.bound_prop_method", "alpha-crown", "--solver.alpha-crown.iteration", "100",
           "--solver.mip.refine_method", "split+milp", "--bab.branching.method", "kfsb",
-          "--attack.pgd_order", "before", "--attack.pgd_restarts", "100"]  # fmt: skip
-ACTIVATION = ["--general.complete_verifier", "bab", "--solver.batch_size", "256",
+          "--attack.pgd_order", "before", "--attack.pgd_restarts", "100")  # fmt: skip
+ACTIVATION = ("--general.complete_verifier", "bab", "--solver.batch_size", "256",
               "--solver.bound_prop_method", "alpha-crown", "--solver.alpha-crown.iteration", "50",
               "--bab.branching.method", "kfsb", "--attack.pgd_order", "before",
-              "--attack.pgd_restarts", "30"]  # fmt: skip
+              "--attack.pgd_restarts", "30")  # fmt: skip
 
 
 def choose(n_inputs: int, operators: set[str], tp: bool = False) -> tuple[list[str], str]:

@@ -212,74 +212,54 @@ def wx_onnx(path: str | os.PathLike, sizes: Sequence[int], seed: int) -> str:
     return os.fspath(path)
 
 
+def _residual_weights(gen, c: int, n_flat: int, k: int) -> list:
+    """The initializers of :func:`residual_onnx`'s graph."""
+    weights = {
+        "mean": torch.rand(1, c, 1, 1, generator=gen) * 0.5,
+        "std": 0.5 + torch.rand(1, c, 1, 1, generator=gen),
+        "W1": _he(gen, k, c, 3, 3),
+        "b1": _small(gen, k),
+        "gamma": 0.5 + torch.rand(k, generator=gen),
+        "beta": _small(gen, k),
+        "run_mean": _small(gen, k),
+        "run_var": 0.5 + torch.rand(k, generator=gen),
+        "W2": _he(gen, k, k, 3, 3) * 0.5,
+        "b2": _small(gen, k),
+        "W3": _he(gen, RESIDUAL_OUTPUTS, n_flat),
+        "b3": _small(gen, RESIDUAL_OUTPUTS),
+    }
+    return [_const(name, value) for name, value in weights.items()]
+
+
 def residual_onnx(path: str | os.PathLike, seed: int) -> str:
     """Write a small residual conv net as ONNX: input ``"x"`` ``(batch, *RESIDUAL_INPUT_SHAPE)``, output
     ``"y"`` ``(batch, RESIDUAL_OUTPUTS)``.
 
     ``n = (x - mean) / std`` (per channel) -> Conv(3x3, pad 1) -> BatchNormalization -> Relu (``h``) ->
-    Conv(3x3, pad 1) -> Add(``h``) -> Relu -> Flatten -> Gemm.  Returns the path.  (Long because it
-    writes the graph out node by node, in the order above.)
+    Conv(3x3, pad 1) -> Add(``h``) -> Relu -> Flatten -> Gemm.  Returns the path.
     """
-    gen = _gen(seed)
     c, hgt, wid = RESIDUAL_INPUT_SHAPE
     k = 4  # channels of both convolutions
-    mean = torch.rand(1, c, 1, 1, generator=gen) * 0.5
-    std = 0.5 + torch.rand(1, c, 1, 1, generator=gen)
-    W1, b1 = _he(gen, k, c, 3, 3), _small(gen, k)
-    gamma = 0.5 + torch.rand(k, generator=gen)
-    beta = _small(gen, k)
-    run_mean = _small(gen, k)
-    run_var = 0.5 + torch.rand(k, generator=gen)
-    W2, b2 = _he(gen, k, k, 3, 3) * 0.5, _small(gen, k)
-    n_flat = k * hgt * wid
-    W3, b3 = _he(gen, RESIDUAL_OUTPUTS, n_flat), _small(gen, RESIDUAL_OUTPUTS)
-    inits = [
-        _const("mean", mean),
-        _const("std", std),
-        _const("W1", W1),
-        _const("b1", b1),
-        _const("gamma", gamma),
-        _const("beta", beta),
-        _const("run_mean", run_mean),
-        _const("run_var", run_var),
-        _const("W2", W2),
-        _const("b2", b2),
-        _const("W3", W3),
-        _const("b3", b3),
-    ]
+    inits = _residual_weights(_gen(seed), c, k * hgt * wid, k)
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
+    node = helper.make_node
     nodes = [
-        helper.make_node("Sub", ["x", "mean"], ["centred"], name="sub_mean"),
-        helper.make_node("Div", ["centred", "std"], ["normed"], name="div_std"),
-        helper.make_node(
-            "Conv",
-            ["normed", "W1", "b1"],
-            ["c1"],
-            name="conv_1",
-            kernel_shape=[3, 3],
-            pads=[1, 1, 1, 1],
-            strides=[1, 1],
-        ),
-        helper.make_node(
+        node("Sub", ["x", "mean"], ["centred"], name="sub_mean"),
+        node("Div", ["centred", "std"], ["normed"], name="div_std"),
+        node("Conv", ["normed", "W1", "b1"], ["c1"], name="conv_1", **conv),
+        node(
             "BatchNormalization",
             ["c1", "gamma", "beta", "run_mean", "run_var"],
             ["bn1"],
             name="bn_1",
             epsilon=1e-5,
-        ),
-        helper.make_node("Relu", ["bn1"], ["h1"], name="relu_1"),
-        helper.make_node(
-            "Conv",
-            ["h1", "W2", "b2"],
-            ["c2"],
-            name="conv_2",
-            kernel_shape=[3, 3],
-            pads=[1, 1, 1, 1],
-            strides=[1, 1],
-        ),
-        helper.make_node("Add", ["c2", "h1"], ["res"], name="add_residual"),
-        helper.make_node("Relu", ["res"], ["h2"], name="relu_2"),
-        helper.make_node("Flatten", ["h2"], ["flat"], name="flatten", axis=1),
-        helper.make_node("Gemm", ["flat", "W3", "b3"], ["y"], name="gemm_out", transB=1),
+        ),  # fmt: skip
+        node("Relu", ["bn1"], ["h1"], name="relu_1"),
+        node("Conv", ["h1", "W2", "b2"], ["c2"], name="conv_2", **conv),
+        node("Add", ["c2", "h1"], ["res"], name="add_residual"),
+        node("Relu", ["res"], ["h2"], name="relu_2"),
+        node("Flatten", ["h2"], ["flat"], name="flatten", axis=1),
+        node("Gemm", ["flat", "W3", "b3"], ["y"], name="gemm_out", transB=1),
     ]
     graph = helper.make_graph(
         nodes,
@@ -332,6 +312,70 @@ def _affine_range(
     return centre - spread, centre + spread
 
 
+class _Patterns:
+    """The activation-pattern enumeration of :func:`exact_min_linear` over the box ``[lo, hi]``: the
+    network's float64 weights, the objective ``c`` and the best value found with its point."""
+
+    def __init__(self, Ws: list, bs: list, lo: np.ndarray, hi: np.ndarray, c: np.ndarray) -> None:
+        self.Ws, self.bs, self.lo, self.hi, self.c = Ws, bs, lo, hi, c
+        self.box = list(zip(lo.tolist(), hi.tolist(), strict=True))
+        # incumbent from real points (the centre and seeded random points): prunes patterns whose
+        # affine map cannot go below it anywhere in the box; an LP only replaces it when strictly lower
+        rand = np.random.default_rng(0).random((512, len(lo)))
+        pts = np.concatenate([(lo + hi)[None] / 2, lo + (hi - lo) * rand])
+        vals = self.value(pts)
+        self.best: list = [float(vals.min()), pts[int(vals.argmin())]]
+
+    def value(self, x: np.ndarray) -> np.ndarray:
+        """``c · net(x)`` in float64, ``x``: (N, n)."""
+        for i, (W, b) in enumerate(zip(self.Ws, self.bs, strict=True)):
+            x = x @ W.T + b
+            x = np.maximum(x, 0) if i < len(self.Ws) - 1 else x
+        return x @ self.c
+
+    def ibp_min(self, layer: int, zlo: np.ndarray, zhi: np.ndarray) -> float:
+        """Interval lower bound of ``c · y`` from bounds of the pre-activation of layer ``layer``."""
+        for W, b in zip(self.Ws[layer + 1 :], self.bs[layer + 1 :], strict=True):
+            zlo, zhi = _affine_range(W, b, np.maximum(zlo, 0), np.maximum(zhi, 0))
+        return float(_affine_range(self.c[None], np.zeros(1), zlo, zhi)[0][0])
+
+    def solve(self, obj: np.ndarray, A: np.ndarray, b: np.ndarray):
+        from scipy.optimize import linprog
+
+        A_ub, b_ub = (A, b) if len(A) else (None, None)
+        res = linprog(obj, A_ub=A_ub, b_ub=b_ub, bounds=self.box, method="highs")
+        return res if res.status == 0 else None
+
+    def visit(self, layer: int, M: np.ndarray, v: np.ndarray, A: np.ndarray, b: np.ndarray) -> None:
+        """``M x + v``: the pre-activation of hidden layer ``layer`` (or the output) on this pattern's
+        polyhedron ``A x <= b``."""
+        import itertools
+
+        zlo, zhi = _affine_range(M, v, self.lo, self.hi)
+        if self.ibp_min(layer, zlo, zhi) > self.best[0]:
+            return  # c · y stays above the incumbent on the whole box under this partial pattern
+        if layer == len(self.Ws) - 1:
+            res = self.solve(self.c @ M, A, b)
+            if res is not None and res.fun + self.c @ v < self.best[0]:
+                self.best = [float(res.fun + self.c @ v), res.x]
+            return
+        free = np.nonzero((zlo < 0) & (zhi > 0))[0]
+        for signs in itertools.product((1.0, -1.0), repeat=len(free)):
+            on = (zlo >= 0).astype(np.float64)
+            on[free] = np.asarray(signs) > 0
+            s = np.where(on > 0, -1.0, 1.0)[free]  # active: -z <= 0; inactive: z <= 0
+            A2 = np.concatenate([A, s[:, None] * M[free]]) if len(free) else A
+            b2 = np.concatenate([b, -s * v[free]]) if len(free) else b
+            if (
+                len(free)
+                and layer + 1 < len(self.Ws) - 1
+                and self.solve(np.zeros(len(self.lo)), A2, b2) is None
+            ):
+                continue  # empty polyhedron: no need to enumerate the next layer under it
+            W, bias = self.Ws[layer + 1], self.bs[layer + 1]
+            self.visit(layer + 1, W @ (on[:, None] * M), W @ (on * v) + bias, A2, b2)
+
+
 def exact_min_linear(net: nn.Sequential, lower, upper, c) -> tuple[float, np.ndarray]:
     """The exact minimum of ``c · net(x)`` over the box ``lower <= x <= upper``, and a minimiser.
 
@@ -341,13 +385,8 @@ def exact_min_linear(net: nn.Sequential, lower, upper, c) -> tuple[float, np.nda
     per pattern minimises ``c · y`` there, and the smallest LP value over the feasible patterns is the
     global minimum (the polyhedra cover the box).  Layer by layer, neurons whose sign is fixed over the
     box by the affine map of the pattern so far are not enumerated, and a partial pattern whose
-    polyhedron is empty is dropped.  Returns ``(value, argmin)`` (float64).  (One function: the
-    enumeration's steps share the pattern state, and it is the tests' ground truth, best read whole.)
+    polyhedron is empty is dropped (:class:`_Patterns`).  Returns ``(value, argmin)`` (float64).
     """
-    import itertools
-
-    from scipy.optimize import linprog
-
     mods = [m for m in net if not isinstance(m, (nn.Identity, nn.Dropout))]
     linears = [m for m in mods if isinstance(m, nn.Linear)]
     expected = [nn.Linear if i % 2 == 0 else nn.ReLU for i in range(2 * len(linears) - 1)]
@@ -359,57 +398,9 @@ def exact_min_linear(net: nn.Sequential, lower, upper, c) -> tuple[float, np.nda
     bs = [m.bias.detach().double().numpy() for m in linears]
     lo = np.asarray(lower, dtype=np.float64).reshape(-1)
     hi = np.asarray(upper, dtype=np.float64).reshape(-1)
-    c = np.asarray(c, dtype=np.float64).reshape(-1)
-    box = list(zip(lo.tolist(), hi.tolist(), strict=True))
-
-    def value(x: np.ndarray) -> np.ndarray:  # c · net(x) in float64, x: (N, n)
-        for i, (W, b) in enumerate(zip(Ws, bs, strict=True)):
-            x = x @ W.T + b
-            x = np.maximum(x, 0) if i < len(Ws) - 1 else x
-        return x @ c
-
-    def ibp_min(layer: int, zlo: np.ndarray, zhi: np.ndarray) -> float:
-        # interval lower bound of c · y from bounds of the pre-activation of layer `layer`
-        for W, b in zip(Ws[layer + 1 :], bs[layer + 1 :], strict=True):
-            hlo, hhi = np.maximum(zlo, 0), np.maximum(zhi, 0)
-            zlo, zhi = _affine_range(W, b, hlo, hhi)
-        return float(_affine_range(c[None], np.zeros(1), zlo, zhi)[0][0])
-
-    # incumbent from real points (the centre and seeded random points): prunes patterns whose affine
-    # map cannot go below it anywhere in the box; an LP only replaces it when strictly lower
-    rand = np.random.default_rng(0).random((512, len(lo)))
-    pts = np.concatenate([(lo + hi)[None] / 2, lo + (hi - lo) * rand])
-    vals = value(pts)
-    best: list = [float(vals.min()), pts[int(vals.argmin())]]
-
-    def solve(obj: np.ndarray, A: np.ndarray, b: np.ndarray):
-        res = linprog(obj, A_ub=A if len(A) else None, b_ub=b if len(b) else None, bounds=box, method="highs")
-        return res if res.status == 0 else None
-
-    def visit(layer: int, M: np.ndarray, v: np.ndarray, A: np.ndarray, b: np.ndarray) -> None:
-        # M x + v: the pre-activation of hidden layer `layer` (or the output) on this pattern's polyhedron
-        zlo, zhi = _affine_range(M, v, lo, hi)
-        if ibp_min(layer, zlo, zhi) > best[0]:
-            return  # c · y stays above the incumbent on the whole box under this partial pattern
-        if layer == len(Ws) - 1:
-            res = solve(c @ M, A, b)
-            if res is not None and res.fun + c @ v < best[0]:
-                best[0], best[1] = float(res.fun + c @ v), res.x
-            return
-        free = np.nonzero((zlo < 0) & (zhi > 0))[0]
-        for signs in itertools.product((1.0, -1.0), repeat=len(free)):
-            on = (zlo >= 0).astype(np.float64)
-            on[free] = np.asarray(signs) > 0
-            s = np.where(on > 0, -1.0, 1.0)[free]  # active: -z <= 0; inactive: z <= 0
-            A2 = np.concatenate([A, s[:, None] * M[free]]) if len(free) else A
-            b2 = np.concatenate([b, -s * v[free]]) if len(free) else b
-            if len(free) and layer + 1 < len(Ws) - 1 and solve(np.zeros(len(lo)), A2, b2) is None:
-                continue  # empty polyhedron: no need to enumerate the next layer under it
-            W, bias = Ws[layer + 1], bs[layer + 1]
-            visit(layer + 1, W @ (on[:, None] * M), W @ (on * v) + bias, A2, b2)
-
-    visit(0, Ws[0], bs[0], np.zeros((0, len(lo))), np.zeros(0))
-    return best[0], np.clip(best[1], lo, hi)
+    search = _Patterns(Ws, bs, lo, hi, np.asarray(c, dtype=np.float64).reshape(-1))
+    search.visit(0, Ws[0], bs[0], np.zeros((0, len(lo))), np.zeros(0))
+    return search.best[0], np.clip(search.best[1], lo, hi)
 
 
 @functools.lru_cache(maxsize=16)

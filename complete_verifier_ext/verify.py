@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -19,26 +17,27 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import witness
 from .attack import check_counterexample, format_counterexample, pgd_attack
-from .bab.common import BabOptions, BabResult
+from .bab.common import BabResult
 from .bab.relu_split import relu_split_bab
 from .bounds import mip, split_refine
-from .bounds.alpha import AlphaOptions, alpha_crown
+from .bounds.alpha import alpha_crown
 from .bounds.crown import CrownState, crown, ibp, pre_activation_nodes, spec_matrix
 from .bounds.graph import Graph
 from .bounds.mip import MipOptions, UnsupportedForMip
-from .bounds.split_refine import SplitOptions
 from .bounds.walk import Bounds, back_substitute
 from .clock import END_RESERVE_S
 from .config import Config
 from .errors import UserError
 from .model import joint
 from .model.onnx_loader import load_model
+from .options import alpha_options, bab_options, compute_device, crown_chunk, split_options
 from .parallel import comm
-from .parallel.memory import PeakMemory, available_mb
+from .parallel.memory import PeakMemory
 from .parallel.sharded import release_gather_buffers
 from .results import bab_record, summary_record
-from .spec import Clauses, Region, Spec, float32_box, load_vnnlib, witness
+from .spec import Clauses, Region, Spec, float32_box, load_vnnlib
 
 
 @dataclass
@@ -202,20 +201,6 @@ def open_rows_weight(run: RegionRun) -> dict[int, np.ndarray]:
     return {graph.nodes[j].inputs[0]: a.abs().sum(0).cpu().double().numpy() for j, a in record.items() if j}
 
 
-def split_options(cfg: Config) -> SplitOptions:
-    m, beta = cfg.solver.mip, cfg.solver.beta_crown
-    return SplitOptions(
-        depth=m.refine_split_depth,
-        layers=m.refine_layers,
-        iteration=beta.iteration,
-        lr_alpha=cfg.solver.alpha_crown.lr_alpha,  # α starts afresh, as in α-CROWN
-        lr_beta=beta.lr_beta,
-        lr_decay=beta.lr_decay,
-        max_domains=8 * cfg.solver.batch_size,
-        passes=m.refine_split_passes,
-    )
-
-
 def refine_region(run: RegionRun) -> bool:
     """``bab-refine``: tighten every intermediate bound (``solver.mip.refine_method``: ``split``, batched
     β-CROWN over splits of earlier neurons; ``milp``; or ``split+milp``, MILP from split's bounds for
@@ -307,51 +292,6 @@ def output_milp(run: RegionRun, share: float) -> BabResult | None:
             if comm.all_reduce_flag(ok, "and"):
                 return BabResult("sat", counterexample=x)
     return BabResult("unsat") if run.proven else None
-
-
-def alpha_options(cfg: Config) -> AlphaOptions:
-    a = cfg.solver.alpha_crown
-    return AlphaOptions(
-        iteration=a.iteration,
-        lr_alpha=a.lr_alpha,
-        lr_decay=a.lr_decay,
-        chunk=cfg.solver.crown.batch_size,
-        sparse=cfg.general.sparse_alpha,
-    )
-
-
-A_MATRICES_IN_FLIGHT = 4  # A-matrices of one width alive at once in a back-substitution (measured: 3-4)
-
-
-def crown_chunk(cfg: Config, graph: Graph, batch: int = 1) -> int:
-    """``solver.crown.batch_size``, or for 0 the most neurons per pass whose A-matrices (``2 chunk ×
-    batch × widest layer`` floats, ``A_MATRICES_IN_FLIGHT`` of them) fit in an eighth of the memory
-    available to each rank of this host; the same on every rank (a pass issues collectives)."""
-    if cfg.solver.crown.batch_size > 0:
-        return cfg.solver.crown.batch_size
-    widest = max(math.prod(node.shape) for node in graph.nodes)
-    per_neuron = 2 * batch * widest * 4 * A_MATRICES_IN_FLIGHT
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size()))  # ranks sharing this host
-    budget = available_mb(compute_device(cfg)) * 2**20 / 8 / max(1, local)
-    chunk = max(1, int(min(budget / per_neuron, 2**31 - 1)))
-    return int(comm.all_reduce(torch.tensor([float(chunk)], dtype=torch.float64), "min")[0])
-
-
-def bab_options(cfg: Config) -> BabOptions:
-    b, beta = cfg.bab.branching, cfg.solver.beta_crown
-    return BabOptions(
-        batch_size=cfg.solver.batch_size,
-        max_domains=cfg.bab.max_domains,
-        branching=b.method,
-        candidates=b.candidates,
-        reduceop=b.reduceop,
-        iteration=beta.iteration,
-        lr_alpha=beta.lr_alpha,
-        lr_beta=beta.lr_beta,
-        lr_decay=beta.lr_decay,
-        input_split=b.input_split.enable,
-        store_dtype=torch.float16 if cfg.solver.alpha_crown.alpha_dtype == "float16" else torch.float32,
-    )
 
 
 def clause_state(state: CrownState | None, rows: np.ndarray) -> CrownState | None:
@@ -530,13 +470,6 @@ def whole_weights(graph: Graph, cfg: Config, *, shards_usable: bool):
     if shards_usable and cfg.parallel.bab_weights_resolved == "sharded":
         replicate = False
     return graph.replicated() if replicate else contextlib.nullcontext()
-
-
-def compute_device(cfg: Config) -> torch.device:
-    """This rank's device: its GPU under NCCL, else ``general.device`` for one process, else the CPU."""
-    if comm.world_size() > 1:
-        return comm.device()
-    return torch.device(cfg.general.device)
 
 
 @dataclass

@@ -40,9 +40,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 ENGINES = ("native", "abcrown")
-ENTRIES = {"cli": "complete_verifier_ext.cli", "vnncomp": "complete_verifier_ext.abcrown_plugin.vnncomp"}
+ENTRIES = MappingProxyType(
+    {"cli": "complete_verifier_ext.cli", "vnncomp": "complete_verifier_ext.abcrown_plugin.vnncomp"}
+)
 _PACKAGE = Path(__file__).resolve().parent
 
 

@@ -220,26 +220,17 @@ def run_jobs_out_of_memory(limit: int, late: bool, final_rows: int | None, *jobs
         BoundRelu.bound_backward = orig
 
 
-def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], where: str, *jobs) -> list[dict]:
-    """:func:`run_jobs` with a stand-in for a GPU that runs out of memory in BaB, on the ranks ``ranks``
-    (raising ``torch.OutOfMemoryError``, what CUDA raises), where a round handles more than ``limit``
-    domains or boxes. ``where`` is ``"bound"``: in the bounding of a round's children (β-CROWN's
-    ``LiRPANet.update_bounds``; input-split BaB's ``LiRPANet.get_lower_bound_naive``), after the round's
-    domains were picked off the list and branched; or ``"pick"``: in a round's pick, midway (after
-    ``BatchedDomainList.pick_out`` popped the per-domain A-matrices, α, specs and thresholds, before
-    the intermediate bounds; after an input-split list's ``pick_out_batch`` popped every storage,
-    before its volume: not in the moves of boxes between the ranks, picks too)."""
+def _bab_stand_ins(limit: int, ranks: tuple[int, ...], where: str) -> list:
+    """``(class, method name, make)`` of :func:`run_jobs_bab_out_of_memory`'s stand-ins (``make(original)``
+    -> the method that raises ``torch.OutOfMemoryError`` past ``limit`` on ``ranks``)."""
     import sys
 
     import torch
-
-    from complete_verifier_ext.abcrown_plugin import bridge, locate
-    from complete_verifier_ext.parallel import comm
-
-    bridge.import_abcrown(locate.find(str(VENDOR)))
     from beta_CROWN_solver import LiRPANet
     from branching_domains import BatchedDomainList
     from input_split.branching_domains import UnsortedInputDomainList
+
+    from complete_verifier_ext.parallel import comm
 
     def check(count: int) -> None:
         if comm.rank() in ranks and count > limit:
@@ -280,11 +271,26 @@ def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], where: str, *
 
         return f
 
-    stand_ins = {
+    return {
         "bound": [(LiRPANet, "update_bounds", children), (LiRPANet, "get_lower_bound_naive", boxes)],
         "pick": [(BatchedDomainList, "_interm_bounds_wo_transfer", picking),
                  (UnsortedInputDomainList, "_add_volume", picked_boxes)],
     }[where]  # fmt: skip
+
+
+def run_jobs_bab_out_of_memory(limit: int, ranks: tuple[int, ...], where: str, *jobs) -> list[dict]:
+    """:func:`run_jobs` with a stand-in for a GPU that runs out of memory in BaB, on the ranks ``ranks``
+    (raising ``torch.OutOfMemoryError``, what CUDA raises), where a round handles more than ``limit``
+    domains or boxes. ``where`` is ``"bound"``: in the bounding of a round's children (β-CROWN's
+    ``LiRPANet.update_bounds``; input-split BaB's ``LiRPANet.get_lower_bound_naive``), after the round's
+    domains were picked off the list and branched; or ``"pick"``: in a round's pick, midway (after
+    ``BatchedDomainList.pick_out`` popped the per-domain A-matrices, α, specs and thresholds, before
+    the intermediate bounds; after an input-split list's ``pick_out_batch`` popped every storage,
+    before its volume: not in the moves of boxes between the ranks, picks too)."""
+    from complete_verifier_ext.abcrown_plugin import bridge, locate
+
+    bridge.import_abcrown(locate.find(str(VENDOR)))
+    stand_ins = _bab_stand_ins(limit, ranks, where)
     kept = [(cls, name, getattr(cls, name)) for cls, name, _ in stand_ins]
     for cls, name, make in stand_ins:
         setattr(cls, name, make(getattr(cls, name)))

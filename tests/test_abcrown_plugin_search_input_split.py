@@ -67,24 +67,15 @@ def _ids_consistent(picked) -> list[int]:
     return [int(v) for v in ids.tolist()]
 
 
-def _worker(vendor: str, tmp: str) -> dict:
+def _lists_moved(me: int, out: dict, run) -> tuple:
+    """A box list (7 boxes on rank 0, 2 on rank 1, with the clip-and-verify constraints) and a list per
+    number of ANDs (boxes with 2 and with 1 clause(s), padded when picked together) evened out over the
+    ranks, and a pick that ran out of memory undone (search/oom.py); the two lists."""
     import torch
-
-    from complete_verifier_ext.abcrown_plugin import bridge, locate
-    from complete_verifier_ext.abcrown_plugin.run import Run
-    from complete_verifier_ext.abcrown_plugin.search import input_split, oom, rounds
-    from complete_verifier_ext.config import ParallelConfig
-    from complete_verifier_ext.parallel import comm
-
-    bridge.import_abcrown(locate.find(vendor))
-    import arguments
-
-    sys.argv = ["abcrown"]
-    arguments.Config.parse_config()
     from input_split.branching_domains import UnsortedInputDomainList, UnsortedMultiSpecInputDomainList
 
-    me, out = comm.rank(), {}
-    # one list: 7 boxes on rank 0, 2 on rank 1, with the clip-and-verify constraints
+    from complete_verifier_ext.abcrown_plugin.search import input_split, oom, rounds
+
     dl = UnsortedInputDomainList(1, "cpu", use_alpha=True)
     n = 7 if me == 0 else 2
     b = _boxes(n, 100 * me)
@@ -94,17 +85,13 @@ def _worker(vendor: str, tmp: str) -> dict:
     counts = rounds.even_out(rounds.ListQueue(dl, input_split.take, input_split.put), [7, 2])
     out["counts"], out["volume"] = counts, (volume, dl.volume)
     out["ids"] = _ids_consistent(dl.pick_out_batch(len(dl), device="cpu"))
-    # one list per number of ANDs: boxes with 2 and with 1 clause(s), padded when picked together
     ml = UnsortedMultiSpecInputDomainList(torch.tensor([2, 1]), (3,), 4, 1, "cpu", use_alpha=True,
                                           alpha_final_name="out")  # fmt: skip
-    n = 6 if me == 0 else 0
-    if n:
-        b = _boxes(n, 100 * me)
-        spec_sizes = torch.tensor([2, 1] * (n // 2))
-        ml.add(**b, spec_sizes=spec_sizes, check_dm_lbs=False, check_input_boxes=False)
+    if me == 0:
+        ml.add(
+            **_boxes(6, 0), spec_sizes=torch.tensor([2, 1] * 3), check_dm_lbs=False, check_input_boxes=False
+        )
     rounds.even_out(rounds.ListQueue(ml, input_split.take, input_split.put), [6, 0])
-    # a round that ran out of memory after its pick (search/oom.py): the boxes back on the list
-    run = Run(ParallelConfig(mode="fsdp", world_size=2), 2, tmp, 0.0)
     volumes = [sub.volume for sub in ml.spec_domain_lists]
     oom.pick_out_batch(run, type(ml).pick_out_batch)(ml, 2, device="cpu")
     undo = run.rounds.undo
@@ -113,6 +100,24 @@ def _worker(vendor: str, tmp: str) -> dict:
     out["undo"] += (len(ml), [sub.volume for sub in ml.spec_domain_lists] == volumes)
     picked = ml.pick_out_batch(len(ml), device="cpu")
     out["multi"] = (_ids_consistent(picked), picked[7].tolist())
+    return dl, ml
+
+
+def _worker(vendor: str, tmp: str) -> dict:
+    from complete_verifier_ext.abcrown_plugin import bridge, locate
+    from complete_verifier_ext.abcrown_plugin.run import Run
+    from complete_verifier_ext.abcrown_plugin.search import input_split
+    from complete_verifier_ext.config import ParallelConfig
+    from complete_verifier_ext.parallel import comm
+
+    bridge.import_abcrown(locate.find(vendor))
+    import arguments
+
+    sys.argv = ["abcrown"]
+    arguments.Config.parse_config()
+    me, out = comm.rank(), {}
+    run = Run(ParallelConfig(mode="fsdp", world_size=2), 2, tmp, 0.0)
+    dl, _ = _lists_moved(me, out, run)
     # the attack: rank 1 alone finds a counterexample; rank 0 (the user's file) gets it
     arguments.Config["attack"]["cex_path"] = f"{tmp}/cex{me}.txt"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from complete_verifier_ext.config import AlphaCrownConfig, Config, ConfigError
+from complete_verifier_ext.config_help import config_to_dict
 from complete_verifier_ext.config_load import (
     config_from_dict,
-    config_to_dict,
     load_config,
     parse_overrides,
     resolve_path,

@@ -183,7 +183,7 @@ def test_gzipped_specs_and_networks(two_nets, tmp_path):
     path, nets = joint.model_for(repr([("f", zipped[f]), ("g", zipped[g])]), spec)
     z = ((spec.regions[0].lower + spec.regions[0].upper) / 2).astype(np.float32)
     y_joint = ort.InferenceSession(path).run(None, {joint.JOINT_INPUT: z[None]})[0][0]
-    from complete_verifier_ext.spec import witness
+    from complete_verifier_ext import witness
 
     np.testing.assert_allclose(witness.run_networks(z, spec, nets), y_joint, rtol=0, atol=1e-6)
 
@@ -304,7 +304,7 @@ def test_a_gzipped_1x_instance_in_a_2026_category(tmp_path, engine):
         (tmp_path / dst).write_bytes(gzip.compress(src.read_bytes()))
     text = _run(tmp_path, engine, 1, "n.onnx.gz", "p.vnnlib.gz", "acas_xu_vnnlib2")
     assert text.startswith("sat\n"), text
-    from complete_verifier_ext.spec.witness import recheck_results_file
+    from complete_verifier_ext.witness import recheck_results_file
 
     (tmp_path / "again.txt").write_text(text)
     spec, net = str(tmp_path / "p.vnnlib.gz"), str(tmp_path / "n.onnx.gz")

@@ -44,7 +44,7 @@ def _to_bool(text) -> bool:
 def _parallel_keys() -> list[tuple[str, list[str], dict]]:
     """``(flag, hierarchy, argparse keywords)`` of every ``parallel`` key, from the one schema that
     both engines share (``config.ParallelConfig``: types, defaults, choices, docs)."""
-    from ..config_load import key_table
+    from ..config_help import key_table
 
     docs = {key: doc for key, _, doc in key_table()}
     keys = []

@@ -99,7 +99,7 @@ def crown_batch_args(all_args: dict, world_size: int) -> list[str]:
 
 def _recheck_sat(all_args: dict, results_file: str | None, result: dict) -> str | None:
     """A single instance's ``sat`` stands only with a counterexample that onnxruntime confirms."""
-    from ..spec.witness import recheck_results_file
+    from ..witness import recheck_results_file
 
     onnx, vnnlib = all_args["model"]["onnx_path"], all_args["specification"]["vnnlib_path"]
     if not (results_file and onnx and vnnlib and os.path.isfile(results_file)):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import numpy as np
 import onnx
@@ -292,22 +293,24 @@ def _batchnorm(b: _Builder, node, x: int) -> None:
 OPSETS = (8, 21)  # the default-domain opsets whose semantics of the operators below this loader follows
 FOLDED = ("Constant", "Shape")  # evaluated when loading (as is any node whose inputs are all constant)
 
-_CONVERTERS: dict[str, Callable] = {
-    "Gemm": _gemm,
-    "MatMul": _matmul,
-    "Conv": _conv,
-    "Relu": _relu,
-    "Flatten": _flatten,
-    "Reshape": _reshape,
-    "Identity": _identity,
-    "Dropout": _identity,
-    "Add": _binary("Add"),
-    "Sub": _binary("Sub"),
-    "Mul": _binary("Mul"),
-    "Div": _binary("Div"),
-    "Neg": _neg,
-    "BatchNormalization": _batchnorm,
-}
+_CONVERTERS: Mapping[str, Callable] = MappingProxyType(
+    {
+        "Gemm": _gemm,
+        "MatMul": _matmul,
+        "Conv": _conv,
+        "Relu": _relu,
+        "Flatten": _flatten,
+        "Reshape": _reshape,
+        "Identity": _identity,
+        "Dropout": _identity,
+        "Add": _binary("Add"),
+        "Sub": _binary("Sub"),
+        "Mul": _binary("Mul"),
+        "Div": _binary("Div"),
+        "Neg": _neg,
+        "BatchNormalization": _batchnorm,
+    }
+)
 OPERATORS = tuple(_CONVERTERS)  # what a model's nodes may be (``complete-verifier-ext supports``)
 
 

@@ -42,16 +42,31 @@ that the replay takes the branches the pass took.
 from __future__ import annotations
 
 import functools
-import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from . import replay
+from .group import (
+    backend,
+    communicates,
+    device,
+    group_rank,
+    init,
+    init_from_env,
+    is_solo,
+    lockstep,
+    rank,
+    resolve_backend,
+    shutdown,
+    solo,
+    world_size,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -85,246 +100,16 @@ __all__ = [
     "issued",
     "replaying",
     "NotReplayable",
+    "solo",
+    "is_solo",
+    "lockstep",
 ]
 
-_REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
+_REDUCE_OPS = MappingProxyType({"sum": "SUM", "max": "MAX", "min": "MIN"})
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Group state
-# ----------------------------------------------------------------------------------------------------------
-
-
-def resolve_backend(backend: str, ranks_per_host: int = 1) -> str:
-    """``"auto"`` -> ``"nccl"`` when CUDA has a GPU for each of this host's ranks, else ``"gloo"``.
-
-    Other names pass through unchanged.
-    """
-    if backend == "auto":
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return "nccl" if gpus >= max(1, ranks_per_host) else "gloo"
-    return backend
-
-
-def init(
-    backend: str,
-    rank: int,
-    world_size: int,
-    master_addr: str,
-    master_port: int,
-    timeout_s: float = 30.0,
-    *,
-    local_rank: int | None = None,
-    local_world_size: int | None = None,
-) -> None:
-    """Join (create) the default process group over TCP at ``master_addr:master_port``.
-
-    At ``world_size == 1`` no group is created: every helper is then a no-op.
-    With NCCL the rank's GPU (``local_rank``, default ``rank`` modulo the GPU count) becomes the
-    current device. ``auto`` resolves with ``local_world_size`` ranks on this host (default all).
-    ``timeout_s`` bounds every collective: a backstop against a dead peer.
-    """
-    backend = resolve_backend(backend, local_world_size or world_size)
-    if world_size <= 1:
-        return
-    if backend == "nccl":
-        gpu = local_rank if local_rank is not None else rank % torch.cuda.device_count()
-        torch.cuda.set_device(gpu)
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
-
-
-def init_from_env(backend: str = "auto", timeout_s: float = 30.0) -> None:
-    """Join the group described by torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,
-    LOCAL_WORLD_SIZE."""
-    env = os.environ
-    local = env.get("LOCAL_RANK")
-    local_world = env.get("LOCAL_WORLD_SIZE")
-    init(
-        backend,
-        int(env["RANK"]),
-        int(env["WORLD_SIZE"]),
-        env.get("MASTER_ADDR", "127.0.0.1"),
-        int(env.get("MASTER_PORT", "29500")),
-        timeout_s,
-        local_rank=int(local) if local is not None else None,
-        local_world_size=int(local_world) if local_world is not None else None,
-    )
-
-
-def shutdown() -> None:
-    """Destroy the default process group if one exists (safe to call twice)."""
-    if _active():
-        dist.destroy_process_group()
-
-
-_solo = False  # inside solo(): this rank computes alone, as a single process
-
-
-def _active() -> bool:
-    return dist.is_available() and dist.is_initialized() and not _solo
-
-
-@contextmanager
-def solo() -> Iterator[None]:
-    """This rank computes alone while inside, as if it were the only process (rank 0 of 1: every
-    collective a no-op), e.g. rank 0 running a search phase that cannot be split while the others wait
-    (:func:`wait_patiently`). What it computes must need nothing from the other ranks."""
-    global _solo
-    before, _solo = _solo, True
-    try:
-        yield
-    finally:
-        _solo = before
-
-
-def is_solo() -> bool:
-    return _solo
-
-
-def _rank(group: ProcessGroup | None = None) -> int:
-    return dist.get_rank(group) if _active() else 0
-
-
-def rank(group: ProcessGroup | None = None) -> int:
-    """This process's rank in ``group`` (default: the world; 0 without a process group)."""
-    return _rank(group)
-
-
-def world_size(group: ProcessGroup | None = None) -> int:
-    """Number of ranks of ``group`` (default: the world; 1 without a process group)."""
-    return dist.get_world_size(group) if _active() else 1
-
-
-def backend(group: ProcessGroup | None = None) -> str | None:
-    """Backend name of ``group`` (default: the world's), or None without a process group."""
-    return str(dist.get_backend(group)) if _active() else None
-
-
-def device() -> torch.device:
-    """Device that this rank's tensors (and collective buffers) live on: its GPU under NCCL, else CPU."""
-    if backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-_lockstep = True  # False inside serve.serving() outside its own request ticks
-
-
-def _parallel(group: ProcessGroup | None = None) -> bool:
-    """True when ``group`` has more than one rank, i.e. a collective over it moves data. Every
-    collective asks this first; with the ranks out of lockstep (``serve.serving()``) it raises instead
-    of letting the collective pair up with whatever another rank calls."""
-    if not (_active() and dist.get_world_size(group) > 1):
-        return False
-    if not _lockstep:
-        raise RuntimeError(
-            "a collective was called while the ranks run different work (inside parallel.serve.serving(), "
-            "where only weight requests may communicate)"
-        )
-    return True
-
-
-@contextmanager
-def lockstep(on: bool) -> Iterator[None]:
-    """Whether collectives may run (for :mod:`.serve`: off inside ``serving()``, on inside a tick)."""
-    global _lockstep
-    before, _lockstep = _lockstep, on
-    try:
-        yield
-    finally:
-        _lockstep = before
-
-
-DECISION_NUMEL = 16  # an all_reduce this small is taken for a decision: its result is kept for a replay
-KEPT_DECISIONS = 4096  # the decisions of at least this many of the last collectives are kept
-
-
-@dataclass
-class _Issued:
-    """The lockstep collectives this process issued (outermost helper calls; a helper that calls another
-    is one), the results of the recent decisions among them (by their position in that count), and,
-    while it replays a pass it left midway (:func:`replaying`), how many of the next ones it issued
-    already and the position of the next."""
-
-    count: int = 0
-    skip: int = 0
-    at: int = 0
-    depth: int = 0
-    decisions: dict[int, Any] = field(default_factory=dict)
-
-    def keep(self, out: Any) -> None:
-        self.decisions[self.count] = out.clone() if isinstance(out, Tensor) else out
-        if len(self.decisions) > 2 * KEPT_DECISIONS:
-            self.decisions = {i: v for i, v in self.decisions.items() if i >= self.count - KEPT_DECISIONS}
-
-
-_ISSUED = _Issued()
-
-
-class NotReplayable(RuntimeError):
-    """A collective whose result a rank cannot stand in for (it depends on the other ranks' data)."""
-
-
-def _counted(
-    stand_in: Callable[..., Any], decision: Callable[..., bool] = lambda *_, **__: False
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Count a public collective helper in :func:`issued`; inside :func:`replaying` it is not issued
-    again while calls are left to skip: the result it had when ``decision`` (same arguments) says it
-    was a decision and that result is still kept, else ``stand_in`` (same arguments), a result of its
-    shape."""
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def helper(*args: Any, **kwargs: Any) -> Any:
-            if _ISSUED.depth or not _parallel(kwargs.get("group")):
-                return fn(*args, **kwargs)
-            if _ISSUED.skip:
-                _ISSUED.skip, _ISSUED.at = _ISSUED.skip - 1, _ISSUED.at + 1
-                if decision(*args, **kwargs) and _ISSUED.at - 1 in _ISSUED.decisions:
-                    had = _ISSUED.decisions[_ISSUED.at - 1]
-                    return had.clone() if isinstance(had, Tensor) else had
-                return stand_in(*args, **kwargs)
-            _ISSUED.depth += 1
-            try:
-                out = fn(*args, **kwargs)
-            finally:
-                _ISSUED.depth -= 1
-            if decision(*args, **kwargs):
-                _ISSUED.keep(out)
-            _ISSUED.count += 1
-            return out
-
-        return helper
-
-    return wrap
-
-
-def issued() -> int:
-    """How many lockstep collectives this process has issued (every rank the same at the same point)."""
-    return _ISSUED.count
-
-
-@contextmanager
-def replaying(n: int) -> Iterator[None]:
-    """The next ``n`` collectives were issued already, by a pass this rank left midway (out of memory):
-    inside, the same pass runs again (over fewer rows) without issuing them again, so that it ends
-    having issued what the other ranks' passes issue. Each skipped helper returns a stand-in of its
-    result's shape (values undefined: the pass's result is dropped). Raises where the pass issued
-    fewer than ``n`` or one whose result cannot be stood in for (:class:`NotReplayable`). A decision
-    among them returns the result it had (see the module docstring)."""
-    _ISSUED.skip, _ISSUED.at = n, _ISSUED.count - n
-    try:
-        yield
-    finally:
-        left, _ISSUED.skip = _ISSUED.skip, 0
-    if left:
-        raise RuntimeError(f"a replayed pass issued {n - left} of the {n} collectives of the pass it replays")
+issued, replaying, NotReplayable = replay.issued, replay.replaying, replay.NotReplayable
+_counted = functools.partial(replay.counted, parallel=communicates)
 
 
 def _not_replayable(name: str) -> Callable[..., Any]:
@@ -361,7 +146,7 @@ def shard_range(
 
     ``r`` and ``P`` default to this process's rank in ``group`` and the group's size.
     """
-    r = _rank(group) if rank is None else rank
+    r = group_rank(group) if rank is None else rank
     p = world_size(group) if world is None else world
     return r * n // p, (r + 1) * n // p
 
@@ -426,7 +211,7 @@ def all_gather_into(out: Tensor, block: Tensor, *, group: ProcessGroup | None = 
 
     For callers that own a reusable receive buffer (``ShardedWeight.gathered``).
     """
-    if not _parallel(group):
+    if not communicates(group):
         return out.copy_(block.reshape(out.shape))
     _STATS.add("all_gather", _nbytes(block))
     _gather_into(out, block.contiguous(), group)
@@ -449,7 +234,7 @@ def _ring_gather_into(out: Tensor, block: Tensor, group: ProcessGroup | None = N
     """``out`` (flat, P blocks) receives every rank's ``block`` straight into its place: the own block
     copied, then P - 1 ring steps (pass block r - k to rank + 1, receive block r - k - 1 from rank - 1),
     so that nothing beside ``out`` is allocated."""
-    p, r = world_size(group), _rank(group)
+    p, r = world_size(group), group_rank(group)
     blocks = out.view(p, -1)
     blocks[r].copy_(block)
     for k in range(p - 1):
@@ -497,10 +282,10 @@ def all_gather_cat(
     Not autograd-aware: at P > 1 the result is detached, while at P = 1 ``t`` itself comes back with
     its graph. Where gradients must flow, use ``all_gather_cat_grad`` so that P = 1 and P > 1 agree.
     """
-    if not _parallel(group):
+    if not communicates(group):
         return t
     dim = dim % t.dim()
-    p, r = world_size(group), _rank(group)
+    p, r = world_size(group), group_rank(group)
     if sizes is None:
         sizes = _exchange_sizes(t.shape[dim], t.device, group)
     elif len(sizes) != p or sizes[r] != t.shape[dim]:
@@ -513,7 +298,7 @@ def all_gather_cat(
 def _reduce_scatter_dim0(full: Tensor, sizes: Sequence[int], group: ProcessGroup | None = None) -> Tensor:
     """This rank's block (n_r, *rest) of the sum over ranks of ``full`` (sum n_r, *rest), whose blocks
     are in rank order: one reduce-scatter, the blocks padded to the largest one and narrowed after."""
-    p, most, me = len(sizes), max(sizes), _rank(group)
+    p, most, me = len(sizes), max(sizes), group_rank(group)
     rest = full.shape[1:]
     if most == 0:
         return full.new_zeros((0, *rest))
@@ -535,12 +320,12 @@ def _starts(sizes: Sequence[int]) -> list[int]:
     return [sum(sizes[:q]) for q in range(len(sizes))]
 
 
-@_counted(lambda t, op="sum", **_: t.detach().clone(), lambda t, *_, **__: t.numel() <= DECISION_NUMEL)
+@_counted(lambda t, op="sum", **_: t.detach().clone(), lambda t, *_, **__: t.numel() <= replay.DECISION_NUMEL)
 def all_reduce(t: Tensor, op: str = "sum", *, group: ProcessGroup | None = None) -> Tensor:
     """Element-wise reduction over ranks (``"sum"``, ``"max"``, ``"min"``); out of place, no autograd."""
     if op not in _REDUCE_OPS:
         raise ValueError(f"unknown reduce op {op!r}; expected one of {sorted(_REDUCE_OPS)}")
-    if not _parallel(group):
+    if not communicates(group):
         return t
     out = t.detach().clone().contiguous()
     _STATS.add("all_reduce", _nbytes(out))
@@ -553,7 +338,7 @@ def all_reduce_flag(flag: bool, op: str = "or", *, group: ProcessGroup | None = 
     """Collective decision: logical ``"or"`` / ``"and"`` of every rank's ``flag``."""
     if op not in ("or", "and"):
         raise ValueError(f"unknown flag op {op!r}; expected 'or' or 'and'")
-    if not _parallel(group):
+    if not communicates(group):
         return bool(flag)
     t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device())
     _STATS.add("all_reduce_flag", _nbytes(t))
@@ -568,9 +353,9 @@ def broadcast(t: Tensor, src: int = 0, *, group: ProcessGroup | None = None) -> 
 
     Out of place on receivers (a new tensor); ``src`` gets its own ``t`` back.
     """
-    if not _parallel(group):
+    if not communicates(group):
         return t
-    if _rank(group) == src:
+    if group_rank(group) == src:
         buf = t.detach().contiguous()
     else:
         buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
@@ -582,7 +367,7 @@ def broadcast(t: Tensor, src: int = 0, *, group: ProcessGroup | None = None) -> 
 @_counted(_not_replayable("broadcast_object"))
 def broadcast_object(obj: Any, src: int = 0, *, group: ProcessGroup | None = None) -> Any:
     """Rank ``src``'s (of ``group``) picklable ``obj`` on every rank (others pass anything, e.g. None)."""
-    if not _parallel(group):
+    if not communicates(group):
         return obj
     box = [obj]
     _STATS.add("broadcast_object", 0)
@@ -593,7 +378,7 @@ def broadcast_object(obj: Any, src: int = 0, *, group: ProcessGroup | None = Non
 @_counted(_not_replayable("all_gather_object"))
 def all_gather_object(obj: Any, *, group: ProcessGroup | None = None) -> list[Any]:
     """Every rank's picklable ``obj``, in rank order, on every rank."""
-    if not _parallel(group):
+    if not communicates(group):
         return [obj]
     out: list[Any] = [None] * world_size(group)
     _STATS.add("all_gather_object", 0)
@@ -611,7 +396,7 @@ def wait_patiently(poll_s: float = 0.02) -> None:
     solves, work done on rank 0 alone), which a collective would time out on. Polls the group's
     store (no collective, so no collective timeout); a rank that dies ends the run through the
     launcher. Follow it with the collective that exchanges the results."""
-    if not _parallel(None):
+    if not communicates(None):
         return
     import time
 
@@ -638,7 +423,7 @@ def from_rank0(compute: Callable[[], Any]) -> Any:
 @_counted(lambda **_: None)
 def barrier(*, group: ProcessGroup | None = None) -> None:
     """Wait for every rank."""
-    if not _parallel(group):
+    if not communicates(group):
         return
     _STATS.add("barrier", 0)
     dist.barrier(group=group)
@@ -668,7 +453,7 @@ def _ring_shape(t: Tensor, group: ProcessGroup | None = None) -> torch.Size:
 def _p2p(send: Tensor, recv: Tensor, group: ProcessGroup | None = None, shift: int = 1) -> RingPass:
     """Post send of ``send`` to rank + shift and receive into ``recv`` from rank - shift of ``group``
     (empty tensors skipped)."""
-    p, r = world_size(group), _rank(group)
+    p, r = world_size(group), group_rank(group)
     ops = []
     if send.numel() > 0:
         ops.append(dist.P2POp(dist.isend, send, _global_rank(group, (r + shift) % p), group))
@@ -688,7 +473,7 @@ def ring_pass_start(
     small extra ring exchange (``ring_pass_shape``) learns it. Keep ``t`` alive and unmodified until
     ``wait()`` returns. At world size 1 the handle returns ``t``.
     """
-    if not _parallel(group):
+    if not communicates(group):
         return RingPass(t, [])
     send = t.detach().contiguous()
     shape = torch.Size(recv_shape) if recv_shape is not None else _ring_shape(send, group)
@@ -702,7 +487,7 @@ def shard_pass(send: Tensor, recv: Tensor, k: int, *, group: ProcessGroup | None
     """Step ``k`` (1 .. P-1) of passing every rank's resident shard to every other: send ``send`` to
     rank + k, receive rank - k's into ``recv`` (a buffer the caller may reuse from step to step; empty
     tensors are skipped). Waits; returns ``recv``."""
-    if not _parallel(group):
+    if not communicates(group):
         return recv.copy_(send)
     _STATS.add("shard_pass", _nbytes(send))
     return _p2p(send.contiguous(), recv, group, shift=k).wait()
@@ -726,7 +511,7 @@ def exchange(
     ``group``), all posted at once and waited for. Every pair must be matched by the peer's call (the
     caller derives both sides from knowledge every rank shares, e.g. an all-gathered request list);
     messages between the same two ranks pair up in the order given."""
-    if not _parallel(group):
+    if not communicates(group):
         return
     ops = []
     for dst, t in sends:
@@ -782,7 +567,7 @@ def all_gather_cat_grad(
     loss; the gradient delivered to ``t`` is that objective's gradient wrt this rank's block. Every rank
     must run backward through this node (lockstep), even if its loss ignores the result.
     """
-    if not _parallel(group):
+    if not communicates(group):
         return t
     dim = dim % t.dim()
     return _GatherCatGrad.apply(t, dim, _sizes_along(t, dim, sizes, group), group)
@@ -794,7 +579,7 @@ class _GatherCatSameLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, t: Tensor, dim: int, sizes: list[int], group: ProcessGroup | None) -> Tensor:
-        ctx.dim, ctx.sizes, ctx.rank = dim, sizes, _rank(group)
+        ctx.dim, ctx.sizes, ctx.rank = dim, sizes, group_rank(group)
         return all_gather_cat(t, dim, sizes=sizes, group=group)
 
     @staticmethod
@@ -810,7 +595,7 @@ def all_gather_cat_same_loss(
     """``all_gather_cat`` with autograd for a loss that every rank computes identically from the result
     (a replicated attack): backward keeps the rank's own block of the gradient. Pair it with
     :func:`reduce_grad` on the replicated input of a column-parallel layer."""
-    if not _parallel(group):
+    if not communicates(group):
         return t
     dim = dim % t.dim()
     return _GatherCatSameLoss.apply(t, dim, _sizes_along(t, dim, sizes, group), group)
@@ -836,6 +621,6 @@ def reduce_grad(t: Tensor, *, group: ProcessGroup | None = None) -> Tensor:
     A column-parallel layer gives each rank only its own block's part of the gradient wrt its
     (replicated) input; wrapping that input here sums the parts in backward, so every rank sees the
     same, complete gradient (e.g. PGD's input, which must stay identical on all ranks)."""
-    if not _parallel(group) or not t.requires_grad:
+    if not communicates(group) or not t.requires_grad:
         return t
     return _ReduceGrad.apply(t, group)

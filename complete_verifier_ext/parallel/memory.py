@@ -52,6 +52,7 @@ import gc
 import os
 import resource
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -68,7 +69,7 @@ __all__ = [
 ]
 
 # glibc: freed blocks above 64 KiB go back to the OS; MKL: no GEMM buffers kept for reuse
-EXACT_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
+EXACT_MEMORY_ENV = MappingProxyType({"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"})
 
 _MIB = 1024 * 1024
 # this process's lazily loaded torch libraries: their RSS, and the file-backed part of it

@@ -1,7 +1,8 @@
 """The VNN-LIB family: reading property files (1.x: :mod:`.v1`; 2.0, VNN-COMP 2026: :mod:`.v2`, through
 the reference parser) into one data model (:mod:`.model`), cached (:mod:`.load`); the parts both readers
 share (:mod:`.common`); float32 boxes (:mod:`.boxes`); the 2026 network-list argument
-(:mod:`.networks`); counterexamples read, written and re-checked (:mod:`.witness`).
+(:mod:`.networks`). Counterexamples are read, written and re-checked one floor up
+(``complete_verifier_ext/witness.py``: it runs the networks).
 
 The names below are the package's public face; everything else is imported from its module.
 """

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,7 +36,9 @@ __all__ = ["Query", "is_vnnlib2", "read"]
 _VERSION_RE = re.compile(r"^\s*\(\s*(vnnlib-version|declare-network)\b", re.MULTILINE)
 _COMMENT_RE = re.compile(r";[^\n]*")
 # the float types, as a witness names them (Unknown: a tensor declared ``real``)
-_TYPE_NAMES = {"F16": "float16", "F32": "float32", "F64": "float64", "Real": "real", "Unknown": "real"}
+_TYPE_NAMES = MappingProxyType(
+    {"F16": "float16", "F32": "float32", "F64": "float64", "Real": "real", "Unknown": "real"}
+)
 
 
 def is_vnnlib2(text: str) -> bool:

@@ -21,11 +21,9 @@ import re
 
 import numpy as np
 
-from ..attack import clause_margins, format_counterexample, ort_output, ort_session
-from ..results import write_atomic
-from .boxes import float32_box
-from .common import Slot
-from .model import Region, Spec
+from .attack import clause_margins, format_counterexample, ort_output, ort_session
+from .results import write_atomic
+from .spec import Region, Slot, Spec, float32_box
 
 __all__ = ["read_inputs", "recheck_results_file", "vnnlib2_witness"]
 
@@ -111,8 +109,8 @@ def _in_box(x: np.ndarray, region: Region) -> np.ndarray | None:
 def recheck_results_file(results_file: str, onnx_arg: str, vnnlib_path: str, who: str) -> str | None:
     """Re-check a ``sat`` results file (written by ``who``) in place; ``onnx_arg``: a path or a network
     list. Returns a warning when the verdict was changed."""
-    from ..model import joint
-    from .load import load_vnnlib
+    from .model import joint
+    from .spec import load_vnnlib
 
     with open(results_file) as f:
         text = f.read()

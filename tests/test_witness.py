@@ -1,4 +1,4 @@
-"""``spec/witness.py``'s re-check of α,β-CROWN's ``sat``: it stands only when onnxruntime confirms its
+"""``witness.py``'s re-check of α,β-CROWN's ``sat``: it stands only when onnxruntime confirms its
 counterexample."""
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ def test_a_sat_that_does_not_check_becomes_unknown(tmp_path):
     back in and kept."""
     import numpy as np
 
+    from complete_verifier_ext import witness
     from complete_verifier_ext.attack import format_counterexample
-    from complete_verifier_ext.spec import load_vnnlib, witness
+    from complete_verifier_ext.spec import load_vnnlib
 
     onnx, spec = instance("mnist-net_256x2", "prop_1_0.03.vnnlib")[1::2]
     region = load_vnnlib(spec).regions[0]
