@@ -1,0 +1,200 @@
+"""Rigorous float64 bounds over a batch of B leaves of one obligation (their boxes, phases, evidence).
+
+1. Node by node, bounds ``[l, u]`` of every node's value over each leaf's region (shapes ``(B, n)``):
+   interval propagation; for a ReLU's input with a ReLU below it, also CROWN's back-substitution
+   (adaptive slopes) for the neurons some leaf has unstable, and the tighter of the two; a phase
+   ``z_j <= 0`` / ``z_j >= 0`` clamps ``[l, min(u, 0)]`` / ``[max(l, 0), u]``. A leaf with some
+   ``l > u`` has an empty region (its phases cannot hold together): nothing to prove there.
+2. The objective ``Σ_i λ_i (C_i y - d_i)`` for Q weightings ``λ`` at once (the leaf's, each row alone,
+   their sum), by one backward pass with the leaf's slopes ``α`` and multipliers ``β``; the best one.
+
+A backward pass carries, per leaf and row, ``a · x_k + const`` with ``target >= a · x_k + const -
+slack`` over the region: ``const`` rounded down, ``slack`` (rounding errors so far) rounded up. Steps:
+
+* affine ``z = W x + b``: ``a <- fl(a W)``, ``const += a·b``, ``slack += |a|·(E m_x + eb)``, where
+  ``m_x = max(|l_x|, |u_x|)`` and ``E``, ``eb`` bound the rounding (and the radii) per unit of ``|x|``;
+* ReLU ``h = max(z, 0)`` on ``[l, u]``: where ``a_j >= 0`` the line ``h >= α_j z`` (any ``α_j`` in
+  [0, 1]), where ``a_j < 0`` the line ``h <= s_j z + t_j``, ``s_j = fl(u/(u - l))`` and ``t_j`` the
+  smallest float above both ``-s_j l`` and ``u - s_j u`` (the line checked at both ends: by convexity
+  it lies above the ReLU on ``[l, u]``); a split neuron adds ``β_j z_j`` (phase ``z_j <= 0``) or
+  ``-β_j z_j`` (``z_j >= 0``), a term ``<= 0`` on the region; ``slack`` takes the products' rounding;
+* sum ``z = x_a ± x_b``: ``±a`` to each operand (summed where paths meet, the rounding charged);
+* input: ``const += min over the box of a·x = a⁺·l + a⁻·u``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .onnx_net import Affine, Input, Net, Relu, affine, sources
+from .query import Rows
+from .rounding import down, err, sum_up, up
+
+
+@dataclass
+class Batch:
+    """B leaves of one obligation; ReLU nodes are indices into ``net.nodes``."""
+
+    lower: np.ndarray  # (B, n_in)
+    upper: np.ndarray
+    phase: dict[int, np.ndarray]  # ReLU node -> (B, n) int8: -1 z <= 0, +1 z >= 0, 0 none
+    alpha: dict[int, np.ndarray]  # ReLU node -> (B, n) lower slopes in [0, 1]; NaN: CROWN's adaptive one
+    beta: dict[int, np.ndarray]  # ReLU node -> (B, n) multipliers >= 0
+    lam: np.ndarray  # (B, Q, k) row weightings >= 0
+
+
+@dataclass
+class Bounds:
+    """Per node ``(B, n)`` bounds over each leaf's region; ``relax``: per ReLU node, the adaptive lower
+    slope, the upper slope, the upper line's intercept; ``em``: per affine node, ``E m_src + eb``
+    rounded up; ``empty``: leaves whose region is empty."""
+
+    lower: list
+    upper: list
+    relax: dict
+    em: dict
+    empty: np.ndarray
+
+    def mag(self, k: int) -> np.ndarray:
+        return np.maximum(np.abs(self.lower[k]), np.abs(self.upper[k]))
+
+
+def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``(B, Q, n) · (B, n)`` or ``· (n,)`` -> ``(B, Q)``."""
+    return a @ v if v.ndim == 1 else (a @ v[:, :, None])[..., 0]
+
+
+def node_bounds(net: Net, batch: Batch) -> Bounds:
+    """Step 1 of the module docstring."""
+    B, N = len(batch.lower), len(net.nodes)
+    bnd = Bounds([None] * N, [None] * N, {}, {}, np.zeros(B, dtype=bool))
+    clamps = {
+        k: [r for r in range(N) if isinstance(net.nodes[r], Relu) and net.nodes[r].src == k] for k in range(N)
+    }
+    deep = [False] * N  # a ReLU at or below the node
+    for k, node in enumerate(net.nodes):
+        deep[k] = isinstance(node, Relu) or any(deep[s] for s in sources(node))
+        bnd.lower[k], bnd.upper[k] = _interval(node, k, bnd, batch)
+        _clamp(bnd, k, [batch.phase.get(r) for r in clamps[k]])
+        if clamps[k] and any(deep[s] for s in sources(node)):
+            unstable = np.flatnonzero(((bnd.lower[k] < 0) & (bnd.upper[k] > 0)).any(axis=0))
+            if unstable.size:
+                r = unstable.size
+                A = np.zeros((B, 2 * r, net.sizes[k]))
+                A[:, np.arange(r), unstable] = 1.0
+                A[:, r + np.arange(r), unstable] = -1.0
+                res = backward(net.nodes, bnd, k, A, None)
+                bnd.lower[k][:, unstable] = np.fmax(bnd.lower[k][:, unstable], res[:, :r])
+                bnd.upper[k][:, unstable] = np.fmin(bnd.upper[k][:, unstable], -res[:, r:])
+                _clamp(bnd, k, [batch.phase.get(r) for r in clamps[k]])
+        if isinstance(node, Relu):
+            bnd.relax[k] = _relaxation(bnd.lower[node.src], bnd.upper[node.src])
+        bnd.empty |= (bnd.lower[k] > bnd.upper[k]).any(axis=1)
+    return bnd
+
+
+def _interval(node, k: int, bnd: Bounds, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """Interval propagation through one node, rounded outward."""
+    if isinstance(node, Input):
+        return batch.lower.copy(), batch.upper.copy()
+    if isinstance(node, Relu):
+        return np.maximum(bnd.lower[node.src], 0.0), np.maximum(bnd.upper[node.src], 0.0)
+    if isinstance(node, Affine):
+        l, u, n = bnd.lower[node.src], bnd.upper[node.src], node.W.shape[1]
+        bnd.em[k] = up(sum_up(bnd.mag(node.src) @ node.E.T, n) + node.eb)
+        Wp, Wn = np.maximum(node.W, 0.0).T, np.minimum(node.W, 0.0).T
+        return down(l @ Wp + u @ Wn + node.b - bnd.em[k]), up(u @ Wp + l @ Wn + node.b + bnd.em[k])
+    la, ua, lb, ub = bnd.lower[node.a], bnd.upper[node.a], bnd.lower[node.b], bnd.upper[node.b]
+    if node.sign > 0:
+        return down(la + lb), up(ua + ub)
+    return down(la - ub), up(ua - lb)
+
+
+def _clamp(bnd: Bounds, k: int, phases: list) -> None:
+    for p in phases:
+        if p is not None:
+            bnd.lower[k] = np.where(p > 0, np.maximum(bnd.lower[k], 0.0), bnd.lower[k])
+            bnd.upper[k] = np.where(p < 0, np.minimum(bnd.upper[k], 0.0), bnd.upper[k])
+
+
+def _relaxation(l: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Adaptive lower slope (1 where ``u > -l``), upper slope and intercept of each neuron's ReLU on
+    ``[l, u]``; stable neurons: exact (slopes 1 or 0, intercept 0)."""
+    active, unstable = l >= 0, (l < 0) & (u > 0)
+    s = np.where(unstable, u / np.where(unstable, u - l, 1.0), active * 1.0)
+    t = np.where(unstable, np.maximum(up(-s * l), up(u - down(s * u))), 0.0)
+    return np.where(unstable, (u > -l) * 1.0, active * 1.0), s, t
+
+
+def backward(nodes, bnd: Bounds, top: int, A: np.ndarray, batch: Batch | None) -> np.ndarray:
+    """A lower bound ``(B, Q)`` of ``A · x_top`` over each leaf's region; ``batch``: the leaves' slopes
+    and multipliers (``None``: adaptive slopes, no multipliers)."""
+    B, Q = A.shape[:2]
+    pending = {top: A}
+    const, slack = np.zeros((B, Q)), np.zeros((B, Q))
+    for k in range(top, -1, -1):
+        a = pending.pop(k, None)
+        if a is None:
+            continue
+        node = nodes[k]
+        if isinstance(node, Input):
+            n = a.shape[2]
+            const = down(
+                const + (_mv(np.maximum(a, 0.0), bnd.lower[0]) + _mv(np.minimum(a, 0.0), bnd.upper[0]))
+            )
+            slack = up(slack + err(_mv(np.abs(a), bnd.mag(0)), 2 * n + 2))
+        elif isinstance(node, Affine):
+            const = down(const + _mv(a, node.b))
+            slack = up(slack + sum_up(_mv(np.abs(a), bnd.em[k]), a.shape[2]))
+            slack = _give(pending, bnd, node.src, a @ node.W, slack)
+        elif isinstance(node, Relu):
+            q, c, step = _relu_step(node, k, a, bnd, batch)
+            const = down(const + c)
+            slack = _give(pending, bnd, node.src, q, up(slack + step))
+        else:
+            slack = _give(pending, bnd, node.a, a, slack)
+            slack = _give(pending, bnd, node.b, node.sign * a, slack)
+    return down(const - slack)
+
+
+def _relu_step(node: Relu, k: int, a: np.ndarray, bnd: Bounds, batch: Batch | None):
+    """The ReLU step of the module docstring: the coefficients ``q`` on the ReLU's input, the float
+    value of ``a⁻·t`` (to add to ``const``) and the rounding to add to ``slack``: of ``a⁻·t``, of the
+    products ``a_j s_j`` and of adding ``∓β_j`` (``u`` per unit of ``|p| + |q|``, ``err`` with room)."""
+    al, s, t = bnd.relax[k]
+    z = node.src
+    if batch is not None and k in batch.alpha:
+        unstable = (bnd.lower[z] < 0) & (bnd.upper[z] > 0)
+        al = np.where(unstable & ~np.isnan(batch.alpha[k]), np.clip(batch.alpha[k], 0.0, 1.0), al)
+    neg = np.minimum(a, 0.0)
+    p = np.where(a >= 0, a * al[:, None, :], a * s[:, None, :])
+    q = p  # then β z_j where z_j <= 0, -β z_j where z_j >= 0
+    if batch is not None and k in batch.beta and k in batch.phase:
+        q = p - (batch.beta[k] * batch.phase[k])[:, None, :]
+    n = a.shape[2]
+    step = up(err(_mv(-neg, t), n) + err(_mv(np.abs(p) + np.abs(q), bnd.mag(z)), n))
+    return q, _mv(neg, t), step
+
+
+def objective(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
+    """Step 2 of the module docstring: the best lower bound ``(B,)`` over the batch's weightings of
+    the rows (the clause ``λ·(C y - d)`` as one more affine node after the output); ``+inf`` for a leaf
+    whose region is empty."""
+    clause = affine(net.output, rows.C, -rows.d, rows.C_rad, rows.d_rad)
+    top = len(net.nodes)
+    bnd.em[top] = up(sum_up(bnd.mag(net.output) @ clause.E.T, rows.C.shape[1]) + clause.eb)
+    res = backward((*net.nodes, clause), bnd, top, batch.lam, batch)
+    best = np.where(np.isnan(res), -np.inf, res).max(axis=1, initial=-np.inf)
+    return np.where(bnd.empty, np.inf, best)
+
+
+def _give(pending: dict, bnd: Bounds, k: int, a: np.ndarray, slack: np.ndarray) -> np.ndarray:
+    """Coefficients ``a`` to node ``k``: added to what is already there, that addition's rounding
+    (``u`` per unit, ``err`` with room) charged."""
+    if k in pending:
+        a = pending[k] + a
+        slack = up(slack + err(_mv(np.abs(a), bnd.mag(k)), a.shape[2]))
+    pending[k] = a
+    return slack

@@ -1,0 +1,42 @@
+"""``complete-verifier-ext check QUERY --network NAME=FILE --proof PATH [--workers P]``: one line on
+stdout (``valid``, ``invalid: …``, ``unsupported: …``), the counts on stderr; exit 0 (valid), 1
+(invalid), 2 (unsupported, a bad command line, a file that cannot be read: one line on stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import UsageError, check_proof
+
+EXIT = {"valid": 0, "invalid": 1, "unsupported": 2}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+def main(argv: list[str]) -> int:
+    p = _Parser(prog="complete-verifier-ext check", add_help=False)
+    p.add_argument("query")
+    p.add_argument("--network", action="append", default=[], metavar="NAME=FILE")
+    p.add_argument("--proof", required=True)
+    p.add_argument("--workers", type=int, default=1)
+    try:
+        a = p.parse_args(argv)
+        networks = dict(pair.split("=", 1) for pair in a.network if "=" in pair)
+        if len(networks) != len(a.network) or a.workers < 1:
+            raise UsageError("expected --network NAME=FILE and --workers P >= 1")
+        result = check_proof(a.query, networks, a.proof, a.workers)
+    except (UsageError, OSError) as e:
+        print(f"complete-verifier-ext check: {e}", file=sys.stderr)
+        return 2
+    print(result.line())
+    sys.stdout.flush()
+    print(
+        f"complete-verifier-ext check: {result.leaves} leaves, {result.by_bounds} closed by their bounds, "
+        f"{result.by_lp} by the LP fallback, {result.seconds:.2f} s",
+        file=sys.stderr,
+    )
+    return EXIT[result.status]

@@ -1,0 +1,170 @@
+"""The LP fallback: a leaf's triangle relaxation solved by HiGHS, and a rigorous lower bound from the
+dual solution (the LP's own objective value is never used).
+
+Variables ``v``: every node's value, in the leaf's bounds (its phases clamped in), and ``τ`` in
+``[0, T]``. Rows ``lo <= A v <= hi``: per affine node ``z - W x = b`` (within ``b ± b_rad``); per ReLU
+neuron, stable active ``h - z = 0`` (a dead one is fixed at 0 by its box), unstable ``h - z >= 0`` and
+``h - s z <= t`` (the bound pass's upper line); per sum ``z - x_a ∓ x_b = 0``; per clause row
+``C_i y - τ <= d_i``. ``T = max_i (Σ_j |C_ij| m_y_j + |d_i|) + 1`` exceeds every row's value. Minimise
+``τ``: a point of the relaxation meeting every row has ``τ = 0`` feasible, so a lower bound ``> 0`` on
+``τ`` (or an infeasible LP) leaves no point of the leaf meeting the clause.
+
+The bound (Neumaier and Shcherbina, "Safe bounds in linear and mixed-integer linear programming",
+2004): for any row multipliers ``y`` and feasible ``v``, ``c·v = (c - Aᵀy)·v + y·(Av) >= min over the
+box of (c - Aᵀy)·v + Σ_i min(y_i lo_i, y_i hi_i)`` (``y_i`` kept only where that side is finite). It is
+evaluated in float64 with the rounding of ``c - Aᵀy`` and of each dot product, and the coefficient
+radii, charged outward. With HiGHS's optimal duals it is the LP's optimum up to rounding; for an
+infeasible LP, HiGHS's dual ray in the same formula with ``c = 0`` gives a bound ``> 0`` on ``0``: no
+feasible point at all.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from .bounds import Bounds
+from .onnx_net import Affine, Input, Net, Relu
+from .query import Rows
+from .rounding import down, err, sum_up, up
+
+
+@dataclass
+class Lp:
+    A: sp.csr_matrix
+    A_rad: sp.csr_matrix | None
+    row_lo: np.ndarray
+    row_hi: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    c: np.ndarray
+
+
+@dataclass
+class _Rows:
+    """Rows collected as triplets (row, column, value, radius) with their two sides."""
+
+    r: list
+    c: list
+    v: list
+    rad: list
+    lo: list
+    hi: list
+    n: int = 0
+
+    def add(self, cols: list, vals: list, rads: list, lo, hi) -> None:
+        """Rows ``lo <= Σ_t vals[t][i] v[cols[t][i]] <= hi``, one per ``i``."""
+        m = np.broadcast_shapes(np.shape(cols[0]), np.shape(vals[0]))[0]
+        for col, val, rad in zip(cols, vals, rads, strict=True):
+            col, val = np.broadcast_arrays(np.asarray(col), np.asarray(val, dtype=np.float64))
+            rows = np.broadcast_to(self.n + np.arange(m).reshape((m,) + (1,) * (col.ndim - 1)), col.shape)
+            self.r.append(rows.ravel())
+            self.c.append(col.ravel())
+            self.v.append(val.ravel())
+            self.rad.append(np.broadcast_to(np.asarray(rad, dtype=np.float64), col.shape).ravel())
+        self.lo.append(np.broadcast_to(np.asarray(lo, dtype=np.float64), m))
+        self.hi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), m))
+        self.n += m
+
+
+def build(net: Net, rows: Rows, bnd: Bounds, b: int) -> Lp:
+    """The LP of leaf ``b`` of a batch whose bounds are ``bnd``."""
+    off = np.concatenate([[0], np.cumsum(net.sizes)])
+    tau = int(off[-1])
+    R = _Rows([], [], [], [], [], [])
+    for k, node in enumerate(net.nodes):
+        me = off[k] + np.arange(net.sizes[k])
+        if isinstance(node, Affine):
+            W_rad = 0.0 if node.W_rad is None else node.W_rad
+            b_rad = 0.0 if node.b_rad is None else node.b_rad
+            cols = off[node.src] + np.arange(node.W.shape[1])[None, :]
+            R.add([me, cols], [1.0, -node.W], [0.0, W_rad], down(node.b - b_rad), up(node.b + b_rad))
+        elif isinstance(node, Relu):
+            z, (_, s, t) = off[node.src] + np.arange(net.sizes[k]), (x[b] for x in bnd.relax[k])
+            l, u = bnd.lower[node.src][b], bnd.upper[node.src][b]
+            act, uns = l >= 0, (l < 0) & (u > 0)
+            R.add([me[act], z[act]], [1.0, -1.0], [0.0, 0.0], 0.0, 0.0)
+            R.add([me[uns], z[uns]], [1.0, -1.0], [0.0, 0.0], 0.0, np.inf)
+            R.add([me[uns], z[uns]], [1.0, -s[uns]], [0.0, 0.0], -np.inf, t[uns])
+        elif not isinstance(node, Input):
+            a, c = off[node.a] + np.arange(net.sizes[k]), off[node.b] + np.arange(net.sizes[k])
+            R.add([me, a, c], [1.0, -1.0, -node.sign], [0.0, 0.0, 0.0], 0.0, 0.0)
+    y = off[net.output] + np.arange(net.sizes[net.output])[None, :]
+    R.add([y, np.full(len(rows.d), tau)], [rows.C, -1.0], [rows.C_rad, 0.0], -np.inf, up(rows.d + rows.d_rad))
+    m_y = bnd.mag(net.output)[b]
+    T = up(up(np.max(np.abs(rows.C) @ m_y + np.abs(rows.d), initial=0.0) * (1 + 2**-40)) + 1.0)
+    lo = np.concatenate([bnd.lower[k][b] for k in range(len(net.nodes))] + [[0.0]])
+    hi = np.concatenate([bnd.upper[k][b] for k in range(len(net.nodes))] + [[T]])
+    shape = (R.n, tau + 1)
+    ijv = [np.concatenate(x) for x in (R.r, R.c, R.v, R.rad)]
+    A = sp.csr_matrix((ijv[2], (ijv[0], ijv[1])), shape=shape)
+    A.eliminate_zeros()
+    A_rad = sp.csr_matrix((ijv[3], (ijv[0], ijv[1])), shape=shape) if ijv[3].any() else None
+    c = np.zeros(tau + 1)
+    c[tau] = 1.0
+    return Lp(A, A_rad, np.concatenate(R.lo), np.concatenate(R.hi), lo, hi, c)
+
+
+def lagrangian(lp: Lp, y: np.ndarray, c: np.ndarray) -> float:
+    """The rigorous lower bound of ``c·v`` over the LP's feasible set from multipliers ``y`` (module
+    docstring), rounded down."""
+    y = np.where(np.isfinite(y), y, 0.0)
+    y = np.where(((y > 0) & np.isfinite(lp.row_lo)) | ((y < 0) & np.isfinite(lp.row_hi)), y, 0.0)
+    n_rows, n = len(y), len(c)
+    ay = np.abs(y)
+    r = c - lp.A.T @ y
+    e = err(np.abs(c) + abs(lp.A).T @ ay, n_rows + 2)
+    if lp.A_rad is not None:
+        e = up(e + sum_up(lp.A_rad.T @ ay, n_rows))
+    m = np.maximum(np.abs(lp.lo), np.abs(lp.hi))
+    side = np.where(y > 0, lp.row_lo, np.where(y < 0, lp.row_hi, 0.0))
+    value = (np.maximum(r, 0.0) @ lp.lo + np.minimum(r, 0.0) @ lp.hi) + y @ side
+    charge = up(sum_up(e @ m, n) + up(err(np.abs(r) @ m, 2 * n + 2) + err(ay @ np.abs(side), n_rows + 2)))
+    return float(down(down(value) - charge)) if np.isfinite(value) else -np.inf
+
+
+def solve(lp: Lp, time_limit: float = 60.0) -> tuple[float, str]:
+    """A rigorous lower bound of the LP's minimum (``inf``: proven infeasible) and HiGHS's status."""
+    import highspy
+
+    h = _highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("presolve", "off")  # a dual ray when infeasible
+    h.setOptionValue("time_limit", float(time_limit))
+    A = lp.A.tocsc()
+    model = highspy.HighsLp()
+    model.num_col_, model.num_row_ = A.shape[1], A.shape[0]
+    model.col_cost_, model.col_lower_, model.col_upper_ = lp.c, lp.lo, lp.hi
+    model.row_lower_, model.row_upper_ = lp.row_lo, lp.row_hi
+    model.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    model.a_matrix_.start_, model.a_matrix_.index_, model.a_matrix_.value_ = A.indptr, A.indices, A.data
+    h.passModel(model)
+    h.run()
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kOptimal:
+        return lagrangian(lp, np.asarray(h.getSolution().row_dual), lp.c), "optimal"
+    if status == highspy.HighsModelStatus.kInfeasible:
+        _, has_ray, ray = h.getDualRay()
+        if has_ray:
+            zero = np.zeros_like(lp.c)
+            bound = max(lagrangian(lp, np.asarray(ray), zero), lagrangian(lp, -np.asarray(ray), zero))
+            return (np.inf if bound > 0 else -np.inf), "infeasible"
+    return -np.inf, h.modelStatusToString(status)
+
+
+def _highs():
+    """A HiGHS instance; the banner its constructor prints from C goes to stderr, not our stdout."""
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -1,0 +1,241 @@
+"""The proof file (docs/proofs.md): read as strict JSON, its obligations parsed, their trees walked into
+leaves, every node validated on the way.
+
+The walk is the coverage argument: an input split cuts its box at points strictly inside it and in
+increasing order (its children tile the box), a clip's child takes the clip box (intersected with the
+current one) and the slabs of the current box around it become leaves of their own, a phase split's
+two children add ``z_j <= 0`` and ``z_j >= 0`` for a neuron of a ReLU layer of the network, split at
+most once on a path. The leaves, in depth-first order, cover the obligation's box; their regions are
+their boxes and the phases on their paths. A failure names the obligation, the number of leaves
+before it, and the path of child positions from the root.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .files import read_bytes
+
+
+class Invalid(Exception):
+    """The proof does not prove the query; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a leaf offers: row weights ``lam`` (``None``: the checker's choice), lower slopes ``alpha``
+    (layer id -> one per neuron, clipped into [0, 1]), multipliers ``beta`` (layer id -> neuron -> β,
+    negative ones read as 0)."""
+
+    lam: np.ndarray | None = None
+    alpha: dict[int, np.ndarray] = field(default_factory=dict)
+    beta: dict[int, dict[int, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    obligation: int
+    index: int  # among the obligation's leaves, depth first
+    path: str
+    lower: np.ndarray
+    upper: np.ndarray
+    phases: tuple[tuple[int, int, int], ...]  # (layer id, neuron, -1: z <= 0 | +1: z >= 0)
+    evidence: Evidence
+
+
+@dataclass(frozen=True)
+class ProofObligation:
+    lower: np.ndarray
+    upper: np.ndarray
+    C: np.ndarray
+    d: np.ndarray
+    tree: dict
+
+
+def read(path: str) -> dict:
+    """The proof document; :class:`Invalid` when it is not one JSON object of finite numbers."""
+    data = read_bytes(path)
+    try:
+        if data[:2] == b"\x1f\x8b" and not str(path).endswith(".gz"):
+            data = gzip.decompress(data)
+        doc = json.loads(data, parse_constant=_not_finite)
+    except (ValueError, RecursionError, OSError, EOFError) as e:
+        raise Invalid(f"the proof is not a JSON document: {str(e)[:200]}") from None
+    if not isinstance(doc, dict):
+        raise Invalid("the proof is not a JSON object")
+    return doc
+
+
+def _not_finite(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def number(x, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise Invalid(f"{what}: expected a number, got {json.dumps(x)[:60]}")
+    return float(x)
+
+
+def numbers(x, n: int, what: str) -> np.ndarray:
+    if not isinstance(x, list) or len(x) != n:
+        raise Invalid(f"{what}: expected a list of {n} numbers")
+    return np.array([number(v, what) for v in x], dtype=np.float64)
+
+
+def integer(x, lo: int, hi: int, what: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or not lo <= x < hi:
+        raise Invalid(f"{what}: expected an integer in [{lo}, {hi}), got {json.dumps(x)[:60]}")
+    return x
+
+
+def obligation(obj, k: int, n_in: int, n_out: int) -> ProofObligation:
+    where = f"obligation {k}"
+    if not isinstance(obj, dict) or not all(
+        isinstance(obj.get(key), dict) for key in ("box", "rows", "tree")
+    ):
+        raise Invalid(f"{where}: expected an object with box, rows and tree")
+    box, rows = obj["box"], obj["rows"]
+    lower, upper = (
+        numbers(box.get("lower"), n_in, f"{where} box"),
+        numbers(box.get("upper"), n_in, f"{where} box"),
+    )
+    C = rows.get("C")
+    if not isinstance(C, list):
+        raise Invalid(f"{where} rows: C is not a list")
+    C = np.array([numbers(r, n_out, f"{where} rows C") for r in C]).reshape(len(C), n_out)
+    d = numbers(rows.get("d"), len(C), f"{where} rows d")
+    if (lower > upper).any():
+        raise Invalid(f"{where}: box lower > upper")
+    return ProofObligation(lower, upper, C, d, obj["tree"])
+
+
+def leaves(ob: ProofObligation, k: int, layers: dict[int, int]) -> Iterator[Leaf]:
+    """The leaves of obligation ``k``'s tree, depth first; ``layers``: ReLU layer id -> size."""
+    stack = [(ob.tree, ob.lower, ob.upper, (), "root")]
+    count = 0
+    while stack:
+        node, lo, hi, phases, path = stack.pop()
+        try:
+            if isinstance(node, dict) and "leaf" in node:
+                yield Leaf(k, count, path, lo, hi, phases, _evidence(node["leaf"], len(ob.d), layers))
+                count += 1
+                continue
+            kids = _children(node)
+            if "input" in node:
+                stack += reversed(
+                    [(c, *box, phases, f"{path}/{i}") for i, (c, box) in enumerate(_cut(node, kids, lo, hi))]
+                )
+            elif "clip" in node:
+                new_lo, new_hi, slabs = _clip(node["clip"], kids, lo, hi)
+                for s_lo, s_hi in slabs:
+                    yield Leaf(k, count, f"{path}/slab{count}", s_lo, s_hi, phases, Evidence())
+                    count += 1
+                stack.append((kids[0], new_lo, new_hi, phases, f"{path}/0"))
+            elif "relu" in node:
+                split = _phase(node["relu"], kids, phases, layers)
+                stack += [(kids[1], lo, hi, (*phases, (*split, 1)), f"{path}/1")]
+                stack += [(kids[0], lo, hi, (*phases, (*split, -1)), f"{path}/0")]
+            else:
+                raise Invalid("a node that is none of leaf, input, clip, relu")
+        except Invalid as e:
+            raise Invalid(f"obligation {k} leaf {count}: at {path}: {e}") from None
+
+
+def _children(node) -> list:
+    kids = node.get("children") if isinstance(node, dict) else None
+    if not isinstance(kids, list):
+        raise Invalid("a split without a list of children")
+    return kids
+
+
+def _cut(node: dict, kids: list, lo: np.ndarray, hi: np.ndarray) -> list:
+    spec = node["input"] if isinstance(node["input"], dict) else {}
+    dim = integer(spec.get("dim"), 0, len(lo), "input split dim")
+    at = spec.get("at")
+    if not isinstance(at, list) or not at:
+        raise Invalid("input split: at is not a non-empty list of cut points")
+    at = numbers(at, len(at), "input split at")
+    cuts = np.concatenate([[lo[dim]], at, [hi[dim]]])
+    if not (np.diff(cuts) > 0).all():
+        raise Invalid(
+            f"input split of dim {dim} at {at.tolist()}: not strictly inside "
+            f"{[float(lo[dim]), float(hi[dim])]} and increasing"
+        )
+    if len(kids) != len(at) + 1:
+        raise Invalid(f"input split at {len(at)} points has {len(kids)} children, not {len(at) + 1}")
+    out = []
+    for i, kid in enumerate(kids):
+        k_lo, k_hi = lo.copy(), hi.copy()
+        k_lo[dim], k_hi[dim] = cuts[i], cuts[i + 1]
+        out.append((kid, (k_lo, k_hi)))
+    return out
+
+
+def _clip(spec, kids: list, lo: np.ndarray, hi: np.ndarray):
+    """The clipped box (the clip box intersected with the current one) and the slabs of the current box
+    outside it: along each dimension in turn, below and above the new range, the dimensions before it
+    already clipped."""
+    if not isinstance(spec, dict) or len(kids) != 1:
+        raise Invalid("a clip needs a box and one child")
+    new_lo = np.maximum(lo, numbers(spec.get("lower"), len(lo), "clip lower"))
+    new_hi = np.minimum(hi, numbers(spec.get("upper"), len(lo), "clip upper"))
+    if (new_lo > new_hi).any():
+        raise Invalid("the clip box does not meet the current box")
+    slabs, cur_lo, cur_hi = [], lo.copy(), hi.copy()
+    for i in range(len(lo)):
+        for a, b in ((cur_lo[i], new_lo[i]), (new_hi[i], cur_hi[i])):
+            if a < b:
+                s_lo, s_hi = cur_lo.copy(), cur_hi.copy()
+                s_lo[i], s_hi[i] = a, b
+                slabs.append((s_lo, s_hi))
+        cur_lo[i], cur_hi[i] = new_lo[i], new_hi[i]
+    return new_lo, new_hi, slabs
+
+
+def _phase(spec, kids: list, phases: tuple, layers: dict[int, int]) -> tuple[int, int]:
+    if not isinstance(spec, dict) or len(kids) != 2:
+        raise Invalid("a phase split needs a neuron and two children (z <= 0, z >= 0)")
+    layer = spec.get("layer")
+    if layer not in layers or isinstance(layer, bool):
+        raise Invalid(f"phase split of layer {json.dumps(layer)[:40]}: no such ReLU layer")
+    neuron = integer(spec.get("neuron"), 0, layers[layer], f"phase split of layer {layer}: neuron")
+    if any(p[:2] == (layer, neuron) for p in phases):
+        raise Invalid(f"layer {layer} neuron {neuron} is split twice on one path")
+    return layer, neuron
+
+
+def _evidence(obj, n_rows: int, layers: dict[int, int]) -> Evidence:
+    if not isinstance(obj, dict):
+        raise Invalid("a leaf is not an object")
+    lam = None if obj.get("lambda") is None else np.maximum(numbers(obj["lambda"], n_rows, "lambda"), 0.0)
+    alpha, beta = {}, {}
+    for key, value in _layer_map(obj.get("alpha"), layers, "alpha"):
+        alpha[key] = np.clip(numbers(value, layers[key], f"alpha of layer {key}"), 0.0, 1.0)
+    for key, value in _layer_map(obj.get("beta"), layers, "beta"):
+        if not isinstance(value, dict):
+            raise Invalid(f"beta of layer {key}: expected an object neuron -> multiplier")
+        neurons = {
+            _key(j, layers[key], f"beta of layer {key}: neuron"): number(b, "beta") for j, b in value.items()
+        }
+        beta[key] = {j: max(b, 0.0) for j, b in neurons.items()}
+    return Evidence(lam, alpha, beta)
+
+
+def _layer_map(obj, layers: dict[int, int], what: str) -> list:
+    if obj is None:
+        return []
+    if not isinstance(obj, dict):
+        raise Invalid(f"{what}: expected an object layer id -> values")
+    return [(_key(key, max(layers, default=-1) + 1, f"{what}: layer"), v) for key, v in obj.items()]
+
+
+def _key(text: str, n: int, what: str) -> int:
+    """A JSON object key naming an integer in [0, n)."""
+    if not (text.isdigit() and int(text) < n):
+        raise Invalid(f"{what} {text!r}: not an integer in [0, {n})")
+    return int(text)

@@ -1,0 +1,611 @@
+"""The independent proof checker (``complete_verifier_ext/check``, docs/proofs.md) on tiny generated nets:
+hand-computed bounds, proofs built here by bisection with this file's own interval arithmetic, phase
+splits closed by multipliers or the LP fallback, and proofs that must be refused (a leaf removed, a
+phase child missing, a cut point outside its box, a shrunk box, another property, another network, a
+sat instance, a margin only a naive float64 evaluation finds positive); the command line; the real
+ACAS Xu network on a part of property 1 (the whole property: ``CVE_CHECK_ACASXU=1``, a benchmark)."""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import json
+import os
+import re
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from complete_verifier_ext import solver_cli
+from complete_verifier_ext.check import bounds, check_proof, discharge, onnx_net, query, tree
+from complete_verifier_ext.check.files import read_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "benchmarks"
+ABS = [(np.array([[1.0], [-1.0]]), np.zeros(2)), (np.array([[1.0, 1.0]]), np.zeros(1))]  # y = |x|
+
+
+# ------------------------------------------------------------------------------------------------------
+# instances
+# ------------------------------------------------------------------------------------------------------
+
+
+def save_net(path: Path, layers, dtype=TensorProto.DOUBLE) -> Path:
+    """Gemm layers ``(W (out, in), b)`` with a Relu (output ``h{i}``) between consecutive ones."""
+    nodes, inits, prev = [], [], "x"
+    np_type = np.float64 if dtype == TensorProto.DOUBLE else np.float32
+    for i, (W, b) in enumerate(layers):
+        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"b{i}"], [f"z{i}"], transB=1))
+        inits += [numpy_helper.from_array(np.asarray(W, np_type), f"W{i}")]
+        inits += [numpy_helper.from_array(np.asarray(b, np_type), f"b{i}")]
+        prev = f"z{i}"
+        if i < len(layers) - 1:
+            nodes.append(helper.make_node("Relu", [prev], [f"h{i}"]))
+            prev = f"h{i}"
+    x = helper.make_tensor_value_info("x", dtype, [1, layers[0][0].shape[1]])
+    y = helper.make_tensor_value_info(prev, dtype, [1, layers[-1][0].shape[0]])
+    model = helper.make_model(helper.make_graph(nodes, "net", [x], [y], inits))
+    data = model.SerializeToString()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+def save_query(path: Path, lower, upper, rows) -> Path:
+    """Inputs in ``[lower, upper]``; rows ``(c, d)``: the counterexamples meet every ``c · Y <= d``."""
+    n_out = len(rows[0][0])
+    text = "".join(f"(declare-const X_{i} Real)\n" for i in range(len(lower)))
+    text += "".join(f"(declare-const Y_{j} Real)\n" for j in range(n_out))
+    for i, (lo, hi) in enumerate(zip(lower, upper, strict=True)):
+        text += f"(assert (>= X_{i} {exact(lo)}))\n(assert (<= X_{i} {exact(hi)}))\n"
+    for c, d in rows:
+        terms = " ".join(f"(* {float(v)!r} Y_{j})" for j, v in enumerate(c) if v)
+        text += f"(assert (<= (+ {terms}) {float(d)!r}))\n"
+    path.write_bytes(gzip.compress(text.encode()) if path.suffix == ".gz" else text.encode())
+    return path
+
+
+def exact(v: float) -> str:
+    """The decimal that is exactly the float ``v`` (the query's box is then the box of the proof)."""
+    return str(Decimal(float(v)))
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(read_bytes(str(path))).hexdigest()
+
+
+def proof(q: Path, n: Path, layers, obligations: list[dict]) -> dict:
+    relus = [{"id": i, "output": f"h{i}", "size": len(W)} for i, (W, _) in enumerate(layers[:-1])]
+    about = {
+        "vnnlib": {"path": q.name, "sha256": sha(q)},
+        "networks": [{"name": "N", "path": n.name, "sha256": sha(n)}],
+    }
+    return {"format": "cve-proof-1", "query": about, "producer": {"engine": "test"}, "relu_layers": relus,
+            "obligations": obligations}  # fmt: skip
+
+
+def obligation(lower, upper, rows, node: dict) -> dict:
+    box = {"lower": [float(v) for v in lower], "upper": [float(v) for v in upper]}
+    C, d = [list(map(float, c)) for c, _ in rows], [float(d) for _, d in rows]
+    return {"box": box, "rows": {"C": C, "d": d}, "tree": node}
+
+
+def check(tmp_path: Path, doc: dict, q: Path, n: Path, workers: int = 1):
+    p = tmp_path / "proof.json"
+    p.write_text(json.dumps(doc))
+    return check_proof(str(q), {"N": str(n)}, str(p), workers)
+
+
+def abs_instance(tmp_path: Path, d: float = -0.25, node: dict | None = None):
+    """``y = |x|`` on ``[-1, 2]``, counterexamples ``y <= d``; the proof: one obligation, tree ``node``."""
+    rows = [([1.0], d)]
+    q, n = save_query(tmp_path / "abs.vnnlib", [-1.0], [2.0], rows), save_net(tmp_path / "abs.onnx", ABS)
+    return proof(q, n, ABS, [obligation([-1.0], [2.0], rows, node or {"leaf": {}})]), q, n
+
+
+def random_layers(seed: int, sizes=(3, 8, 8, 2)):
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.normal(size=(o, i)) / np.sqrt(i), rng.normal(size=o) * 0.1)
+        for i, o in zip(sizes, sizes[1:], strict=False)
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------
+# this file's own reference: plain float64 interval arithmetic and bisection (a margin of 1e-6 covers its
+# rounding; the checker decides)
+# ------------------------------------------------------------------------------------------------------
+
+
+def forward(layers, x: np.ndarray) -> np.ndarray:
+    for i, (W, b) in enumerate(layers):
+        x = x @ W.T + b
+        x = np.maximum(x, 0) if i < len(layers) - 1 else x
+    return x
+
+
+def interval(layers, lo: np.ndarray, hi: np.ndarray):
+    for i, (W, b) in enumerate(layers):
+        c, r = (lo + hi) / 2 @ W.T + b, (hi - lo) / 2 @ np.abs(W).T
+        lo, hi = c - r, c + r
+        if i < len(layers) - 1:
+            lo, hi = np.maximum(lo, 0), np.maximum(hi, 0)
+    return lo, hi
+
+
+def bisect(layers, c: np.ndarray, d: float, lo: np.ndarray, hi: np.ndarray, depth: int = 0) -> dict:
+    """A tree of input splits whose leaves have ``c · y - d > 0`` by interval arithmetic; every other
+    split cuts the widest dimension at two points, the rest at one."""
+    ylo, yhi = interval(layers, lo, hi)
+    if np.maximum(c, 0) @ ylo + np.minimum(c, 0) @ yhi - d > 1e-6:
+        return {"leaf": {}}
+    assert depth < 40, "the bisection does not end"
+    dim = int(np.argmax(hi - lo))
+    at = [lo[dim] + (hi[dim] - lo[dim]) * f for f in ((0.5,) if depth % 2 else (1 / 3, 2 / 3))]
+    cuts, kids = [lo[dim], *at, hi[dim]], []
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        k_lo, k_hi = lo.copy(), hi.copy()
+        k_lo[dim], k_hi[dim] = a, b
+        kids.append(bisect(layers, c, d, k_lo, k_hi, depth + 1))
+    return {"input": {"dim": dim, "at": [float(v) for v in at]}, "children": kids}
+
+
+def bisection_instance(tmp_path: Path, seed: int = 0, suffix: str = ""):
+    """A random 3-8-8-2 net on ``[-1, 1]^3``, counterexamples ``y_0 - y_1 <= d`` with ``d`` below the
+    sampled minimum by a third of the range; the proof by :func:`bisect`."""
+    layers = random_layers(seed)
+    lo, hi = -np.ones(3), np.ones(3)
+    margins = forward(layers, np.random.default_rng(1).uniform(lo, hi, (4000, 3))) @ np.array([1.0, -1.0])
+    d = float(np.round(margins.min() - (margins.max() - margins.min()) / 3, 3))
+    rows = [([1.0, -1.0], d)]
+    q = save_query(tmp_path / f"q.vnnlib{suffix}", lo, hi, rows)
+    n = save_net(tmp_path / f"net.onnx{suffix}", layers)
+    node = bisect(layers, np.array([1.0, -1.0]), d, lo, hi)
+    return proof(q, n, layers, [obligation(lo, hi, rows, node)]), q, n, layers
+
+
+def count_leaves(node: dict) -> int:
+    return 1 if "leaf" in node else sum(count_leaves(k) for k in node["children"])
+
+
+# ------------------------------------------------------------------------------------------------------
+# proofs that hold
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_abs_by_hand(tmp_path):
+    """``|x| = relu(x) + relu(-x)`` on ``[-1, 2]``, ``|x| <= -1/4`` unsat: the exact bound is 1/4 (at x = 0).
+    CROWN's adaptive slopes (1 and 0) give ``y >= x``, ``-3/4``; the LP fallback closes the leaf; slopes
+    1/2 and 1/2 as evidence give ``y >= 0`` and close it with the bound pass, at 1/4 from below."""
+    doc, q, n = abs_instance(tmp_path)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 1, 0, 1), r
+    doc["obligations"][0]["tree"] = {"leaf": {"alpha": {"0": [0.5, 0.5]}, "lambda": [1.0]}}
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.by_bounds, r.by_lp) == ("valid", 1, 0), r
+
+    net = onnx_net.parse(read_bytes(str(tmp_path / "abs.onnx")), "abs")
+    rows = query.parse(read_bytes(str(q))).obligations[0].rows
+    for alpha, expected in ((np.nan, -0.75), (0.5, 0.25)):
+        batch = bounds.Batch(np.array([[-1.0]]), np.array([[2.0]]), {}, {2: np.full((1, 2), alpha)}, {},
+                             np.ones((1, 1, 1)))  # fmt: skip
+        got = bounds.objective(net, rows, bounds.node_bounds(net, batch), batch)[0]
+        assert expected - 1e-12 < got <= expected
+
+
+def test_abs_with_a_zero_margin_is_invalid(tmp_path):
+    """``|x| <= 0`` holds at ``x = 0``: the margin's minimum is exactly 0, never ``> 0``."""
+    doc, q, n = abs_instance(tmp_path, d=0.0, node={"leaf": {"alpha": {"0": [0.5, 0.5]}}})
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and r.message.startswith("obligation 0 leaf 0: at root: not discharged"), r
+
+
+def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
+    """Split ``relu(x)``: where ``x <= 0`` the bound pass proves ``y >= 0``; where ``x >= 0`` it needs the
+    phase: ``β = 1`` adds ``-x`` (``y >= x + 0 - x``), or the LP fallback (which has ``z >= 0``) does it."""
+    split = {"relu": {"layer": 0, "neuron": 0}, "children": [{"leaf": {}}, {"leaf": {}}]}
+    doc, q, n = abs_instance(tmp_path, node=split)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 2, 1, 1), r
+    split["children"][1] = {"leaf": {"beta": {"0": {"0": 1.0}}}}
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 2, 2, 0), r
+
+
+def test_clip_slabs_are_leaves_of_the_checker(tmp_path):
+    """A clip to ``[-0.5, 1]`` inside ``[-1, 2]``: the slabs ``[-1, -0.5]`` and ``[1, 2]`` are checked too."""
+    clip = {"clip": {"lower": [-0.5], "upper": [1.0]}, "children": [{"leaf": {"alpha": {"0": [0.5, 0.5]}}}]}
+    doc, q, n = abs_instance(tmp_path, node=clip)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves) == ("valid", 3), r
+    clip["clip"] = {"lower": [3.0], "upper": [4.0]}
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and "clip box does not meet" in r.message, r
+
+
+def test_a_bisection_proof_is_valid_sharded_or_not(tmp_path):
+    doc, q, n, _ = bisection_instance(tmp_path)
+    leaves = count_leaves(doc["obligations"][0]["tree"])
+    assert leaves > 20
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds) == ("valid", leaves, leaves), r
+    r2 = check(tmp_path, doc, q, n, workers=2)
+    assert (r2.status, r2.leaves, r2.by_bounds) == ("valid", leaves, leaves), r2
+
+
+def test_gzipped_files(tmp_path):
+    doc, q, n, _ = bisection_instance(tmp_path, seed=3, suffix=".gz")
+    p = tmp_path / "proof.json.gz"
+    p.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    assert check_proof(str(q), {"N": str(n)}, str(p)).status == "valid"
+
+
+# ------------------------------------------------------------------------------------------------------
+# proofs that must be refused
+# ------------------------------------------------------------------------------------------------------
+
+
+def first(node: dict, kind: str, cuts: int = 0) -> dict:
+    """The first node of ``kind`` depth first (an input split: with ``cuts`` cut points, if given)."""
+    stack = [node]
+    while stack:
+        n = stack.pop(0)
+        if kind in n and (not cuts or len(n[kind]["at"]) == cuts):
+            return n
+        stack[:0] = n.get("children", [])
+    raise AssertionError(f"no {kind} node")
+
+
+def drop_a_leaf(doc: dict) -> None:
+    first(doc["obligations"][0]["tree"], "input")["children"].pop()
+
+
+def cut_outside(doc: dict) -> None:
+    first(doc["obligations"][0]["tree"], "input", cuts=1)["input"]["at"] = [5.0]
+
+
+def cuts_reversed(doc: dict) -> None:
+    first(doc["obligations"][0]["tree"], "input", cuts=2)["input"]["at"].reverse()
+
+
+def box_shrunk(doc: dict) -> None:
+    doc["obligations"][0]["box"]["upper"][1] -= 1e-3
+
+
+def other_rows(doc: dict) -> None:
+    doc["obligations"][0]["rows"]["d"][0] += 0.5
+
+
+def phase_child_missing(doc: dict) -> None:
+    ob = doc["obligations"][0]
+    ob["tree"] = {"relu": {"layer": 1, "neuron": 3}, "children": [ob["tree"]]}
+
+
+def split_twice(doc: dict) -> None:
+    ob = doc["obligations"][0]
+    inner = {"relu": {"layer": 0, "neuron": 2}, "children": [ob["tree"], ob["tree"]]}
+    ob["tree"] = {"relu": {"layer": 0, "neuron": 2}, "children": [ob["tree"], inner]}
+
+
+def unknown_layer(doc: dict) -> None:
+    ob = doc["obligations"][0]
+    ob["tree"] = {"relu": {"layer": 2, "neuron": 0}, "children": [ob["tree"], ob["tree"]]}
+
+
+def other_format(doc: dict) -> None:
+    doc["format"] = "cve-proof-0"
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (drop_a_leaf, r"obligation 0 leaf \d+: at root[/\d]*: input split at 2 points has 2 children, not 3"),
+        (
+            cut_outside,
+            r"obligation 0 leaf \d+: at root[/\d]*: input split of dim \d at \[5.0\]: not strictly inside",
+        ),
+        (cuts_reversed, r"obligation 0 leaf \d+: at root[/\d]*: input split .*not strictly inside"),
+        (box_shrunk, r"obligation 0: its box does not contain the query's: X_1"),
+        (other_rows, r"obligation 0: its rows are not rows of any term of the query"),
+        (phase_child_missing, r"obligation 0 leaf 0: at root: a phase split needs a neuron and two children"),
+        (split_twice, r"obligation 0 leaf \d+: at root/1: layer 0 neuron 2 is split twice on one path"),
+        (unknown_layer, r"obligation 0 leaf 0: at root: phase split of layer 2: no such ReLU layer"),
+        (other_format, r"format 'cve-proof-0', not cve-proof-1"),
+    ],
+)
+def test_a_broken_proof_is_invalid(tmp_path, mutate, expected):
+    doc, q, n, _ = bisection_instance(tmp_path)
+    assert check(tmp_path, doc, q, n).status == "valid"
+    mutate(doc)
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and re.fullmatch(expected + ".*", r.message), r
+
+
+def test_a_proof_about_other_files_is_invalid(tmp_path):
+    """A weight changed after the proof was written; a query with another threshold."""
+    doc, q, n, layers = bisection_instance(tmp_path)
+    layers[0][0][0, 0] += 1e-3
+    save_net(n, layers)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.message) == ("invalid", "the proof is about another network (its sha256 differs from "
+                                     "the ONNX file's)")  # fmt: skip
+    doc, q, n, layers = bisection_instance(tmp_path)
+    q.write_text(q.read_text().replace("(assert (<= (+", "(assert (<= (+ (* 0.0 Y_0)", 1))
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and r.message.startswith("the proof is about another query"), r
+
+
+def test_a_proof_of_a_sat_instance_is_invalid(tmp_path):
+    """A threshold above the sampled minimum: the leaves around the minimiser ``x*`` never close."""
+    layers = random_layers(5)
+    lo, hi = -np.ones(3), np.ones(3)
+    xs = np.random.default_rng(2).uniform(lo, hi, (4000, 3))
+    margins = forward(layers, xs) @ np.array([1.0, -1.0])
+    x_star, d = xs[np.argmin(margins)], float(margins.min() + 0.05 * (margins.max() - margins.min()))
+    rows = [([1.0, -1.0], d)]
+    q, n = save_query(tmp_path / "q.vnnlib", lo, hi, rows), save_net(tmp_path / "net.onnx", layers)
+
+    def halves(depth: int, lo: np.ndarray, hi: np.ndarray) -> dict:  # cut every dimension at its middle
+        if not depth:
+            return {"leaf": {}}
+        dim, kids = depth % 3, []
+        mid = (lo[dim] + hi[dim]) / 2
+        for a, b in ((lo[dim], mid), (mid, hi[dim])):
+            k_lo, k_hi = lo.copy(), hi.copy()
+            k_lo[dim], k_hi[dim] = a, b
+            kids.append(halves(depth - 1, k_lo, k_hi))
+        return {"input": {"dim": dim, "at": [float(mid)]}, "children": kids}
+
+    doc = proof(q, n, layers, [obligation(lo, hi, rows, halves(6, lo, hi))])
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and "not discharged" in r.message, r
+    ob = tree.obligation(doc["obligations"][0], 0, 3, 2)
+    leaves = list(tree.leaves(ob, 0, {0: 8, 1: 8}))
+    net = onnx_net.parse(read_bytes(str(n)), "net")
+    outcomes = discharge(net, [query.parse(read_bytes(str(q))).obligations[0].rows], leaves)
+    around = [o for leaf, o in zip(leaves, outcomes, strict=True) if (leaf.lower <= x_star).all() and
+              (x_star <= leaf.upper).all()]  # fmt: skip
+    assert around and all(kind == "" for _, _, kind, _ in around)
+
+
+def test_a_margin_only_naive_rounding_finds_positive(tmp_path):
+    """``z = 2^-3 x_0 - 2^-57 x_1 - 2^-57 x_2 - (2^-3 - 2^-56)`` at ``x = (1, 1, 1)`` is exactly 0, so
+    ``relu(z) <= 0`` has a counterexample; float64 from the left rounds ``2^-3 - 2^-57`` (a tie) to ``2^-3``
+    twice and finds ``z = 2^-56 > 0``. The checker must not say valid."""
+    w, b = [2.0**-3, -(2.0**-57), -(2.0**-57)], -(2.0**-3 - 2.0**-56)
+    assert ((w[0] + w[1]) + w[2]) + b == 2.0**-56 > 0
+    assert sum(map(Fraction, w)) + Fraction(b) == 0
+    layers = [(np.array([w]), np.array([b])), (np.array([[1.0]]), np.array([0.0]))]
+    rows = [([1.0], 0.0)]
+    q, n = (
+        save_query(tmp_path / "q.vnnlib", np.ones(3), np.ones(3), rows),
+        save_net(tmp_path / "net.onnx", layers),
+    )
+    for leaf in ({}, {"alpha": {"0": [1.0]}}):
+        doc = proof(q, n, layers, [obligation(np.ones(3), np.ones(3), rows, {"leaf": leaf})])
+        r = check(tmp_path, doc, q, n)
+        assert r.status == "invalid" and "not discharged" in r.message, r
+
+
+# ------------------------------------------------------------------------------------------------------
+# the readers, the command, the separation from the verifier
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_the_onnx_reader_agrees_with_onnx_reference():
+    """Conv (pads, strides), BatchNormalization, Sub of a constant, Relu, Reshape, MatMul, Add, Gemm with
+    alpha and beta, a residual Add: at a point, the bounds of the output bracket onnx.reference's float64
+    evaluation, within rounding."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(1)
+    arrays = {"K": rng.normal(size=(4, 2, 3, 3)), "kb": rng.normal(size=4), "sc": rng.uniform(0.5, 2, 4),
+              "bb": rng.normal(size=4), "mu": rng.normal(size=4), "var": rng.uniform(0.5, 2, 4),
+              "sub": rng.normal(size=(1, 4, 1, 1)), "M": rng.normal(size=(36, 5)), "mb": rng.normal(size=5),
+              "G": rng.normal(size=(5, 5)), "gb": rng.normal(size=5)}  # fmt: skip
+    inits = [numpy_helper.from_array(a, k) for k, a in arrays.items()]
+    inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), "shape"))
+    make = helper.make_node
+    nodes = [make("Conv", ["x", "K", "kb"], ["c"], pads=[1, 0, 1, 1], strides=[2, 1]),
+             make("BatchNormalization", ["c", "sc", "bb", "mu", "var"], ["bn"], epsilon=1e-3),
+             make("Sub", ["bn", "sub"], ["s"]), make("Relu", ["s"], ["r"]),
+             make("Reshape", ["r", "shape"], ["f"]), make("MatMul", ["f", "M"], ["m"]),
+             make("Add", ["m", "mb"], ["a"]), make("Relu", ["a"], ["r2"]),
+             make("Gemm", ["r2", "G", "gb"], ["g"], alpha=0.3, beta=1.7), make("Add", ["g", "r2"], ["res"]),
+             make("Relu", ["res"], ["y"])]  # fmt: skip
+    x_info = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 2, 5, 4])
+    y_info = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [1, 5])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x_info], [y_info], inits),
+                              opset_imports=[helper.make_opsetid("", 15)])  # fmt: skip
+    net = onnx_net.parse(model.SerializeToString(), "conv")
+    assert [r.output for r in net.relu_layers] == ["r", "r2", "y"]
+    x = rng.normal(size=(1, 2, 5, 4))
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0].ravel()
+    flat = x.reshape(1, -1)
+    bnd = bounds.node_bounds(net, bounds.Batch(flat, flat, {}, {}, {}, np.ones((1, 1, 0))))
+    lower, upper = bnd.lower[net.output][0], bnd.upper[net.output][0]
+    tol = 1e-12 * (1 + np.abs(expected))
+    assert (
+        (lower <= expected + tol).all() and (expected - tol <= upper).all() and (upper - lower < 1e-9).all()
+    )
+
+
+def test_an_unsupported_operator_is_named(tmp_path, capsys):
+    doc, q, n = abs_instance(tmp_path)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Sigmoid", ["x"], ["y"], name="squash")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])]))  # fmt: skip
+    n.write_bytes(model.SerializeToString())
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.message) == ("unsupported", "squash Sigmoid")
+    code = solver_cli.main(["check", str(q), "--network", f"N={n}", "--proof", str(tmp_path / "proof.json")])
+    assert (code, capsys.readouterr().out) == (2, "unsupported: squash Sigmoid\n")
+
+
+def test_the_query_reader(tmp_path):
+    """Bounds rounded outward from the decimal text; a disjunction of X and Y constraints expands to one
+    obligation per term (a term with an empty box is dropped); an unbounded input is unsupported."""
+    text = """; a comment
+    (declare-const X_0 Real) (declare-const X_1 Real) (declare-const Y_0 Real) (declare-const Y_1 Real)
+    (assert (>= X_0 0.1)) (assert (<= X_0 0.3))
+    (assert (or (and (<= X_1 0.5) (>= X_1 -0.5) (<= Y_0 Y_1))
+                (and (>= X_1 0.25) (<= X_1 1e-1) (>= Y_0 2))
+                (and (>= X_1 0) (<= X_1 1) (<= (+ Y_0 (* -2 Y_1) (- 3)) 0.1))))"""
+    q = query.parse(text.encode())
+    assert (q.n_inputs, q.n_outputs, len(q.obligations)) == (2, 2, 2)
+    first_term, last_term = q.obligations
+    lo, hi = first_term.lower[0], first_term.upper[0]
+    assert Fraction(lo) <= Fraction("0.1") < Fraction(np.nextafter(lo, 1)) and lo < 0.1
+    assert Fraction(np.nextafter(hi, 0)) < Fraction("0.3") <= Fraction(hi) and hi > 0.3
+    assert first_term.rows.C.tolist() == [[1.0, -1.0]] and first_term.rows.d.tolist() == [0.0]
+    assert last_term.rows.C.tolist() == [[1.0, -2.0]] and last_term.rows.d.tolist() == [3.1]
+    assert last_term.rows.d_rad[0] > 0 == first_term.rows.d_rad[0]  # 3.1 is not a float64, 0 is
+    with pytest.raises(query.Unsupported, match="X_1 is unbounded"):
+        query.parse(text.replace("(<= X_1 0.5)", "").encode())
+
+
+def test_the_command(tmp_path, capsys):
+    doc, q, n = abs_instance(tmp_path)
+    p = tmp_path / "proof.json"
+    p.write_text(json.dumps(doc))
+    argv = ["check", str(q), "--network", f"N={n}", "--proof", str(p)]
+    assert solver_cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out == "valid\n" and "1 leaves, 0 closed by their bounds, 1 by the LP fallback" in err
+    doc["obligations"][0]["box"]["lower"] = [-0.5]
+    p.write_text(json.dumps(doc))
+    assert solver_cli.main([*argv, "--workers", "2"]) == 1
+    out, _ = capsys.readouterr()
+    assert out.startswith("invalid: obligation 0: its box does not contain") and out.count("\n") == 1
+    assert solver_cli.main(argv[:-1] + [str(tmp_path / "missing.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "missing.json" in err and err.count("\n") == 1
+    assert solver_cli.main(argv[:4]) == 2  # no --proof
+    out, err = capsys.readouterr()
+    assert out == "" and "--proof" in err
+
+
+def test_the_checker_imports_nothing_of_the_verifier():
+    """Every import of ``complete_verifier_ext/check/`` stays inside it (or outside the package): none
+    reaches the verifier's bounds, bab, model, spec, plugin, verify or attack."""
+    found = []
+    for f in sorted((REPO / "complete_verifier_ext" / "check").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (
+                node.level > 1 or (node.module or "").startswith("complete")
+            ):
+                found.append(f"{f.name}:{node.lineno}")
+            if isinstance(node, ast.Import) and any(
+                a.name.startswith("complete_verifier_ext") for a in node.names
+            ):
+                found.append(f"{f.name}:{node.lineno}")
+    assert found == []
+
+
+# ------------------------------------------------------------------------------------------------------
+# ACAS Xu: the real network
+# ------------------------------------------------------------------------------------------------------
+
+ACAS_NET = SHARED / "acasxu" / "onnx" / "ACASXU_run2a_1_1_batch_2000.onnx"
+ACAS_PROP = SHARED / "acasxu" / "vnnlib" / "prop_1.vnnlib"
+
+
+def acas_layers():
+    from onnx import load
+
+    weights = {
+        t.name: numpy_helper.to_array(t).astype(np.float64) for t in load(str(ACAS_NET)).graph.initializer
+    }
+    return [(weights[f"W{i}"], weights[f"B{i}"]) for i in range(7)]
+
+
+def acas_instance(tmp_path: Path, part: float):
+    """Property 1 (``Y_0 >= 3.991…`` unsafe) on the corner of its box of relative size ``part`` per input
+    (the upper bounds rewritten); the box as the checker rounds it: the lower ends one float lower."""
+    text = ACAS_PROP.read_text()
+    bounds_of = {(m[1], int(m[2])): float(m[3]) for m in re.finditer(r"\((<=|>=) X_(\d) ([-\d.]+)\)", text)}
+    lo = np.array([np.nextafter(bounds_of[">=", i], -1) for i in range(5)])
+    hi = np.array([bounds_of["<=", i] for i in range(5)])
+    hi = lo + (hi - lo) * part
+    for i in range(5):
+        text = re.sub(rf"\(<= X_{i} [-\d.]+\)", f"(<= X_{i} {exact(hi[i])})", text)
+    q = tmp_path / "prop_1_part.vnnlib"
+    q.write_text(text)
+    d = -float(re.search(r"\(>= Y_0 ([\d.]+)\)", text)[1])
+    return q, lo, hi, [([-1.0, 0.0, 0.0, 0.0, 0.0], d)]
+
+
+@pytest.mark.skipif(not ACAS_NET.is_file(), reason="the ACAS Xu benchmark files are not here")
+def test_acasxu_property_1_on_a_part_of_its_box(tmp_path):
+    q, lo, hi, rows = acas_instance(tmp_path, 0.4)
+    node = bisect(acas_layers(), np.array(rows[0][0]), rows[0][1], lo, hi)
+    leaves = count_leaves(node)
+    assert leaves > 100
+    doc = proof(q, ACAS_NET, acas_layers(), [obligation(lo, hi, rows, node)])
+    doc["relu_layers"] = [{"id": i, "output": f"R{i}", "size": 50} for i in range(6)]
+    r = check(tmp_path, doc, q, ACAS_NET, workers=2)
+    assert (r.status, r.leaves, r.by_bounds) == ("valid", leaves, leaves), r
+
+
+def crown(layers, c: np.ndarray, L: np.ndarray, U: np.ndarray) -> np.ndarray:
+    """This file's CROWN (plain float64, adaptive slopes): lower bounds ``(B,)`` of ``c · y`` on boxes."""
+    pre: list = []
+
+    def back(A: np.ndarray, k: int) -> np.ndarray:  # A: (B, Q, n_k) on the pre-activation of layer k
+        const, A = A @ layers[k][1], A @ layers[k][0]
+        for j in range(k - 1, -1, -1):
+            l, u = pre[j]
+            unstable, active = (l < 0) & (u > 0), l >= 0
+            s = np.where(unstable, u / np.where(unstable, u - l, 1), active * 1.0)[:, None]
+            alpha = np.where(unstable, u > -l, active)[:, None]
+            const += (np.minimum(A, 0) * np.where(unstable, -s[:, 0] * l, 0)[:, None]).sum(-1)
+            A = np.where(A >= 0, A * alpha, A * s)
+            const, A = const + A @ layers[j][1], A @ layers[j][0]
+        return const + (np.maximum(A, 0) * L[:, None]).sum(-1) + (np.minimum(A, 0) * U[:, None]).sum(-1)
+
+    for k in range(len(layers) - 1):
+        n = len(layers[k][1])
+        r = back(np.broadcast_to(np.concatenate([np.eye(n), -np.eye(n)]), (len(L), 2 * n, n)), k)
+        pre.append((r[:, :n], -r[:, n:]))
+    return back(np.broadcast_to(c, (len(L), 1, len(c))), len(layers) - 1)[:, 0]
+
+
+def crown_bisect(layers, c: np.ndarray, d: float, lo: np.ndarray, hi: np.ndarray) -> dict:
+    """Bisection of the widest (relative) dimension until :func:`crown` proves ``c · y - d > 1e-9``."""
+    root: dict = {}
+    frontier = [(root, lo, hi)]
+    while frontier:
+        ok = np.concatenate([crown(layers, c, np.stack([f[1] for f in frontier[i : i + 2048]]),
+                                   np.stack([f[2] for f in frontier[i : i + 2048]])) - d > 1e-9
+                             for i in range(0, len(frontier), 2048)])  # fmt: skip
+        grown = []
+        for (node, l, h), good in zip(frontier, ok, strict=True):
+            if good:
+                node["leaf"] = {}
+                continue
+            dim = int(np.argmax((h - l) / (hi - lo)))
+            mid, kids = (l[dim] + h[dim]) / 2, [{}, {}]
+            node.update({"input": {"dim": dim, "at": [float(mid)]}, "children": kids})
+            h2, l2 = h.copy(), l.copy()
+            h2[dim], l2[dim] = mid, mid
+            grown += [(kids[0], l, h2), (kids[1], l2, h)]
+        frontier = grown
+    return root
+
+
+@pytest.mark.skipif(not os.environ.get("CVE_CHECK_ACASXU"), reason="a benchmark: CVE_CHECK_ACASXU=1 runs it")
+def test_acasxu_property_1_whole(tmp_path):
+    """The whole of property 1 on ACAS Xu 1_1: a proof of tens of thousands of leaves built by this
+    file's CROWN, checked with 2 workers (minutes)."""
+    q, lo, hi, rows = acas_instance(tmp_path, 1.0)
+    node = crown_bisect(acas_layers(), np.array(rows[0][0]), rows[0][1], lo, hi)
+    doc = proof(q, ACAS_NET, acas_layers(), [obligation(lo, hi, rows, node)])
+    doc["relu_layers"] = [{"id": i, "output": f"R{i}", "size": 50} for i in range(6)]
+    r = check(tmp_path, doc, q, ACAS_NET, workers=2)
+    print(r)
+    assert (r.status, r.leaves) == ("valid", count_leaves(node)), r
