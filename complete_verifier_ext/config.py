@@ -145,6 +145,10 @@ class GeneralConfig:
             or an importable ``complete_verifier``; else ``native``; one stderr line says which),
             ``native`` (this package's engine) or ``abcrown`` (the user's alpha-beta-CROWN, sharded at
             runtime; the YAML then goes to alpha-beta-CROWN as it is, see docs/abcrown_plugin.md).
+        proof: where an ``unsat`` writes its proof (``docs/proofs.md``; ``.gz``: gzipped), checked by
+            ``complete-verifier-ext check``; null: none. With a proof the native engine leaves out the
+            steps a checker cannot re-derive (the MILP refinement and the output MILP: ``bab-refine``
+            and ``mip`` run as ``bab``).
     """
 
     device: str = _opt("cpu", check=_is_device, expected="cpu, cuda or cuda:N")
@@ -159,6 +163,7 @@ class GeneralConfig:
     verbose: bool = _opt(False)
     sparse_alpha: bool = _opt(True)
     engine: str = _opt("auto", choices=("auto", "native", "abcrown"))
+    proof: str | None = _opt(None)
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ def bab_options(cfg: Config) -> BabOptions:
         lr_decay=beta.lr_decay,
         input_split=b.input_split.enable,
         store_dtype=torch.float16 if cfg.solver.alpha_crown.alpha_dtype == "float16" else torch.float32,
+        record=cfg.general.proof is not None,
     )
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import witness
+from . import proofs, witness
 from .attack import check_counterexample, format_counterexample, pgd_attack
 from .bab.common import BabResult
 from .bab.relu_split import relu_split_bab
@@ -140,6 +140,7 @@ class RegionRun:
     state: CrownState | None = None  # the last CROWN-type sweep: where BaB and the refinement start
     cb: np.ndarray = field(init=False)  # lower bound of every clause's margin (> 0: proven)
     work: BabResult = field(default_factory=lambda: BabResult("timeout"))  # what the searches did
+    proof: dict[int, dict] = field(default_factory=dict)  # clause -> its proof tree (general.proof)
 
     def __post_init__(self) -> None:
         self.clauses = Clauses.of(self.region.clauses).to(compute_device(self.cfg))
@@ -150,8 +151,13 @@ class RegionRun:
     def proven(self) -> bool:
         return bool((self.cb > 0).all())
 
-    def record(self, method: str) -> None:
+    def record(self, method: str, before: np.ndarray | None = None) -> None:
+        """The clause bounds of ``method`` for the summary; with ``general.proof``, a one-leaf tree for
+        every clause it proved that was open ``before``."""
         self.bounds.setdefault(method, []).extend(self.cb.tolist())
+        if self.cfg.general.proof is not None and before is not None:
+            for i in np.nonzero((self.cb > 0) & (before <= 0))[0]:
+                self.proof[int(i)] = proofs.root_tree(self.graph, self.state)
 
 
 def bound_region(run: RegionRun) -> bool:
@@ -163,16 +169,16 @@ def bound_region(run: RegionRun) -> bool:
     clock.say("IBP")
     with torch.no_grad():
         lb, _ = ibp(run.graph, box, C)
-    run.cb = cl.bound(lb)
-    run.record("ibp")
+    before, run.cb = run.cb, cl.bound(lb)
+    run.record("ibp", before)
     if run.proven or method == "ibp":
         return run.proven
     clock.say(f"CROWN (IBP worst {run.cb.min():+.4g})")
     lb, run.state = crown(
         run.graph, box, C, intersect=cfg.solver.intersect_ibp, chunk=cfg.solver.crown.batch_size
     )
-    run.cb = cl.bound(lb)
-    run.record("crown")
+    before, run.cb = run.cb, cl.bound(lb)
+    run.record("crown", before)
     if run.proven or method == "crown":
         return run.proven
     a = cfg.solver.alpha_crown
@@ -183,8 +189,8 @@ def bound_region(run: RegionRun) -> bool:
 
     opts = alpha_options(cfg)
     lb, run.state = alpha_crown(run.graph, box, C, run.state, opts, should_stop=clock.expired, on_step=step)
-    run.cb = np.maximum(cl.bound(lb), run.cb)
-    run.record("alpha_crown")
+    before, run.cb = run.cb, np.maximum(cl.bound(lb), run.cb)
+    run.record("alpha_crown", before)
     return run.proven
 
 
@@ -339,6 +345,9 @@ def _clause_searches(run: RegionRun, clock: Clock, easiest_first: bool) -> BabRe
         total.add_work(res)
         if res.verdict == "unsat":
             run.cb[i] = max(run.cb[i], res.bound)
+            if res.leaves is not None:
+                lo, hi = (t.reshape(-1).double().cpu().numpy() for t in run.box)
+                run.proof[i] = proofs.search_tree(run.graph, run.state, lo, hi, res.leaves)
             continue
         failed = res
         if res.verdict == "sat" or not easiest_first or clock.expired():
@@ -591,6 +600,33 @@ def verify_region(run: RegionRun, onnx_path: str) -> RegionVerdict:
     return out
 
 
+def _for_proof(cfg: Config) -> Config:
+    """With ``general.proof``: ``bab-refine`` and ``mip`` as ``bab`` (a checker cannot re-derive a MILP's
+    bounds), said in one line."""
+    if cfg.general.proof is None or cfg.general.complete_verifier not in ("bab-refine", "mip"):
+        return cfg
+    if comm.rank() == 0:
+        print(f"note: general.proof: complete_verifier {cfg.general.complete_verifier} runs as bab (no MILP "
+              "refinement: a proof's checker cannot re-derive it)", file=sys.stderr)  # fmt: skip
+    return dataclasses.replace(cfg, general=dataclasses.replace(cfg.general, complete_verifier="bab"))
+
+
+def _write_proof(cfg: Config, graph: Graph, spec: Spec, onnx_path: str, runs: list[RegionRun]) -> None:
+    """The proof of an ``unsat``: an obligation per (region, clause), each with the tree that proved it."""
+    obligations = []
+    for k, run in enumerate(runs):
+        lo, hi = (t.reshape(-1).double().cpu().numpy() for t in run.box)
+        for i, clause in enumerate(run.region.clauses):
+            if i not in run.proof:  # a step that keeps no record proved it: no proof rather than a wrong one
+                print(f"note: no proof written: region {k} clause {i} was proved by a step that records none",
+                      file=sys.stderr)  # fmt: skip
+                return
+            obligations.append(proofs.Obligation(lo, hi, clause.C, clause.d, run.proof[i]))
+    producer = {"engine": "native", "world_size": comm.world_size(), "mode": cfg.parallel.mode}
+    proofs.write(cfg.general.proof, spec.path, {"net": onnx_path}, proofs.relu_layers(graph), obligations,
+                 producer)  # fmt: skip
+
+
 def _verify_instance(
     cfg: Config,
     graph: Graph,
@@ -614,8 +650,10 @@ def _verify_instance(
     bounds: dict[str, list[float]] = {}
     verdict, cex, message, out_of_time = "unsat", None, "", False
     work: BabResult | None = None  # what the searches did, all regions together
+    cfg, runs = _for_proof(cfg), []
     for region in spec.regions:
-        r = verify_region(RegionRun(graph, region, cfg, clock, bounds), onnx_path)
+        runs.append(RegionRun(graph, region, cfg, clock, bounds))
+        r = verify_region(runs[-1], onnx_path)
         message = message or r.message
         if r.search is not None:
             out_of_time = out_of_time or r.search.verdict == "timeout"  # also a search that left a round out
@@ -628,6 +666,8 @@ def _verify_instance(
             verdict = "unknown"
     if verdict == "unknown" and (out_of_time or clock.expired()):
         verdict = "timeout"
+    if verdict == "unsat" and cfg.general.proof is not None and comm.rank() == 0:
+        _write_proof(cfg, graph, spec, onnx_path, runs)
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
     exact = comm.all_reduce_flag(memory.exact, "and")
     bab = {} if work is None else bab_record(work.domains, work.rounds, work.max_queue)

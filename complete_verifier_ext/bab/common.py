@@ -28,6 +28,7 @@ class BabOptions:
     pgd_steps: int = 10  # sign-gradient steps from the candidate points of each round (0: corners only)
     pgd_points: int = 256  # how many candidates (lowest bounds first) take those steps
     store_dtype: torch.dtype = torch.float16  # α and β of the domains between rounds (alpha_dtype)
+    record: bool = False  # keep every verified leaf (its box or split history), for a proof
 
 
 @dataclass
@@ -39,6 +40,7 @@ class BabResult:
     max_queue: list[int] | None = None  # largest queue seen, per rank
     bound: float = -np.inf  # unsat: the least clause margin bound of a verified leaf (> 0); else -inf
     reason: str = ""  # unknown: why the search stopped before its time was up, in one line
+    leaves: list | None = None  # unsat with ``BabOptions.record``: every rank's verified leaves (proofs.py)
 
     def add_work(self, other: BabResult) -> None:
         """Count another search's work in this one: domains and rounds add up, and the largest

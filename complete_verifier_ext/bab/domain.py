@@ -28,6 +28,7 @@ class Domain:
     branch: tuple[int, int] | None  # (pre-activation node, flat neuron) to split next
     depth: int = 0
     retries: int = 0  # times it came back unverified with nothing left to split
+    history: tuple[tuple[int, int, int], ...] = ()  # its splits in order: (pre-activation node, neuron, sign)
 
 
 MAX_RETRIES = 4  # a fully split domain is re-bounded (β keeps optimising) this often before giving up

@@ -238,11 +238,14 @@ def _bound_children(
     hi: Tensor,
     parent_margins: Tensor,
     inner: tuple[Tensor, Tensor] | None,
+    leaves: list | None = None,
 ) -> tuple[Domains, np.ndarray | None, int]:
     """Bound every rank's children together; return this rank's unverified children, the first
     counterexample among its children (or None) and the number of its children. Candidates are
     clamped into ``inner``, the float32 points of the real box (``float32_box``, inward):
-    the outward-rounded box that is bounded may stick out of the real one by half an ulp."""
+    the outward-rounded box that is bounded may stick out of the real one by half an ulp. ``leaves``
+    (for a proof): this rank's children that every clause now holds for and their parent did not get
+    appended, ``(N, 2, n)`` (lower, upper)."""
     n = lo.shape[1]
     sizes = [int(s) for s in comm.all_gather_cat(torch.tensor([lo.shape[0]], dtype=torch.int64), 0).tolist()]
     me = comm.rank()
@@ -269,6 +272,10 @@ def _bound_children(
             cex = cand[hit[0]].cpu().numpy().astype(np.float32).copy()
     own = open_[(open_ >= first) & (open_ < first + k)]
     kept = Domains(lo_all[own], hi_all[own], margins[own], coef[own])
+    if leaves is not None:  # this rank's children proven here (for every clause, a proof's leaves)
+        done = ((margins > 0).all(1) & ~(every[:, 2 * n :] > 0).all(1)).nonzero().flatten()
+        done = done[(done >= first) & (done < first + k)]
+        leaves.append(torch.stack([lo_all[done], hi_all[done]], 1).cpu().numpy())
     return kept, cex, k
 
 
@@ -304,6 +311,7 @@ class InputSplitSearch:
         self.bounds_own_batch = False  # the children of all ranks are bounded together
         self.stuck = False  # a box can always be bisected
         self.proven = np.inf  # not tracked: input split reports no margin bound
+        self.leaves: list[np.ndarray] | None = [] if opts.record else None  # verified boxes (N, 2, n)
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -313,7 +321,7 @@ class InputSplitSearch:
 
     def _bound(self, lo: Tensor, hi: Tensor, parent: Tensor) -> tuple[int, np.ndarray | None]:
         kept, cex, k = _bound_children(
-            self.graph, self.problem, self.method, self.opts, lo, hi, parent, self.inner
+            self.graph, self.problem, self.method, self.opts, lo, hi, parent, self.inner, self.leaves
         )
         self.queue = Domains.cat([self.queue, kept])
         return k, cex
@@ -387,4 +395,10 @@ def input_split_bab(
     n = math.prod(graph.input_shape)
     box0 = _flat_box(box, n)
     inner0 = None if inner is None else _flat_box(inner, n)
-    return run_search(InputSplitSearch(graph, box0, problem, opts, method, inner0), opts, expired)
+    search = InputSplitSearch(graph, box0, problem, opts, method, inner0)
+    result = run_search(search, opts, expired)
+    if search.leaves is not None:  # every rank's verified boxes, in one order whatever P (collective)
+        mine = np.concatenate(search.leaves) if search.leaves else np.zeros((0, 2, n), np.float32)
+        every = np.concatenate(comm.all_gather_object(mine))
+        result.leaves = list(every[np.lexsort(every.reshape(len(every), -1).T[::-1])])
+    return result

@@ -65,6 +65,7 @@ class ReluSplitBab:
         self.bounds_own_batch = True
         self.stuck = False
         self.proven = np.inf  # the least margin bound of a verified leaf on this rank
+        self.leaves: list[tuple] = []  # with ``opts.record``: the split history of every verified domain
         inner = float32_box(lower, upper, inward=True)
         self.inner = tuple(torch.tensor(t).view(box[0].shape) for t in inner)
 
@@ -107,7 +108,8 @@ class ReluSplitBab:
             beta = dict(d.beta)
             beta[k] = d.beta[k].clone()
             beta[k].view(beta[k].shape[0], -1)[:, i] = 0
-            kids.append(Domain(d.worst, bounds, splits, dict(d.alpha), beta, None, d.depth + 1))
+            history = (*d.history, (k, i, sign))
+            kids.append(Domain(d.worst, bounds, splits, dict(d.alpha), beta, None, d.depth + 1, 0, history))
         return kids
 
     def evaluate(self, doms: list[Domain]) -> tuple[list[Domain], np.ndarray | None, int]:
@@ -137,6 +139,8 @@ class ReluSplitBab:
         for b, d in enumerate(doms):
             if float(worst[b]) > 0:
                 self.proven = min(self.proven, float(worst[b]))
+                if self.opts.record:
+                    self.leaves.append(d.history)
                 continue
             if choice[b] is None:  # nothing left to split: never drop an unproven domain
                 d.retries += 1
@@ -265,4 +269,7 @@ def relu_split_bab(
     ``round_expired`` (default ``expired``), asked before each round, decides whether one starts (a
     wall-clock limit asks whether a round would still fit)."""
     search = ReluSplitBab(graph, box, problem, opts, lower, upper, state, expired)
-    return run_search(search, opts, round_expired or expired, on_round)
+    result = run_search(search, opts, round_expired or expired, on_round)
+    if opts.record:  # every rank's leaves, in one order whatever P (collective)
+        result.leaves = sorted(h for part in comm.all_gather_object(search.leaves) for h in part)
+    return result
