@@ -216,6 +216,36 @@ def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
     assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 2, 2, 0), r
 
 
+def test_bounds_nodes_are_verified_then_used(tmp_path):
+    """Claimed bounds of the first layer's ``(x, -x)`` under each phase of ``x`` (with a margin of 1e-9 for
+    rounding; ``-x >= -1e-9`` where ``x <= 0`` needs an LP over the region, interval bounds do not reach
+    it). Children flipped, each claim is over the other phase, where it is false; a claim tighter than
+    the truth is refused too. Below a bounds node, the leaves' bounds are intersected with the claims."""
+    e = 1e-9  # claims leave room for rounding
+    inactive = {"bounds": {"0": {"lower": [-1 - e, -e], "upper": [e, 1 + e]}}, "children": [{"leaf": {}}]}
+    active = {"bounds": {"0": {"lower": [-e, -2 - e], "upper": [2 + e, e]}}, "children": [{"leaf": {}}]}
+    split = {"relu": {"layer": 0, "neuron": 0}, "children": [inactive, active]}
+    doc, q, n = abs_instance(tmp_path, node=split)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves) == ("valid", 2), r
+    split["children"].reverse()
+    r = check(tmp_path, doc, q, n)
+    expected = "obligation 0 leaf 0: at root/0: the claimed lower bound -1e-09 of layer 0 neuron 0 is not"
+    assert r.status == "invalid" and r.message.startswith(expected), r
+    split["children"].reverse()
+    active["bounds"]["0"]["lower"][0] = 1e-6
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and r.message.startswith("obligation 0 leaf 1: at root/1: the claimed lower")
+
+    net = onnx_net.parse(read_bytes(str(n)), "abs")
+    claim = (np.array([[0.5, -2.0]]), np.array([[1.5, -0.5]]))
+    batch = bounds.Batch(
+        np.array([[-1.0]]), np.array([[2.0]]), {}, {}, {}, np.ones((1, 1, 1)), claims={1: claim}
+    )
+    bnd = bounds.node_bounds(net, batch)
+    assert bnd.lower[1].tolist() == [[0.5, -2.0]] and bnd.upper[1].tolist() == [[1.5, -0.5]]
+
+
 def test_clip_slabs_are_leaves_of_the_checker(tmp_path):
     """A clip to ``[-0.5, 1]`` inside ``[-1, 2]``: the slabs ``[-1, -0.5]`` and ``[1, 2]`` are checked too."""
     clip = {"clip": {"lower": [-0.5], "upper": [1.0]}, "children": [{"leaf": {"alpha": {"0": [0.5, 0.5]}}}]}

@@ -51,23 +51,23 @@ def check_proof(query_path: str, networks: dict[str, str], proof_path: str, work
     :class:`UsageError` for a call naming other than one network."""
     start = time.monotonic()
     try:
-        outcomes = _check(query_path, networks, proof_path, max(1, int(workers)))
+        n_leaves, outcomes = _check(query_path, networks, proof_path, max(1, int(workers)))
     except Unsupported as e:
         return Result("unsupported", str(e), seconds=time.monotonic() - start)
     except Invalid as e:
         return Result("invalid", str(e), seconds=time.monotonic() - start)
     kinds = [o[2] for o in outcomes]
-    counts = dict(leaves=len(outcomes), by_bounds=kinds.count("bounds"), by_lp=kinds.count("lp"))
+    counts = dict(leaves=n_leaves, by_bounds=kinds.count("bounds"), by_lp=kinds.count("lp"))
     failed = sorted(o for o in outcomes if not o[2])
-    if failed:
-        k, i, _, why = failed[0]
-        return Result(
-            "invalid", f"obligation {k} leaf {i}: {why}", **counts, seconds=time.monotonic() - start
-        )
-    return Result("valid", "", **counts, seconds=time.monotonic() - start)
+    status, why = (
+        ("invalid", "obligation {} leaf {}: {}".format(*failed[0][:2], failed[0][3]))
+        if failed
+        else ("valid", "")
+    )
+    return Result(status, why, **counts, seconds=time.monotonic() - start)
 
 
-def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: int) -> list:
+def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: int) -> tuple[int, list]:
     if len(networks) != 1:
         raise UsageError(f"a VNN-LIB 1.x query takes one network, {len(networks)} given")
     if not subnormals_kept():
@@ -83,15 +83,15 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
             f"query declares {q.n_inputs} and {q.n_outputs}"
         )
     obligations = _cover(doc, q)
-    leaves = [leaf for k, (ob, _) in enumerate(obligations) for leaf in tree.leaves(ob, k, layers)]
-    rows = [r for _, r in obligations]
-    if workers == 1 or len(leaves) < 2:
-        return discharge(net, rows, leaves)
+    items = [x for k, (ob, _) in enumerate(obligations) for x in tree.leaves(ob, k, layers)]
+    n_leaves, rows = sum(isinstance(x, Leaf) for x in items), [r for _, r in obligations]
+    if workers == 1 or len(items) < 2:
+        return n_leaves, discharge(net, rows, items)
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ctx.Pool(workers) as pool:
-        parts = pool.starmap(discharge, [(net, rows, leaves[w::workers]) for w in range(workers)])
-    return [o for part in parts for o in part]
+        parts = pool.starmap(discharge, [(net, rows, items[w::workers]) for w in range(workers)])
+    return n_leaves, [o for part in parts for o in part]
 
 
 def _header(doc: dict, q_sha: str, n_sha: str, net: onnx_net.Net) -> dict[int, int]:
@@ -160,55 +160,86 @@ def _same(rows: query.Rows, i: int, c: np.ndarray, d: float) -> bool:
     return bool(np.array_equal(rows.C[i], c) and rows.d[i] == d)
 
 
-def discharge(net: onnx_net.Net, rows: list[query.Rows], leaves: list[Leaf]) -> list[tuple]:
-    """``(obligation, leaf, "bounds" | "lp" | "", why)`` per leaf: closed by the bound pass, by the LP
-    fallback, or not (why)."""
-    out = []
+def discharge(net: onnx_net.Net, rows: list[query.Rows], items: list) -> list[tuple]:
+    """``(obligation, leaf index, kind, why)`` per item: a bounds node's claims verified (kind
+    ``"claims"``), a leaf closed by the bound pass (``"bounds"``) or the LP fallback (``"lp"``), or not
+    (``""``, why)."""
+    out = [_verify(net, c) for c in items if isinstance(c, tree.Claims)]
+    leaves = [leaf for leaf in items if isinstance(leaf, Leaf)]
     width = max(net.sizes)
     size = max(1, min(1024, _BATCH_FLOATS // (2 * width * width)))
     for k in sorted({leaf.obligation for leaf in leaves}):
         group = [leaf for leaf in leaves if leaf.obligation == k]
         for start in range(0, len(group), size):
             chunk = group[start : start + size]
-            batch = _batch(net, chunk, rows[k])
+            batch = _batch(net, chunk, len(rows[k].d))
             bnd = bounds.node_bounds(net, batch)
             best = bounds.objective(net, rows[k], bnd, batch)
             for b, leaf in enumerate(chunk):
                 if best[b] > 0:
                     out.append((k, leaf.index, "bounds", ""))
                     continue
-                value, status = lp.solve(lp.build(net, rows[k], bnd, b))
+                value, status = lp.solve(lp.build(net, bnd, b, rows[k]))
                 why = f"at {leaf.path}: not discharged: lower bound {best[b]:.6g} by back-substitution, "
-                out.append(
-                    (k, leaf.index, "lp" if value > 0 else "", why + f"{value:.6g} by the LP ({status})")
-                )
+                why += f"{value:.6g} by the LP ({status})"
+                out.append((k, leaf.index, "lp" if value > 0 else "", why))
     return out
 
 
-def _batch(net: onnx_net.Net, leaves: list[Leaf], rows: query.Rows) -> bounds.Batch:
-    """The leaves' regions and evidence as arrays over ReLU nodes; the weightings tried: each row, the
-    sum, and the leaf's ``lambda`` (else the sum again)."""
-    B, k = len(leaves), len(rows.d)
-    node_of = {r.id: (r.node, r.size) for r in net.relu_layers}
-    lam = np.concatenate([np.eye(k), np.ones((2, k))])[None].repeat(B, axis=0)
-    phase: dict = {}
-    alpha: dict = {}
-    beta: dict = {}
-    for i, leaf in enumerate(leaves):
-        for layer, j, sign in leaf.phases:
-            node, n = node_of[layer]
-            if node >= 0:
-                phase.setdefault(node, np.zeros((B, n), dtype=np.int8))[i, j] = sign
-        for layer, a in leaf.evidence.alpha.items():
-            node, n = node_of[layer]
-            if node >= 0:
-                alpha.setdefault(node, np.full((B, n), np.nan))[i] = a
-        for layer, by_neuron in leaf.evidence.beta.items():
-            node, n = node_of[layer]
+def _verify(net: onnx_net.Net, item: tree.Claims) -> tuple:
+    """A bounds node's claims, layer by layer (each may use the earlier ones): where the checker's own
+    bound of a neuron is not as tight, an LP over the nodes up to the layer must reach the claim."""
+    batch = _batch(net, [item], 0)
+    pre = {r.id: net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}
+    batch.checking = {pre[i]: (lo[None], hi[None]) for i, (lo, hi) in item.claimed.items() if i in pre}
+    bnd = bounds.node_bounds(net, batch)
+    layer_of = {z: i for i, z in pre.items()}
+    for z, (lo, hi) in sorted(batch.checking.items()):
+        own_lo, own_hi = bnd.own[z][0][0], bnd.own[z][1][0]
+        need = [(j, 1.0) for j in np.flatnonzero(~(own_lo >= lo[0]))]
+        need += [(j, -1.0) for j in np.flatnonzero(~(own_hi <= hi[0]))]
+        model = lp.build(net, bnd, 0, top=z) if need else None
+        for j, sign in need:
+            c = np.zeros(len(model.lo))
+            c[sum(net.sizes[:z]) + j] = sign
+            value, status = lp.solve(model, c)
+            if not sign * value >= sign * (lo if sign > 0 else hi)[0][j]:
+                side, own = ("lower", own_lo[j]) if sign > 0 else ("upper", own_hi[j])
+                claim = (lo if sign > 0 else hi)[0][j]
+                why = (
+                    f"at {item.path}: the claimed {side} bound {claim:.9g} of layer {layer_of[z]} neuron {j}"
+                )
+                why += f" is not reached: {own:.9g} by the checker's bounds, {sign * value:.9g} by an LP"
+                why += f" ({status})"
+                return (item.obligation, item.index, "", why)
+    return (item.obligation, item.index, "claims", "")
+
+
+def _batch(net: onnx_net.Net, items: list, k: int) -> bounds.Batch:
+    """Leaves (or a bounds node) as arrays over ReLU nodes: regions, evidence, the claims above them;
+    the row weightings tried: each of the ``k`` rows, the sum, and the leaf's ``lambda`` (else the sum)."""
+    B = len(items)
+    layers = {r.id: r for r in net.relu_layers if r.node >= 0}
+    batch = bounds.Batch(np.stack([x.lower for x in items]), np.stack([x.upper for x in items]), {}, {}, {},
+                         np.concatenate([np.eye(k), np.ones((2, k))])[None].repeat(B, axis=0))  # fmt: skip
+
+    def put(store: dict, layer: int, fill: float, dtype=np.float64) -> np.ndarray:
+        r = layers[layer]
+        return store.setdefault(r.node, np.full((B, r.size), fill, dtype=dtype))
+
+    for i, x in enumerate(items):
+        for layer, j, sign in (p for p in x.phases if p[0] in layers):
+            put(batch.phase, layer, 0, np.int8)[i, j] = sign
+        for layer, (lo, hi) in ((c, v) for c, v in x.claims.items() if c in layers):
+            z = net.nodes[layers[layer].node].src
+            pair = batch.claims.setdefault(z, (np.full((B, len(lo)), -np.inf), np.full((B, len(lo)), np.inf)))
+            pair[0][i], pair[1][i] = lo, hi
+        ev = x.evidence if isinstance(x, Leaf) else tree.Evidence()
+        for layer, a in ((c, v) for c, v in ev.alpha.items() if c in layers):
+            put(batch.alpha, layer, np.nan)[i] = a
+        for layer, by_neuron in ((c, v) for c, v in ev.beta.items() if c in layers):
             for j, value in by_neuron.items():
-                if node >= 0:
-                    beta.setdefault(node, np.zeros((B, n)))[i, j] = value
-        if leaf.evidence.lam is not None:
-            lam[i, -1] = leaf.evidence.lam
-    lower, upper = np.stack([leaf.lower for leaf in leaves]), np.stack([leaf.upper for leaf in leaves])
-    return bounds.Batch(lower, upper, phase, alpha, beta, lam)
+                put(batch.beta, layer, 0.0)[i, j] = value
+        if ev.lam is not None:
+            batch.lam[i, -1] = ev.lam
+    return batch

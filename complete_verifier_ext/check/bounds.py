@@ -3,8 +3,9 @@
 1. Node by node, bounds ``[l, u]`` of every node's value over each leaf's region (shapes ``(B, n)``):
    interval propagation; for a ReLU's input with a ReLU below it, also CROWN's back-substitution
    (adaptive slopes) for the neurons some leaf has unstable, and the tighter of the two; a phase
-   ``z_j <= 0`` / ``z_j >= 0`` clamps ``[l, min(u, 0)]`` / ``[max(l, 0), u]``. A leaf with some
-   ``l > u`` has an empty region (its phases cannot hold together): nothing to prove there.
+   ``z_j <= 0`` / ``z_j >= 0`` clamps ``[l, min(u, 0)]`` / ``[max(l, 0), u]``, a verified claim of a
+   bounds node above the leaf intersects. A leaf with some ``l > u`` has an empty region (its phases
+   and claims cannot hold together): nothing to prove there.
 2. The objective ``Σ_i λ_i (C_i y - d_i)`` for Q weightings ``λ`` at once (the leaf's, each row alone,
    their sum), by one backward pass with the leaf's slopes ``α`` and multipliers ``β``; the best one.
 
@@ -24,7 +25,7 @@ slack`` over the region: ``const`` rounded down, ``slack`` (rounding errors so f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,19 +44,23 @@ class Batch:
     alpha: dict[int, np.ndarray]  # ReLU node -> (B, n) lower slopes in [0, 1]; NaN: CROWN's adaptive one
     beta: dict[int, np.ndarray]  # ReLU node -> (B, n) multipliers >= 0
     lam: np.ndarray  # (B, Q, k) row weightings >= 0
+    claims: dict = field(default_factory=dict)  # pre-activation node -> (lower, upper) (B, n), verified
+    checking: dict = field(default_factory=dict)  # the same, being verified: ``own`` keeps the bounds before
 
 
 @dataclass
 class Bounds:
     """Per node ``(B, n)`` bounds over each leaf's region; ``relax``: per ReLU node, the adaptive lower
     slope, the upper slope, the upper line's intercept; ``em``: per affine node, ``E m_src + eb``
-    rounded up; ``empty``: leaves whose region is empty."""
+    rounded up; ``empty``: leaves whose region is empty; ``own``: per node of ``Batch.checking``, the
+    bounds before its claims."""
 
     lower: list
     upper: list
     relax: dict
     em: dict
     empty: np.ndarray
+    own: dict = field(default_factory=dict)
 
     def mag(self, k: int) -> np.ndarray:
         return np.maximum(np.abs(self.lower[k]), np.abs(self.upper[k]))
@@ -77,22 +82,31 @@ def node_bounds(net: Net, batch: Batch) -> Bounds:
     for k, node in enumerate(net.nodes):
         deep[k] = isinstance(node, Relu) or any(deep[s] for s in sources(node))
         bnd.lower[k], bnd.upper[k] = _interval(node, k, bnd, batch)
-        _clamp(bnd, k, [batch.phase.get(r) for r in clamps[k]])
+        phases = [batch.phase.get(r) for r in clamps[k]]
+        _restrict(bnd, k, phases, batch.claims.get(k))
         if clamps[k] and any(deep[s] for s in sources(node)):
-            unstable = np.flatnonzero(((bnd.lower[k] < 0) & (bnd.upper[k] > 0)).any(axis=0))
-            if unstable.size:
-                r = unstable.size
-                A = np.zeros((B, 2 * r, net.sizes[k]))
-                A[:, np.arange(r), unstable] = 1.0
-                A[:, r + np.arange(r), unstable] = -1.0
-                res = backward(net.nodes, bnd, k, A, None)
-                bnd.lower[k][:, unstable] = np.fmax(bnd.lower[k][:, unstable], res[:, :r])
-                bnd.upper[k][:, unstable] = np.fmin(bnd.upper[k][:, unstable], -res[:, r:])
-                _clamp(bnd, k, [batch.phase.get(r) for r in clamps[k]])
+            _crown(net, bnd, k)
+            _restrict(bnd, k, phases, None)
+        if k in batch.checking:
+            bnd.own[k] = (bnd.lower[k].copy(), bnd.upper[k].copy())
+            _restrict(bnd, k, [], batch.checking[k])
         if isinstance(node, Relu):
             bnd.relax[k] = _relaxation(bnd.lower[node.src], bnd.upper[node.src])
         bnd.empty |= (bnd.lower[k] > bnd.upper[k]).any(axis=1)
     return bnd
+
+
+def _crown(net: Net, bnd: Bounds, k: int) -> None:
+    """CROWN's bounds of node ``k``'s neurons that some leaf has unstable, where tighter."""
+    unstable = np.flatnonzero(((bnd.lower[k] < 0) & (bnd.upper[k] > 0)).any(axis=0))
+    if unstable.size:
+        r = unstable.size
+        A = np.zeros((len(bnd.empty), 2 * r, net.sizes[k]))
+        A[:, np.arange(r), unstable] = 1.0
+        A[:, r + np.arange(r), unstable] = -1.0
+        res = backward(net.nodes, bnd, k, A, None)
+        bnd.lower[k][:, unstable] = np.fmax(bnd.lower[k][:, unstable], res[:, :r])
+        bnd.upper[k][:, unstable] = np.fmin(bnd.upper[k][:, unstable], -res[:, r:])
 
 
 def _interval(node, k: int, bnd: Bounds, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
@@ -112,11 +126,14 @@ def _interval(node, k: int, bnd: Bounds, batch: Batch) -> tuple[np.ndarray, np.n
     return down(la - ub), up(ua - lb)
 
 
-def _clamp(bnd: Bounds, k: int, phases: list) -> None:
+def _restrict(bnd: Bounds, k: int, phases: list, claim: tuple | None) -> None:
+    """Node ``k``'s bounds with the phases clamped in and intersected with a claim ``(lower, upper)``."""
     for p in phases:
         if p is not None:
             bnd.lower[k] = np.where(p > 0, np.maximum(bnd.lower[k], 0.0), bnd.lower[k])
             bnd.upper[k] = np.where(p < 0, np.minimum(bnd.upper[k], 0.0), bnd.upper[k])
+    if claim is not None:
+        bnd.lower[k], bnd.upper[k] = np.fmax(bnd.lower[k], claim[0]), np.fmin(bnd.upper[k], claim[1])
 
 
 def _relaxation(l: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -71,12 +71,15 @@ class _Rows:
         self.n += m
 
 
-def build(net: Net, rows: Rows, bnd: Bounds, b: int) -> Lp:
-    """The LP of leaf ``b`` of a batch whose bounds are ``bnd``."""
-    off = np.concatenate([[0], np.cumsum(net.sizes)])
+def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | None = None) -> Lp:
+    """The LP of leaf ``b`` of a batch whose bounds are ``bnd``: with ``rows``, over every node, the
+    clause's rows and ``τ`` (the objective); else over the nodes up to ``top``, whose box is its own
+    bounds ``bnd.own[top]`` (a claim being verified), with no objective yet."""
+    top = len(net.nodes) - 1 if top is None else top
+    off = np.concatenate([[0], np.cumsum(net.sizes[: top + 1])])
     tau = int(off[-1])
     R = _Rows([], [], [], [], [], [])
-    for k, node in enumerate(net.nodes):
+    for k, node in enumerate(net.nodes[: top + 1]):
         me = off[k] + np.arange(net.sizes[k])
         if isinstance(node, Affine):
             W_rad = 0.0 if node.W_rad is None else node.W_rad
@@ -93,19 +96,29 @@ def build(net: Net, rows: Rows, bnd: Bounds, b: int) -> Lp:
         elif not isinstance(node, Input):
             a, c = off[node.a] + np.arange(net.sizes[k]), off[node.b] + np.arange(net.sizes[k])
             R.add([me, a, c], [1.0, -1.0, -node.sign], [0.0, 0.0, 0.0], 0.0, 0.0)
-    y = off[net.output] + np.arange(net.sizes[net.output])[None, :]
-    R.add([y, np.full(len(rows.d), tau)], [rows.C, -1.0], [rows.C_rad, 0.0], -np.inf, up(rows.d + rows.d_rad))
-    m_y = bnd.mag(net.output)[b]
-    T = up(up(np.max(np.abs(rows.C) @ m_y + np.abs(rows.d), initial=0.0) * (1 + 2**-40)) + 1.0)
-    lo = np.concatenate([bnd.lower[k][b] for k in range(len(net.nodes))] + [[0.0]])
-    hi = np.concatenate([bnd.upper[k][b] for k in range(len(net.nodes))] + [[T]])
-    shape = (R.n, tau + 1)
+    lo, hi = [bnd.lower[k][b] for k in range(top + 1)], [bnd.upper[k][b] for k in range(top + 1)]
+    if rows is None:
+        lo[top], hi[top] = bnd.own[top][0][b], bnd.own[top][1][b]
+        lo, hi = np.concatenate(lo), np.concatenate(hi)
+    else:
+        y = off[net.output] + np.arange(net.sizes[net.output])[None, :]
+        R.add(
+            [y, np.full(len(rows.d), tau)],
+            [rows.C, -1.0],
+            [rows.C_rad, 0.0],
+            -np.inf,
+            up(rows.d + rows.d_rad),
+        )
+        m_y = bnd.mag(net.output)[b]
+        T = up(up(np.max(np.abs(rows.C) @ m_y + np.abs(rows.d), initial=0.0) * (1 + 2**-40)) + 1.0)
+        lo, hi = np.concatenate([*lo, [0.0]]), np.concatenate([*hi, [T]])
+    shape = (R.n, len(lo))
     ijv = [np.concatenate(x) for x in (R.r, R.c, R.v, R.rad)]
     A = sp.csr_matrix((ijv[2], (ijv[0], ijv[1])), shape=shape)
     A.eliminate_zeros()
     A_rad = sp.csr_matrix((ijv[3], (ijv[0], ijv[1])), shape=shape) if ijv[3].any() else None
-    c = np.zeros(tau + 1)
-    c[tau] = 1.0
+    c = np.zeros(len(lo))
+    c[-1] = 1.0 if rows is not None else 0.0
     return Lp(A, A_rad, np.concatenate(R.lo), np.concatenate(R.hi), lo, hi, c)
 
 
@@ -127,8 +140,10 @@ def lagrangian(lp: Lp, y: np.ndarray, c: np.ndarray) -> float:
     return float(down(down(value) - charge)) if np.isfinite(value) else -np.inf
 
 
-def solve(lp: Lp, time_limit: float = 60.0) -> tuple[float, str]:
-    """A rigorous lower bound of the LP's minimum (``inf``: proven infeasible) and HiGHS's status."""
+def solve(lp: Lp, c: np.ndarray | None = None, time_limit: float = 60.0) -> tuple[float, str]:
+    """A rigorous lower bound of the minimum of ``c · v`` (default: the LP's objective) over the LP
+    (``inf``: proven infeasible) and HiGHS's status."""
+    c = lp.c if c is None else c
     import highspy
 
     h = _highs()
@@ -138,7 +153,7 @@ def solve(lp: Lp, time_limit: float = 60.0) -> tuple[float, str]:
     A = lp.A.tocsc()
     model = highspy.HighsLp()
     model.num_col_, model.num_row_ = A.shape[1], A.shape[0]
-    model.col_cost_, model.col_lower_, model.col_upper_ = lp.c, lp.lo, lp.hi
+    model.col_cost_, model.col_lower_, model.col_upper_ = c, lp.lo, lp.hi
     model.row_lower_, model.row_upper_ = lp.row_lo, lp.row_hi
     model.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     model.a_matrix_.start_, model.a_matrix_.index_, model.a_matrix_.value_ = A.indptr, A.indices, A.data
@@ -146,11 +161,11 @@ def solve(lp: Lp, time_limit: float = 60.0) -> tuple[float, str]:
     h.run()
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kOptimal:
-        return lagrangian(lp, np.asarray(h.getSolution().row_dual), lp.c), "optimal"
+        return lagrangian(lp, np.asarray(h.getSolution().row_dual), c), "optimal"
     if status == highspy.HighsModelStatus.kInfeasible:
         _, has_ray, ray = h.getDualRay()
         if has_ray:
-            zero = np.zeros_like(lp.c)
+            zero = np.zeros_like(c)
             bound = max(lagrangian(lp, np.asarray(ray), zero), lagrangian(lp, -np.asarray(ray), zero))
             return (np.inf if bound > 0 else -np.inf), "infeasible"
     return -np.inf, h.modelStatusToString(status)

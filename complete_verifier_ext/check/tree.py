@@ -6,8 +6,9 @@ increasing order (its children tile the box), a clip's child takes the clip box 
 current one) and the slabs of the current box around it become leaves of their own, a phase split's
 two children add ``z_j <= 0`` and ``z_j >= 0`` for a neuron of a ReLU layer of the network, split at
 most once on a path. The leaves, in depth-first order, cover the obligation's box; their regions are
-their boxes and the phases on their paths. A failure names the obligation, the number of leaves
-before it, and the path of child positions from the root.
+their boxes and the phases on their paths. A bounds node's claims (bounds of pre-activation layers over
+its region) are :class:`Claims` to verify, and knowledge for the nodes below it. A failure names the
+obligation, the number of leaves before it, and the path of child positions from the root.
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ class Leaf:
     upper: np.ndarray
     phases: tuple[tuple[int, int, int], ...]  # (layer id, neuron, -1: z <= 0 | +1: z >= 0)
     evidence: Evidence
+    claims: dict = field(default_factory=dict)  # layer id -> (lower, upper): the bounds nodes' above it
+
+
+@dataclass(frozen=True)
+class Claims:
+    """A bounds node's ``claimed`` bounds (layer id -> (lower, upper) of its pre-activation) over its
+    region, to verify with the ``claims`` of the bounds nodes above it; ``index``: the leaves before it."""
+
+    obligation: int
+    index: int
+    path: str
+    lower: np.ndarray
+    upper: np.ndarray
+    phases: tuple[tuple[int, int, int], ...]
+    claims: dict
+    claimed: dict
 
 
 @dataclass(frozen=True)
@@ -114,36 +131,59 @@ def obligation(obj, k: int, n_in: int, n_out: int) -> ProofObligation:
     return ProofObligation(lower, upper, C, d, obj["tree"])
 
 
-def leaves(ob: ProofObligation, k: int, layers: dict[int, int]) -> Iterator[Leaf]:
-    """The leaves of obligation ``k``'s tree, depth first; ``layers``: ReLU layer id -> size."""
-    stack = [(ob.tree, ob.lower, ob.upper, (), "root")]
+def leaves(ob: ProofObligation, k: int, layers: dict[int, int]) -> Iterator[Leaf | Claims]:
+    """The leaves of obligation ``k``'s tree and the claims of its bounds nodes, depth first;
+    ``layers``: ReLU layer id -> size."""
+    stack = [(ob.tree, ob.lower, ob.upper, (), {}, "root")]
     count = 0
     while stack:
-        node, lo, hi, phases, path = stack.pop()
+        node, lo, hi, phases, known, path = stack.pop()
         try:
             if isinstance(node, dict) and "leaf" in node:
-                yield Leaf(k, count, path, lo, hi, phases, _evidence(node["leaf"], len(ob.d), layers))
+                yield Leaf(k, count, path, lo, hi, phases, _evidence(node["leaf"], len(ob.d), layers), known)
                 count += 1
                 continue
             kids = _children(node)
             if "input" in node:
-                stack += reversed(
-                    [(c, *box, phases, f"{path}/{i}") for i, (c, box) in enumerate(_cut(node, kids, lo, hi))]
-                )
+                cut = _cut(node, kids, lo, hi)
+                stack += reversed([(c, *box, phases, known, f"{path}/{i}") for i, (c, box) in enumerate(cut)])
             elif "clip" in node:
                 new_lo, new_hi, slabs = _clip(node["clip"], kids, lo, hi)
                 for s_lo, s_hi in slabs:
-                    yield Leaf(k, count, f"{path}/slab{count}", s_lo, s_hi, phases, Evidence())
+                    yield Leaf(k, count, f"{path}/slab{count}", s_lo, s_hi, phases, Evidence(), known)
                     count += 1
-                stack.append((kids[0], new_lo, new_hi, phases, f"{path}/0"))
+                stack.append((kids[0], new_lo, new_hi, phases, known, f"{path}/0"))
             elif "relu" in node:
                 split = _phase(node["relu"], kids, phases, layers)
-                stack += [(kids[1], lo, hi, (*phases, (*split, 1)), f"{path}/1")]
-                stack += [(kids[0], lo, hi, (*phases, (*split, -1)), f"{path}/0")]
+                stack += [(kids[1], lo, hi, (*phases, (*split, 1)), known, f"{path}/1")]
+                stack += [(kids[0], lo, hi, (*phases, (*split, -1)), known, f"{path}/0")]
+            elif "bounds" in node:
+                claimed = _claims(node["bounds"], kids, layers)
+                yield Claims(k, count, path, lo, hi, phases, known, claimed)
+                merged = {**known, **{i: _meet(known.get(i), c) for i, c in claimed.items()}}
+                stack.append((kids[0], lo, hi, phases, merged, f"{path}/0"))
             else:
-                raise Invalid("a node that is none of leaf, input, clip, relu")
+                raise Invalid("a node that is none of leaf, input, clip, relu, bounds")
         except Invalid as e:
             raise Invalid(f"obligation {k} leaf {count}: at {path}: {e}") from None
+
+
+def _claims(spec, kids: list, layers: dict[int, int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    if not isinstance(spec, dict) or len(kids) != 1:
+        raise Invalid("a bounds node needs claims {layer id: {lower, upper}} and one child")
+    out = {}
+    for key, value in _layer_map(spec, layers, "bounds"):
+        value = value if isinstance(value, dict) else {}
+        n = layers[key]
+        out[key] = (
+            numbers(value.get("lower"), n, f"bounds of layer {key}"),
+            numbers(value.get("upper"), n, f"bounds of layer {key}"),
+        )
+    return out
+
+
+def _meet(a, b):
+    return b if a is None else (np.maximum(a[0], b[0]), np.minimum(a[1], b[1]))
 
 
 def _children(node) -> list:
