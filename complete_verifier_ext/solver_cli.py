@@ -7,6 +7,7 @@ repository's "Verifier interface" chapter), which the VNNLIB-Solver-Database ask
     complete-verifier-ext verify QUERY [--network NAME=FILE ...] [--timeout S]
         [--serialise-assignments DIR]
         [--config YAML] [--engine native|abcrown] [--world-size P] [--mode fsdp|tp] [--device D]
+    complete-verifier-ext check QUERY --network NAME=FILE --proof PATH [--workers P]
 
 ``verify`` prints the verdict on the first line of stdout (``sat``, ``unsat``, ``unknown``,
 ``timed-out``) and, for ``sat``, every declared variable in declaration order (``NAME TYPE [dims]``,
@@ -21,6 +22,10 @@ Xu needs); else β-CROWN branch and bound with α-CROWN, on fully connected nets
 refinement of intermediate bounds first (``bab-refine``). The answers of ``supports`` are those of the
 default engine (``native``), read from what its loaders accept (:data:`SUPPORTS`); ``--engine abcrown``
 runs the user's α,β-CROWN through the plugin instead.
+
+``check`` decides a proof that ``verify … --proof PATH`` wrote with an ``unsat`` (docs/proofs.md), by
+the independent checker ``complete_verifier_ext.check``: ``valid``, ``invalid: …`` or ``unsupported: …``
+on stdout, exit 0, 1 or 2.
 """
 
 from __future__ import annotations
@@ -117,8 +122,13 @@ def main(argv: list[str] | None = None) -> int:
             # the timeout counts from the command's start, or from the call when called with argv
             a.started_wall = clock.started_wall() if argv is None else time.time()
             return verify(a)
+        if args and args[0] == "check":
+            from .check.command import main as check
+
+            return check(args[1:])
         raise UsageError(
-            "usage: complete-verifier-ext --name | --version | supports --FLAG | verify QUERY ..."
+            "usage: complete-verifier-ext --name | --version | supports --FLAG | verify QUERY ... "
+            "| check QUERY ..."
         )
     except UsageError as e:
         print(f"complete-verifier-ext: {e}", file=sys.stderr)
