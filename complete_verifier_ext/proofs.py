@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .results import write_atomic
+from .spec import ROUNDING
 
 FORMAT = "cve-proof-1"
 
@@ -150,12 +151,15 @@ def _layer_of(graph) -> dict[int, int]:
 
 
 def claims(graph, state) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """The intermediate bounds of a CROWN-type sweep (``CrownState``) as claims, by ReLU layer id."""
+    """The intermediate bounds of a CROWN-type sweep (``CrownState``) as claims, by ReLU layer id,
+    widened by the float32 rounding the sweep's sums carry (``spec.ROUNDING`` of their size, as the
+    engine's margins are): a claim must hold in real arithmetic, a float32 bound only to rounding."""
     out = {}
     for k, i in _layer_of(graph).items():
         if k in state.bounds:
-            lo, hi = state.bounds[k]
-            out[i] = (lo.detach().double().cpu().numpy(), hi.detach().double().cpu().numpy())
+            lo, hi = (t.detach().double().cpu().numpy() for t in state.bounds[k])
+            slack = ROUNDING * (np.abs(lo) + np.abs(hi)) + 1e-30
+            out[i] = (lo - slack, hi + slack)
     return out
 
 

@@ -20,7 +20,8 @@ def float32_box(lower: Any, upper: Any, inward: bool) -> tuple[np.ndarray, np.nd
 
     ``inward=True`` rounds ``lower`` up and ``upper`` down, so every float32 point of the result lies in
     the real box (used for attacks).  ``inward=False`` rounds ``lower`` down and ``upper`` up, so the result
-    contains the real box (used for sound bounds).  Values beyond the float32 range round to ``±inf``
+    contains the real box (used for sound bounds), also where ``lower``/``upper`` are the float64 nearest
+    to a decimal of the file (a value a float32 holds exactly steps one float32 ulp out).  Values beyond the float32 range round to ``±inf``
     outward and to ``±float32_max`` inward.
 
     If inward rounding empties a dimension (the real interval holds no float32 value, as a pinned
@@ -48,7 +49,9 @@ def float32_box(lower: Any, upper: Any, inward: bool) -> tuple[np.ndarray, np.nd
                 mid32 = (0.5 * (lo[empty] + hi[empty])).astype(np.float32)
             lo32[empty] = mid32
             hi32[empty] = mid32
-    else:
-        lo32 = np.where(lo32.astype(np.float64) > lo, np.nextafter(lo32, np.float32(-np.inf)), lo32)
-        hi32 = np.where(hi32.astype(np.float64) < hi, np.nextafter(hi32, np.float32(np.inf)), hi32)
+    else:  # a float64 that a float32 holds exactly may be the nearest float64 of a decimal just beyond
+        # it (0.05000000074505806 reads as float32(0.05)): one float32 step out there too, so that the
+        # box holds the real one whatever the decimal was (the float64's error is below half a float32 ulp)
+        lo32 = np.where(lo32.astype(np.float64) >= lo, np.nextafter(lo32, np.float32(-np.inf)), lo32)
+        hi32 = np.where(hi32.astype(np.float64) <= hi, np.nextafter(hi32, np.float32(np.inf)), hi32)
     return lo32.astype(np.float32), hi32.astype(np.float32)
