@@ -220,7 +220,8 @@ def test_bounds_nodes_are_verified_then_used(tmp_path):
     """Claimed bounds of the first layer's ``(x, -x)`` under each phase of ``x`` (with a margin of 1e-9 for
     rounding; ``-x >= -1e-9`` where ``x <= 0`` needs an LP over the region, interval bounds do not reach
     it). Children flipped, each claim is over the other phase, where it is false; a claim tighter than
-    the truth is refused too. Below a bounds node, the leaves' bounds are intersected with the claims."""
+    the truth is refused too, unless its neuron is stable by the checker's own bounds (then the claim is
+    not used). Below a bounds node, the leaves' bounds are intersected with the claims."""
     e = 1e-9  # claims leave room for rounding
     inactive = {"bounds": {"0": {"lower": [-1 - e, -e], "upper": [e, 1 + e]}}, "children": [{"leaf": {}}]}
     active = {"bounds": {"0": {"lower": [-e, -2 - e], "upper": [2 + e, e]}}, "children": [{"leaf": {}}]}
@@ -230,12 +231,15 @@ def test_bounds_nodes_are_verified_then_used(tmp_path):
     assert (r.status, r.leaves) == ("valid", 2), r
     split["children"].reverse()
     r = check(tmp_path, doc, q, n)
-    expected = "obligation 0 leaf 0: at root/0: the claimed lower bound -1e-09 of layer 0 neuron 0 is not"
+    expected = "obligation 0 leaf 0: at root/0: the claimed upper bound 1e-09 of layer 0 neuron 1 is not"
     assert r.status == "invalid" and r.message.startswith(expected), r
     split["children"].reverse()
-    active["bounds"]["0"]["lower"][0] = 1e-6
+    active["bounds"]["0"]["lower"][0] = 1.0  # a neuron stable by the phase: the claim is not used
+    assert check(tmp_path, doc, q, n).status == "valid"
+    active["bounds"]["0"]["lower"][1] = -1.0  # -x >= -1 where x in [0, 2]: false
     r = check(tmp_path, doc, q, n)
-    assert r.status == "invalid" and r.message.startswith("obligation 0 leaf 1: at root/1: the claimed lower")
+    expected = "obligation 0 leaf 1: at root/1: the claimed lower bound -1 of layer 0 neuron 1 is not reached"
+    assert r.status == "invalid" and r.message.startswith(expected), r
 
     net = onnx_net.parse(read_bytes(str(n)), "abs")
     claim = (np.array([[0.5, -2.0]]), np.array([[1.5, -0.5]]))
@@ -396,7 +400,7 @@ def test_a_proof_of_a_sat_instance_is_invalid(tmp_path):
     ob = tree.obligation(doc["obligations"][0], 0, 3, 2)
     leaves = list(tree.leaves(ob, 0, {0: 8, 1: 8}))
     net = onnx_net.parse(read_bytes(str(n)), "net")
-    outcomes = discharge(net, [query.parse(read_bytes(str(q))).obligations[0].rows], leaves)
+    outcomes = discharge(net, [query.parse(read_bytes(str(q))).obligations[0].rows], leaves, {})
     around = [o for leaf, o in zip(leaves, outcomes, strict=True) if (leaf.lower <= x_star).all() and
               (x_star <= leaf.upper).all()]  # fmt: skip
     assert around and all(kind == "" for _, _, kind, _ in around)

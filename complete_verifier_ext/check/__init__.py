@@ -84,14 +84,34 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
         )
     obligations = _cover(doc, q)
     items = [x for k, (ob, _) in enumerate(obligations) for x in tree.leaves(ob, k, layers)]
-    n_leaves, rows = sum(isinstance(x, Leaf) for x in items), [r for _, r in obligations]
-    if workers == 1 or len(items) < 2:
-        return n_leaves, discharge(net, rows, items)
+    leaves, rows = [x for x in items if isinstance(x, Leaf)], [r for _, r in obligations]
+    claims = [x for x in items if isinstance(x, tree.Claims)]
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ctx.Pool(workers) as pool:
-        parts = pool.starmap(discharge, [(net, rows, items[w::workers]) for w in range(workers)])
-    return n_leaves, [o for part in parts for o in part]
+    with ctx.Pool(workers) if workers > 1 else _InProcess() as pool:
+        verified: dict = {}
+        for depth in sorted({len(c.claims) for c in claims}):  # a bounds node after those above it
+            level = [c for c in claims if len(c.claims) == depth]
+            done = pool.starmap(verify, [(net, c, {key: verified[key] for key in c.claims}) for c in level])
+            failed = sorted(why for ok, why in done if not ok)
+            if failed:
+                return len(leaves), failed[:1]
+            verified.update((c.key, v) for c, (_, v) in zip(level, done, strict=True))
+        parts = pool.starmap(discharge, [(net, rows, leaves[w::workers], verified) for w in range(workers)])
+    return len(leaves), [o for part in parts for o in part]
+
+
+class _InProcess:
+    """``Pool.starmap`` in this process (one worker)."""
+
+    def __enter__(self) -> _InProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def starmap(self, fn, args: list) -> list:
+        return [fn(*a) for a in args]
 
 
 def _header(doc: dict, q_sha: str, n_sha: str, net: onnx_net.Net) -> dict[int, int]:
@@ -160,86 +180,89 @@ def _same(rows: query.Rows, i: int, c: np.ndarray, d: float) -> bool:
     return bool(np.array_equal(rows.C[i], c) and rows.d[i] == d)
 
 
-def discharge(net: onnx_net.Net, rows: list[query.Rows], items: list) -> list[tuple]:
-    """``(obligation, leaf index, kind, why)`` per item: a bounds node's claims verified (kind
-    ``"claims"``), a leaf closed by the bound pass (``"bounds"``) or the LP fallback (``"lp"``), or not
-    (``""``, why)."""
-    out = [_verify(net, c) for c in items if isinstance(c, tree.Claims)]
-    leaves = [leaf for leaf in items if isinstance(leaf, Leaf)]
+def discharge(net: onnx_net.Net, rows: list[query.Rows], leaves: list[Leaf], verified: dict) -> list[tuple]:
+    """``(obligation, leaf index, kind, why)`` per leaf: closed by the bound pass (kind ``"bounds"``), by
+    the LP fallback (``"lp"``), or not (``""``, why); ``verified``: the bounds nodes' verified claims."""
+    out = []
     width = max(net.sizes)
     size = max(1, min(1024, _BATCH_FLOATS // (2 * width * width)))
     for k in sorted({leaf.obligation for leaf in leaves}):
         group = [leaf for leaf in leaves if leaf.obligation == k]
         for start in range(0, len(group), size):
             chunk = group[start : start + size]
-            batch = _batch(net, chunk, len(rows[k].d))
+            batch = _batch(net, chunk, len(rows[k].d), verified)
             bnd = bounds.node_bounds(net, batch)
             best = bounds.objective(net, rows[k], bnd, batch)
             for b, leaf in enumerate(chunk):
                 if best[b] > 0:
                     out.append((k, leaf.index, "bounds", ""))
                     continue
-                value, status = lp.solve(lp.build(net, bnd, b, rows[k]))
+                value, status = lp.Solver(lp.build(net, bnd, b, rows[k])).minimum()
                 why = f"at {leaf.path}: not discharged: lower bound {best[b]:.6g} by back-substitution, "
                 why += f"{value:.6g} by the LP ({status})"
                 out.append((k, leaf.index, "lp" if value > 0 else "", why))
     return out
 
 
-def _verify(net: onnx_net.Net, item: tree.Claims) -> tuple:
-    """A bounds node's claims, layer by layer (each may use the earlier ones): where the checker's own
-    bound of a neuron is not as tight, an LP over the nodes up to the layer must reach the claim."""
-    batch = _batch(net, [item], 0)
+def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, object]:
+    """A bounds node's claims, layer by layer over its region (``above``: the verified claims of the
+    bounds nodes above it): a claim of a neuron the checker's own bounds leave unstable (elsewhere a
+    claim changes nothing the bounds use, and is left out) must be reached by those bounds or by an LP
+    over the nodes up to its layer. ``(True, {layer id: (lower, upper)})`` the bounds verified (the own
+    ones where no claim is used), or ``(False, (obligation, index, "", why))``."""
+    batch = _batch(net, [item], 0, above)
     pre = {r.id: net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}
     batch.checking = {pre[i]: (lo[None], hi[None]) for i, (lo, hi) in item.claimed.items() if i in pre}
     bnd = bounds.node_bounds(net, batch)
-    layer_of = {z: i for i, z in pre.items()}
-    for z, (lo, hi) in sorted(batch.checking.items()):
-        own_lo, own_hi = bnd.own[z][0][0], bnd.own[z][1][0]
-        need = [(j, 1.0) for j in np.flatnonzero(~(own_lo >= lo[0]))]
-        need += [(j, -1.0) for j in np.flatnonzero(~(own_hi <= hi[0]))]
-        model = lp.build(net, bnd, 0, top=z) if need else None
+    for layer, z in sorted(((i, z) for i, z in pre.items() if z in batch.checking), key=lambda p: p[1]):
+        own, used = bnd.own[z], (bnd.lower[z][0], bnd.upper[z][0])
+        need = [(j, 1.0) for j in np.flatnonzero(~(own[0][0] >= used[0]))]
+        need += [(j, -1.0) for j in np.flatnonzero(~(own[1][0] <= used[1]))]
+        solver = lp.Solver(lp.build(net, bnd, 0, top=z)) if need else None
         for j, sign in need:
-            c = np.zeros(len(model.lo))
+            c = np.zeros(len(solver.lp.lo))
             c[sum(net.sizes[:z]) + j] = sign
-            value, status = lp.solve(model, c)
-            if not sign * value >= sign * (lo if sign > 0 else hi)[0][j]:
-                side, own = ("lower", own_lo[j]) if sign > 0 else ("upper", own_hi[j])
-                claim = (lo if sign > 0 else hi)[0][j]
-                why = (
-                    f"at {item.path}: the claimed {side} bound {claim:.9g} of layer {layer_of[z]} neuron {j}"
+            value, status = solver.minimum(c)
+            claim = used[0 if sign > 0 else 1][j]
+            if not value >= sign * claim:  # min of ±z_j reaches ±claim
+                side, mine = ("lower", own[0][0][j]) if sign > 0 else ("upper", own[1][0][j])
+                why = f"at {item.path}: the claimed {side} bound {claim:.9g} of layer {layer} neuron {j} is "
+                why += (
+                    f"not reached: {mine:.9g} by the checker's bounds, {sign * value:.9g} by an LP ({status})"
                 )
-                why += f" is not reached: {own:.9g} by the checker's bounds, {sign * value:.9g} by an LP"
-                why += f" ({status})"
-                return (item.obligation, item.index, "", why)
-    return (item.obligation, item.index, "claims", "")
+                return False, (item.obligation, item.index, "", why)
+    return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
 
 
-def _batch(net: onnx_net.Net, items: list, k: int) -> bounds.Batch:
-    """Leaves (or a bounds node) as arrays over ReLU nodes: regions, evidence, the claims above them;
-    the row weightings tried: each of the ``k`` rows, the sum, and the leaf's ``lambda`` (else the sum)."""
+def _batch(net: onnx_net.Net, items: list, k: int, verified: dict) -> bounds.Batch:
+    """Leaves (or a bounds node) as arrays over ReLU nodes: regions, evidence, the verified claims of the
+    bounds nodes above them; the row weightings tried: each of the ``k`` rows, the sum, and the leaf's
+    ``lambda`` (else the sum)."""
     B = len(items)
     layers = {r.id: r for r in net.relu_layers if r.node >= 0}
     batch = bounds.Batch(np.stack([x.lower for x in items]), np.stack([x.upper for x in items]), {}, {}, {},
                          np.concatenate([np.eye(k), np.ones((2, k))])[None].repeat(B, axis=0))  # fmt: skip
 
-    def put(store: dict, layer: int, fill: float, dtype=np.float64) -> np.ndarray:
-        r = layers[layer]
-        return store.setdefault(r.node, np.full((B, r.size), fill, dtype=dtype))
+    def put(store: dict, node: int, n: int, fill: float, dtype=np.float64) -> np.ndarray:
+        return store.setdefault(node, np.full((B, n), fill, dtype=dtype))
 
+    lows: dict = {}
+    highs: dict = {}
     for i, x in enumerate(items):
         for layer, j, sign in (p for p in x.phases if p[0] in layers):
-            put(batch.phase, layer, 0, np.int8)[i, j] = sign
-        for layer, (lo, hi) in ((c, v) for c, v in x.claims.items() if c in layers):
-            z = net.nodes[layers[layer].node].src
-            pair = batch.claims.setdefault(z, (np.full((B, len(lo)), -np.inf), np.full((B, len(lo)), np.inf)))
-            pair[0][i], pair[1][i] = lo, hi
+            put(batch.phase, layers[layer].node, layers[layer].size, 0, np.int8)[i, j] = sign
+        for key in x.claims:
+            for layer, (lo, hi) in ((c, v) for c, v in verified[key].items() if c in layers):
+                z = net.nodes[layers[layer].node].src
+                low, high = put(lows, z, len(lo), -np.inf), put(highs, z, len(lo), np.inf)
+                low[i], high[i] = np.maximum(low[i], lo), np.minimum(high[i], hi)
         ev = x.evidence if isinstance(x, Leaf) else tree.Evidence()
         for layer, a in ((c, v) for c, v in ev.alpha.items() if c in layers):
-            put(batch.alpha, layer, np.nan)[i] = a
+            put(batch.alpha, layers[layer].node, layers[layer].size, np.nan)[i] = a
         for layer, by_neuron in ((c, v) for c, v in ev.beta.items() if c in layers):
             for j, value in by_neuron.items():
-                put(batch.beta, layer, 0.0)[i, j] = value
+                put(batch.beta, layers[layer].node, layers[layer].size, 0.0)[i, j] = value
         if ev.lam is not None:
             batch.lam[i, -1] = ev.lam
+    batch.claims = {z: (low, highs[z]) for z, low in lows.items()}
     return batch

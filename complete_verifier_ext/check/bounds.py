@@ -45,7 +45,7 @@ class Batch:
     beta: dict[int, np.ndarray]  # ReLU node -> (B, n) multipliers >= 0
     lam: np.ndarray  # (B, Q, k) row weightings >= 0
     claims: dict = field(default_factory=dict)  # pre-activation node -> (lower, upper) (B, n), verified
-    checking: dict = field(default_factory=dict)  # the same, being verified: ``own`` keeps the bounds before
+    checking: dict = field(default_factory=dict)  # the same, to verify (used where ``own`` is unstable)
 
 
 @dataclass
@@ -87,9 +87,11 @@ def node_bounds(net: Net, batch: Batch) -> Bounds:
         if clamps[k] and any(deep[s] for s in sources(node)):
             _crown(net, bnd, k)
             _restrict(bnd, k, phases, None)
-        if k in batch.checking:
+        if k in batch.checking:  # claims used (and to verify) only where the own bounds are unstable
             bnd.own[k] = (bnd.lower[k].copy(), bnd.upper[k].copy())
-            _restrict(bnd, k, [], batch.checking[k])
+            unstable = ~((bnd.lower[k] >= 0) | (bnd.upper[k] <= 0))
+            lo, hi = batch.checking[k]
+            _restrict(bnd, k, [], (np.where(unstable, lo, -np.inf), np.where(unstable, hi, np.inf)))
         if isinstance(node, Relu):
             bnd.relax[k] = _relaxation(bnd.lower[node.src], bnd.upper[node.src])
         bnd.empty |= (bnd.lower[k] > bnd.upper[k]).any(axis=1)

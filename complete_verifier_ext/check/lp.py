@@ -140,35 +140,47 @@ def lagrangian(lp: Lp, y: np.ndarray, c: np.ndarray) -> float:
     return float(down(down(value) - charge)) if np.isfinite(value) else -np.inf
 
 
-def solve(lp: Lp, c: np.ndarray | None = None, time_limit: float = 60.0) -> tuple[float, str]:
-    """A rigorous lower bound of the minimum of ``c · v`` (default: the LP's objective) over the LP
-    (``inf``: proven infeasible) and HiGHS's status."""
-    c = lp.c if c is None else c
-    import highspy
+class Solver:
+    """An LP in HiGHS, minimised for one objective after another (each run warm-started from the last)."""
 
-    h = _highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("presolve", "off")  # a dual ray when infeasible
-    h.setOptionValue("time_limit", float(time_limit))
-    A = lp.A.tocsc()
-    model = highspy.HighsLp()
-    model.num_col_, model.num_row_ = A.shape[1], A.shape[0]
-    model.col_cost_, model.col_lower_, model.col_upper_ = c, lp.lo, lp.hi
-    model.row_lower_, model.row_upper_ = lp.row_lo, lp.row_hi
-    model.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    model.a_matrix_.start_, model.a_matrix_.index_, model.a_matrix_.value_ = A.indptr, A.indices, A.data
-    h.passModel(model)
-    h.run()
-    status = h.getModelStatus()
-    if status == highspy.HighsModelStatus.kOptimal:
-        return lagrangian(lp, np.asarray(h.getSolution().row_dual), c), "optimal"
-    if status == highspy.HighsModelStatus.kInfeasible:
-        _, has_ray, ray = h.getDualRay()
-        if has_ray:
-            zero = np.zeros_like(c)
-            bound = max(lagrangian(lp, np.asarray(ray), zero), lagrangian(lp, -np.asarray(ray), zero))
-            return (np.inf if bound > 0 else -np.inf), "infeasible"
-    return -np.inf, h.modelStatusToString(status)
+    def __init__(self, lp: Lp, time_limit: float = 60.0) -> None:
+        import highspy
+
+        self.lp, self.h = lp, _highs()
+        self.h.setOptionValue("output_flag", False)
+        self.h.setOptionValue("time_limit", float(time_limit))
+        A = lp.A.tocsc()
+        model = highspy.HighsLp()
+        model.num_col_, model.num_row_ = A.shape[1], A.shape[0]
+        model.col_cost_, model.col_lower_, model.col_upper_ = lp.c, lp.lo, lp.hi
+        model.row_lower_, model.row_upper_ = lp.row_lo, lp.row_hi
+        model.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        model.a_matrix_.start_, model.a_matrix_.index_, model.a_matrix_.value_ = A.indptr, A.indices, A.data
+        self.h.passModel(model)
+
+    def minimum(self, c: np.ndarray | None = None) -> tuple[float, str]:
+        """A rigorous lower bound of the minimum of ``c · v`` (default: the LP's objective) over the LP
+        (``inf``: proven infeasible) and HiGHS's status."""
+        import highspy
+
+        c = self.lp.c if c is None else c
+        self.h.changeColsCost(len(c), np.arange(len(c), dtype=np.int32), c.astype(np.float64))
+        self.h.run()
+        status = self.h.getModelStatus()
+        if status == highspy.HighsModelStatus.kOptimal:
+            return lagrangian(self.lp, np.asarray(self.h.getSolution().row_dual), c), "optimal"
+        if status == highspy.HighsModelStatus.kInfeasible:
+            self.h.setOptionValue("presolve", "off")  # for a dual ray
+            self.h.run()
+            _, has_ray, ray = self.h.getDualRay()
+            self.h.setOptionValue("presolve", "on")
+            if has_ray:
+                zero = np.zeros_like(c)
+                bound = max(
+                    lagrangian(self.lp, np.asarray(ray), zero), lagrangian(self.lp, -np.asarray(ray), zero)
+                )
+                return (np.inf if bound > 0 else -np.inf), "infeasible"
+        return -np.inf, self.h.modelStatusToString(status)
 
 
 def _highs():

@@ -47,13 +47,14 @@ class Leaf:
     upper: np.ndarray
     phases: tuple[tuple[int, int, int], ...]  # (layer id, neuron, -1: z <= 0 | +1: z >= 0)
     evidence: Evidence
-    claims: dict = field(default_factory=dict)  # layer id -> (lower, upper): the bounds nodes' above it
+    claims: tuple = ()  # the keys of the bounds nodes above it
 
 
 @dataclass(frozen=True)
 class Claims:
     """A bounds node's ``claimed`` bounds (layer id -> (lower, upper) of its pre-activation) over its
-    region, to verify with the ``claims`` of the bounds nodes above it; ``index``: the leaves before it."""
+    region, to verify with those of the bounds nodes above it (``claims``: their keys); ``index``: the
+    leaves before it."""
 
     obligation: int
     index: int
@@ -61,8 +62,12 @@ class Claims:
     lower: np.ndarray
     upper: np.ndarray
     phases: tuple[tuple[int, int, int], ...]
-    claims: dict
+    claims: tuple
     claimed: dict
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.obligation, self.path
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,7 @@ def obligation(obj, k: int, n_in: int, n_out: int) -> ProofObligation:
 def leaves(ob: ProofObligation, k: int, layers: dict[int, int]) -> Iterator[Leaf | Claims]:
     """The leaves of obligation ``k``'s tree and the claims of its bounds nodes, depth first;
     ``layers``: ReLU layer id -> size."""
-    stack = [(ob.tree, ob.lower, ob.upper, (), {}, "root")]
+    stack = [(ob.tree, ob.lower, ob.upper, (), (), "root")]
     count = 0
     while stack:
         node, lo, hi, phases, known, path = stack.pop()
@@ -158,10 +163,8 @@ def leaves(ob: ProofObligation, k: int, layers: dict[int, int]) -> Iterator[Leaf
                 stack += [(kids[1], lo, hi, (*phases, (*split, 1)), known, f"{path}/1")]
                 stack += [(kids[0], lo, hi, (*phases, (*split, -1)), known, f"{path}/0")]
             elif "bounds" in node:
-                claimed = _claims(node["bounds"], kids, layers)
-                yield Claims(k, count, path, lo, hi, phases, known, claimed)
-                merged = {**known, **{i: _meet(known.get(i), c) for i, c in claimed.items()}}
-                stack.append((kids[0], lo, hi, phases, merged, f"{path}/0"))
+                yield Claims(k, count, path, lo, hi, phases, known, _claims(node["bounds"], kids, layers))
+                stack.append((kids[0], lo, hi, phases, (*known, (k, path)), f"{path}/0"))
             else:
                 raise Invalid("a node that is none of leaf, input, clip, relu, bounds")
         except Invalid as e:
@@ -180,10 +183,6 @@ def _claims(spec, kids: list, layers: dict[int, int]) -> dict[int, tuple[np.ndar
             numbers(value.get("upper"), n, f"bounds of layer {key}"),
         )
     return out
-
-
-def _meet(a, b):
-    return b if a is None else (np.maximum(a[0], b[0]), np.minimum(a[1], b[1]))
 
 
 def _children(node) -> list:
