@@ -57,3 +57,23 @@ def test_two_instances_in_one_rank_process_keep_nothing_of_each_other(tmp_path):
     assert _same(b) == _same(b_alone)
     assert a["rows_dealt"][0] and b["rows_dealt"][0] and b["rows_dealt"] != a["rows_dealt"]
     assert (tmp_path / "a.txt").read_text().startswith("unsat")
+
+
+def test_a_limit_learned_on_one_instance_of_a_csv_does_not_cap_the_next():
+    """A csv's instances share one ``main()`` call and so one ``Run``: where α,β-CROWN closes an instance
+    (``Logger.summarize_results``), the out-of-memory caps it learned (rows per pass of a layer, domains
+    per BaB round) are recorded with it and forgotten, and the next instance starts with none."""
+    from complete_verifier_ext.abcrown_plugin.probe import summarize_results
+    from complete_verifier_ext.abcrown_plugin.run import Run
+    from complete_verifier_ext.config import ParallelConfig
+
+    run = Run(ParallelConfig(mode="fsdp", world_size=2), 2, "", 0.0)
+    closed = []
+    hook = summarize_results(run, lambda logger, status, index: closed.append((status, index)))
+    logger = type("Logger", (), {"start_time": 0.0})()
+    run.rows.fits["/input-8"], run.rounds.fits = 8, 5  # the first instance ran out of memory twice
+    hook(logger, "safe", 0)
+    assert (run.rows.fits, run.rounds.fits) == ({}, None)  # the second starts with no cap
+    hook(logger, "unsafe-pgd", 1)
+    assert [(r.verdict, r.bab_fits) for r in run.probe.records] == [("unsat", 5), ("sat", None)]
+    assert closed == [("safe", 0), ("unsafe-pgd", 1)]

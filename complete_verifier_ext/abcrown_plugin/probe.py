@@ -49,7 +49,7 @@ def summarize_results(run: Run, orig):
 
     def summarize_results(self, verified_status, index):
         elapsed = time.time() - self.start_time - run.clock.shift  # the reserve is not time spent
-        run.probe.next_instance(vnncomp_verdict(verified_status), elapsed)
+        run.next_instance(vnncomp_verdict(verified_status), elapsed)
         return orig(self, verified_status, index)
 
     return summarize_results

@@ -119,6 +119,14 @@ def _phase_hook(run: Run, phases: Phases, full_live: list[list[str]] | None) -> 
     return on_phase
 
 
+def _fits(run: Run) -> int | None:
+    """The smallest BaB round that fit after running out of memory, over the run's instances (None: none
+    ran out)."""
+    fits = [r.bab_fits for r in (*run.probe.records, run.probe.current) if r.bab_fits is not None]
+    fits += [run.rounds.fits] if run.rounds.fits is not None else []
+    return min(fits, default=None)
+
+
 def gathered_result(run: Run, phases: Phases, full_live: list[list[str]] | None, crown_batch: int) -> dict:
     """Every rank's peaks, α elements and weight fetches (one all-gather), the probe's records, and
     what each rank dealt; with the audit (``full_live`` not None), every rank's live full-size
@@ -146,7 +154,7 @@ def gathered_result(run: Run, phases: Phases, full_live: list[list[str]] | None,
         "bab_weight_fetches": [[int(a), int(b)] for a, b in every[:, 4:6].tolist()],
         "bab_collectives": comm.all_gather_object(list(run.rounds.collectives)),
         # domains a round that fit after BaB ran out of memory (None: never ran out), per rank
-        "bab_fits": comm.all_gather_object(run.rounds.fits),
+        "bab_fits": comm.all_gather_object(_fits(run)),
         "rows_dealt": comm.all_gather_object(dict(sorted(run.rows.dealt.items()))),
         # every lockstep collective of the run: the same count on every rank, or the ranks diverged
         "collectives": comm.all_gather_object(lockstep_calls() - run.calls_at_start),

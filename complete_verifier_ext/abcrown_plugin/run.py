@@ -1,11 +1,15 @@
 """One rank's run of α,β-CROWN with the plugin: every piece of state the replacements share, in one
-object built once per rank and ``ABCROWN(args).main()`` call (:func:`.rank.rank_main`).
+object built once per rank and ``ABCROWN(args).main()`` call (:func:`.rank.rank_main`), whose
+per-instance parts are reset where each instance ends (:meth:`Run.next_instance`).
 
 Each replacement is made from it (``make(run, original)``, one row of :mod:`.table`) and finds it in
 its closure, never through a module global; code that runs beside a replacement gets the part it
 needs as an argument (the shard registry, the row-dealing state). Nothing of a run outlives it: the
 next call in the same process (a csv's next ``main()``, or an instance forked from a resident worker)
-builds a new ``Run``, so nothing of one instance is visible to the next.
+builds a new ``Run``. A csv's instances run inside one ``main()`` call and so share a ``Run``: it spans
+them because α,β-CROWN loads the model, its config and our patches once per ``main()``, and the
+patches hold the run in their closures; what one instance learns (out-of-memory caps, the round's
+state) is reset when it ends, and what spans them is the run's statistics.
 
 The parts, each owned by one concern:
 
@@ -42,6 +46,7 @@ class Record:
     bab_domains: int = 0  # domains visited by BaB
     bab_s: float = 0.0
     unstable: list[int] = field(default_factory=list)  # unstable neurons before each ReLU, after CROWN
+    bab_fits: int | None = None  # after running out of memory: the domains or boxes a round that fit
     started_at: float = field(default_factory=time.time)  # the rank began work on it (the first: when
     #   α,β-CROWN, imported and patched, starts its run)
 
@@ -134,6 +139,14 @@ class Run:
     def __post_init__(self) -> None:
         self.clock = Clocks(self.started_wall)
         self.rows = Rows(active=self.world > 1)
+
+    def next_instance(self, verdict: str, time_s: float) -> None:
+        """The instance ended: its record closed, and what it learned about memory forgotten, so that a
+        cap one instance of a csv set (rows per pass, domains per round) does not cap the next."""
+        self.probe.current.bab_fits = self.rounds.fits
+        self.probe.next_instance(verdict, time_s)
+        self.rows.fits.clear()
+        self.rounds = Rounds()
 
     @property
     def sharded(self) -> bool:
