@@ -425,6 +425,18 @@ def test_a_margin_only_naive_rounding_finds_positive(tmp_path):
         assert r.status == "invalid" and "not discharged" in r.message, r
 
 
+def test_bounds_that_overflow_prove_nothing(tmp_path):
+    """Weights of 1e300 on a box of ±1e10: every bound overflows; whatever the rows, nothing is proved
+    (a relaxation built from infinite bounds means nothing), and nothing crashes."""
+    layers = [(np.array([[1e300], [-1e300]]), np.zeros(2)), (np.array([[1e300, 1e300]]), np.zeros(1))]
+    lo, hi = np.array([-1e10]), np.array([1e10])
+    for c, d in (([1.0], -1.0), ([-1.0], 1.0)):  # y <= -1 (unsat), -y <= 1 (sat)
+        rows = [(c, d)]
+        q, n = save_query(tmp_path / "q.vnnlib", lo, hi, rows), save_net(tmp_path / "net.onnx", layers)
+        r = check(tmp_path, proof(q, n, layers, [obligation(lo, hi, rows, {"leaf": {}})]), q, n)
+        assert r.status == "invalid" and "not finite" in r.message, r
+
+
 # ------------------------------------------------------------------------------------------------------
 # the readers, the command, the separation from the verifier
 # ------------------------------------------------------------------------------------------------------

@@ -191,13 +191,18 @@ def discharge(net: onnx_net.Net, rows: list[query.Rows], leaves: list[Leaf], ver
         for start in range(0, len(group), size):
             chunk = group[start : start + size]
             batch = _batch(net, chunk, len(rows[k].d), verified)
-            bnd = bounds.node_bounds(net, batch)
-            best = bounds.objective(net, rows[k], bnd, batch)
+            with np.errstate(all="ignore"):  # an overflow is a bound that is not finite: nothing proved
+                bnd = bounds.node_bounds(net, batch)
+                best = bounds.objective(net, rows[k], bnd, batch)
             for b, leaf in enumerate(chunk):
                 if best[b] > 0:
                     out.append((k, leaf.index, "bounds", ""))
                     continue
-                value, status = lp.Solver(lp.build(net, bnd, b, rows[k])).minimum()
+                value, status = (
+                    lp.Solver(lp.build(net, bnd, b, rows[k])).minimum()
+                    if bnd.finite[b]
+                    else (-np.inf, "a bound is not finite")
+                )
                 why = f"at {leaf.path}: not discharged: lower bound {best[b]:.6g} by back-substitution, "
                 why += f"{value:.6g} by the LP ({status})"
                 out.append((k, leaf.index, "lp" if value > 0 else "", why))
@@ -213,7 +218,8 @@ def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, obj
     batch = _batch(net, [item], 0, above)
     pre = {r.id: net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}
     batch.checking = {pre[i]: (lo[None], hi[None]) for i, (lo, hi) in item.claimed.items() if i in pre}
-    bnd = bounds.node_bounds(net, batch)
+    with np.errstate(all="ignore"):
+        bnd = bounds.node_bounds(net, batch)
     for layer, z in sorted(((i, z) for i, z in pre.items() if z in batch.checking), key=lambda p: p[1]):
         own, used = bnd.own[z], (bnd.lower[z][0], bnd.upper[z][0])
         need = [(j, 1.0) for j in np.flatnonzero(~(own[0][0] >= used[0]))]

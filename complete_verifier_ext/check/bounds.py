@@ -52,14 +52,16 @@ class Batch:
 class Bounds:
     """Per node ``(B, n)`` bounds over each leaf's region; ``relax``: per ReLU node, the adaptive lower
     slope, the upper slope, the upper line's intercept; ``em``: per affine node, ``E m_src + eb``
-    rounded up; ``empty``: leaves whose region is empty; ``own``: per node of ``Batch.checking``, the
-    bounds before its claims."""
+    rounded up; ``empty``: leaves whose region is empty; ``finite``: leaves whose bounds are all finite
+    (where one is not, a relaxation means nothing and nothing is proved); ``own``: per node of
+    ``Batch.checking``, the bounds before its claims."""
 
     lower: list
     upper: list
     relax: dict
     em: dict
     empty: np.ndarray
+    finite: np.ndarray
     own: dict = field(default_factory=dict)
 
     def mag(self, k: int) -> np.ndarray:
@@ -74,7 +76,7 @@ def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
 def node_bounds(net: Net, batch: Batch) -> Bounds:
     """Step 1 of the module docstring."""
     B, N = len(batch.lower), len(net.nodes)
-    bnd = Bounds([None] * N, [None] * N, {}, {}, np.zeros(B, dtype=bool))
+    bnd = Bounds([None] * N, [None] * N, {}, {}, np.zeros(B, dtype=bool), np.ones(B, dtype=bool))
     clamps = {
         k: [r for r in range(N) if isinstance(net.nodes[r], Relu) and net.nodes[r].src == k] for k in range(N)
     }
@@ -95,6 +97,7 @@ def node_bounds(net: Net, batch: Batch) -> Bounds:
         if isinstance(node, Relu):
             bnd.relax[k] = _relaxation(bnd.lower[node.src], bnd.upper[node.src])
         bnd.empty |= (bnd.lower[k] > bnd.upper[k]).any(axis=1)
+        bnd.finite &= np.isfinite(bnd.lower[k]).all(axis=1) & np.isfinite(bnd.upper[k]).all(axis=1)
     return bnd
 
 
@@ -200,13 +203,13 @@ def _relu_step(node: Relu, k: int, a: np.ndarray, bnd: Bounds, batch: Batch | No
 def objective(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
     """Step 2 of the module docstring: the best lower bound ``(B,)`` over the batch's weightings of
     the rows (the clause ``λ·(C y - d)`` as one more affine node after the output); ``+inf`` for a leaf
-    whose region is empty."""
+    whose region is empty, ``-inf`` where a bound is not finite."""
     clause = affine(net.output, rows.C, -rows.d, rows.C_rad, rows.d_rad)
     top = len(net.nodes)
     bnd.em[top] = up(sum_up(bnd.mag(net.output) @ clause.E.T, rows.C.shape[1]) + clause.eb)
     res = backward((*net.nodes, clause), bnd, top, batch.lam, batch)
     best = np.where(np.isnan(res), -np.inf, res).max(axis=1, initial=-np.inf)
-    return np.where(bnd.empty, np.inf, best)
+    return np.where(bnd.finite, np.where(bnd.empty, np.inf, best), -np.inf)
 
 
 def _give(pending: dict, bnd: Bounds, k: int, a: np.ndarray, slack: np.ndarray) -> np.ndarray:
