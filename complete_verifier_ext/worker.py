@@ -164,17 +164,10 @@ def run(engine: str, entry: str, argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------------------------------
 def _warm(engine: str) -> None:
     """Everything an instance imports, imported once (no torch operation runs)."""
-    import io
-
-    from . import cli, verify  # noqa: F401
-    from .abcrown_plugin import vnncomp  # noqa: F401
+    from . import abcrown_plugin, cli, verify  # noqa: F401
 
     if engine == "abcrown":
-        from .abcrown_plugin import bridge, locate
-
-        with contextlib.redirect_stdout(io.StringIO()):
-            bridge.import_abcrown(locate.find())
-            import abcrown  # noqa: F401
+        abcrown_plugin.warm()
 
 
 def serve(engine: str) -> None:
@@ -293,9 +286,9 @@ def _instance(request: dict, fds: list[int]) -> None:
 
             code = cli.main(argv, started=clock.started_monotonic())
         else:
-            from .abcrown_plugin import vnncomp
+            from .abcrown_plugin import vnncomp_main
 
-            code = vnncomp.main(argv)
+            code = vnncomp_main(argv)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # a bug: its traceback, on the client's stderr

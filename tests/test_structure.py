@@ -298,7 +298,9 @@ def test_every_module_is_named_in_the_architecture_doc():
         for f in sorted(PACKAGE.rglob("*.py"))
         if (rel := f.relative_to(PACKAGE)).name != "__init__.py" and f"`{rel}`" not in doc
     ]
-    missing += [f"{d.name}/" for d in PACKAGE.iterdir() if (d / "__init__.py").exists() and f"{d.name}/" not in doc]
+    missing += [
+        f"{d.name}/" for d in PACKAGE.iterdir() if (d / "__init__.py").exists() and f"{d.name}/" not in doc
+    ]
     assert not missing, f"not named in docs/architecture.md: {missing}"
 
 

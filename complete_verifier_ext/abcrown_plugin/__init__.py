@@ -23,7 +23,7 @@ Process-wide state: :mod:`.locate`'s loaded checkout alone (α,β-CROWN's module
 ``sys.modules``: one checkout per process). Everything else lives in a :class:`~.run.Run`.
 """
 
-__all__ = ["available", "keys_help", "main", "vnncomp_main"]
+__all__ = ["available", "exp_config", "keys_help", "main", "vnncomp_main", "warm"]
 
 
 def available() -> tuple[str | None, str]:
@@ -62,3 +62,26 @@ def vnncomp_main(argv: list[str]) -> int:
     from .vnncomp import main as run
 
     return run(argv)
+
+
+def warm() -> None:
+    """Everything an instance on this engine imports, imported once without running anything: the
+    VNN-COMP route, and α,β-CROWN itself from the checkout found (its import-time prints swallowed).
+    The resident worker calls it before it forks instances."""
+    import contextlib
+    import io
+
+    from . import vnncomp  # noqa: F401
+    from .bridge import import_abcrown
+    from .locate import find
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        import_abcrown(find())
+        import abcrown  # noqa: F401
+
+
+def exp_config(relative: str) -> str:
+    """The path of one of the checkout's own configs (``exp_configs/`` + ``relative``)."""
+    from .locate import find
+
+    return str(find().complete_verifier / "exp_configs" / relative)
