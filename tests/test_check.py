@@ -655,3 +655,57 @@ def test_acasxu_property_1_whole(tmp_path):
     r = check(tmp_path, doc, q, ACAS_NET, workers=2)
     print(r)
     assert (r.status, r.leaves) == ("valid", count_leaves(node)), r
+
+
+# ------------------------------------------------------------------------------------------------------
+# APTP proofs (dynaroars/aptpchecker's format)
+# ------------------------------------------------------------------------------------------------------
+
+
+def aptp_text(leaves: list[str], n_hidden: int) -> str:
+    """An APTP file of the README's shape: declarations, then the leaves' ``(or (and ...) ...)``."""
+    text = "".join(f"(declare-pwl N_{k} ReLU)\n" for k in range(1, n_hidden + 1))
+    return text + "(assert (or\n" + "".join(f"    (and {leaf})\n" for leaf in leaves) + "))\n"
+
+
+def test_aptp_phase_leaves(tmp_path, capsys):
+    """The README's sample: 2 inputs, 2 layers of 2 ReLUs (``N_1, N_2``; ``N_3, N_4``), its four leaves;
+    without one leaf the others do not cover the phases."""
+    rng = np.random.default_rng(7)
+    layers = [(rng.normal(size=(2, 2)), rng.normal(size=2)), (rng.normal(size=(2, 2)), rng.normal(size=2))]
+    layers.append((np.array([[1.0, -1.0], [-1.0, 1.0]]), np.array([5.0, 0.0])))  # y_0 - y_1 >= 5 - small
+    lo, hi = np.array([-2.0, -1.0]), np.array([2.0, 1.0])
+    q, n = (
+        save_query(tmp_path / "q.vnnlib", lo, hi, [([1.0, -1.0], 0.0)]),
+        save_net(tmp_path / "n.onnx", layers),
+    )
+    leaves = [
+        "(< N_4 0)",
+        "(< N_2 0) (>= N_4 0)",
+        "(>= N_2 0) (>= N_1 0) (>= N_4 0)",
+        "(>= N_2 0) (< N_1 0) (>= N_4 0)",
+    ]
+    p = tmp_path / "proof.aptp"
+    p.write_text(aptp_text(leaves, 4))
+    r = check_proof(str(q), {"N": str(n)}, str(p))
+    assert (r.status, r.leaves) == ("valid", 4), r
+    p.write_text(aptp_text(leaves[:3], 4))
+    r = check_proof(str(q), {"N": str(n)}, str(p))
+    assert r.status == "invalid" and "nothing covers the box" in r.message and "(0, 0, -1)" in r.message, r
+    p.write_text(aptp_text(["(< N_5 0)", "(>= N_5 0)"], 5))
+    assert solver_cli.main(["check", str(q), "--network", f"N={n}", "--proof", str(p)]) == 1
+    assert "N_5: the network has 4 ReLU neurons" in capsys.readouterr().out
+
+
+def test_aptp_input_boxes(tmp_path):
+    """NeuralSAT's APTP leaves are input boxes: ``|x|`` on ``[-1, 2]`` cut at 0 and 0.5 is valid; a leaf
+    whose upper end is written with fewer digits than the query's leaves a sliver uncovered."""
+    doc, q, n = abs_instance(tmp_path)
+    boxes = ["(>= X_0 -1) (<= X_0 0)", "(>= X_0 0) (<= X_0 0.5)", "(>= X_0 0.5) (<= X_0 2)"]
+    p = tmp_path / "proof.aptp"
+    p.write_text(aptp_text(boxes, 2))
+    r = check_proof(str(q), {"N": str(n)}, str(p))
+    assert (r.status, r.leaves) == ("valid", 3), r
+    p.write_text(aptp_text([*boxes[:2], "(>= X_0 0.5) (<= X_0 1.9999999)"], 2))
+    r = check_proof(str(q), {"N": str(n)}, str(p))
+    assert r.status == "invalid" and "nothing covers the box [1.9999999" in r.message, r

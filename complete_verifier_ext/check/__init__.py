@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import bounds, lp, onnx_net, query, tree
+from . import aptp, bounds, lp, onnx_net, query, tree
 from .files import Unsupported, read_bytes, sha256
 from .rounding import subnormals_kept
-from .tree import Invalid, Leaf
+from .tree import FORMAT, Invalid, Leaf
 
-FORMAT = "cve-proof-1"
 _BATCH_FLOATS = 2**24  # per coefficient matrix of a batched backward pass
 
 
@@ -74,8 +73,11 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
         raise Unsupported("this process flushes subnormal floats to zero (the error bounds assume not)")
     ((_, net_path),) = networks.items()
     q_bytes, n_bytes = read_bytes(query_path), read_bytes(net_path)
-    doc = tree.read(proof_path)
     q, net = query.parse(q_bytes), onnx_net.parse(n_bytes, net_path)
+    if str(proof_path).endswith((".aptp", ".aptp.gz")):
+        doc = aptp.document(read_bytes(proof_path), q, net, sha256(q_bytes), sha256(n_bytes))
+    else:
+        doc = tree.read(proof_path)
     layers = _header(doc, sha256(q_bytes), sha256(n_bytes), net)
     if (net.sizes[0], net.sizes[net.output]) != (q.n_inputs, q.n_outputs):
         raise Invalid(

@@ -57,23 +57,27 @@ class Query:
     obligations: tuple[Obligation, ...]
 
 
-def parse(data: bytes) -> Query:
-    """The query of a VNN-LIB 1.x file's bytes; :class:`Unsupported` for what this reader does not take."""
-    text = data.decode("utf-8", errors="replace")
-    tokens = re.findall(r"[()]|[^\s()]+", re.sub(r";[^\n]*", " ", text))
+def sexprs(data: bytes, what: str = "query") -> list:
+    """The s-expressions of a file (comments dropped): nested lists of tokens."""
+    tokens = re.findall(r"[()]|[^\s()]+", re.sub(r";[^\n]*", " ", data.decode("utf-8", errors="replace")))
     stack: list[list] = [[]]
     for tok in tokens:
         if tok == "(":
             stack.append([])
         elif tok == ")":
             if len(stack) == 1:
-                raise Unsupported("query: unbalanced ')'")
+                raise Unsupported(f"{what}: unbalanced ')'")
             stack[-2].append(stack.pop())
         else:
             stack[-1].append(tok)
     if len(stack) != 1:
-        raise Unsupported("query: unbalanced '('")
-    names, asserts = _commands(stack[0])
+        raise Unsupported(f"{what}: unbalanced '('")
+    return stack[0]
+
+
+def parse(data: bytes) -> Query:
+    """The query of a VNN-LIB 1.x file's bytes; :class:`Unsupported` for what this reader does not take."""
+    names, asserts = _commands(sexprs(data))
     n_in, n_out = (_count(names, kind) for kind in "XY")
     terms = _dnf(["and", *asserts], names) if asserts else [[]]
     obligations = [o for o in (_obligation(t, n_in, n_out) for t in terms) if o is not None]
@@ -190,11 +194,11 @@ def _obligation(term: list, n_in: int, n_out: int) -> Obligation | None:
         [[c.get(("Y", j), Fraction(0)) for j in range(n_out)] for c, _ in ys], (len(ys), n_out)
     )
     d, d_rad = _nearest([b for _, b in ys], (len(ys),))
-    box = np.array([_outward(v, -1) for v in lo]), np.array([_outward(v, 1) for v in hi])
+    box = np.array([outward(v, -1) for v in lo]), np.array([outward(v, 1) for v in hi])
     return Obligation(*box, Rows(C, d, C_rad, d_rad))
 
 
-def _outward(v: Fraction, side: int) -> float:
+def outward(v: Fraction, side: int) -> float:
     """The float64 nearest ``v`` on the side ``side`` (-1: below, 1: above)."""
     try:
         f = float(v)  # correctly rounded
@@ -207,5 +211,5 @@ def _nearest(values: list, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarr
     """Nearest floats, and radii rounded up; ``values``: nested lists of Fractions."""
     exact = np.array(values, dtype=object).reshape(shape)
     near = np.array([float(v) for v in exact.ravel()], dtype=np.float64).reshape(shape)
-    rad = [_outward(abs(Fraction(f) - v), 1) for f, v in zip(near.ravel(), exact.ravel(), strict=True)]
+    rad = [outward(abs(Fraction(f) - v), 1) for f, v in zip(near.ravel(), exact.ravel(), strict=True)]
     return near, np.array(rad, dtype=np.float64).reshape(shape)

@@ -22,6 +22,8 @@ import numpy as np
 
 from .files import read_bytes
 
+FORMAT = "cve-proof-1"
+
 
 class Invalid(Exception):
     """The proof does not prove the query; the message says where and why."""
