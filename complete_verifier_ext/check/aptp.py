@@ -9,12 +9,12 @@ j``. The other asserts (the property) are left to the query, which is read as fo
 
 For each obligation of the query the leaves become a tree whose regions cover its box: a region is a
 leaf as soon as an APTP leaf contains it (its box, rounded outward as the query's, around the region;
-its literals among the region's phases); else it is cut at a bound of an APTP leaf that meets it, strictly inside;
-else split on the neuron most of the leaves that meet it name (an APTP tree comes back as it was). A
-region no APTP leaf meets means the leaves do not cover the query: the proof is invalid (a gap
-narrower than a float64 step may pass unseen; the tree covers the box whatever the leaves say, so that
-is no hole in the checking). The tree's leaves carry no evidence: the checker's bounds and LP decide
-them.
+its literals among the region's phases); else it is cut at a bound of an APTP leaf that meets it,
+strictly inside; else split on the neuron most of the leaves that meet it name (an APTP tree comes
+back as it was). A region no APTP leaf meets means the leaves do not cover the query: the proof is
+invalid (a gap narrower than a float64 step may pass unseen; the tree covers the box whatever the
+leaves say, so that is no hole in the checking). The tree's leaves carry no evidence: the checker's
+bounds and LP decide them.
 """
 
 from __future__ import annotations
