@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
+from types import MappingProxyType
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from .onnx_net import Net
 from .query import Query, outward, sexprs
 from .tree import FORMAT, Invalid
 
-_SIGN = {"<": -1, "<=": -1, ">=": 1, ">": 1}
+_SIGN = MappingProxyType({"<": -1, "<=": -1, ">=": 1, ">": 1})
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import MappingProxyType
 
 from . import UsageError, check_proof
 
-EXIT = {"valid": 0, "invalid": 1, "unsupported": 2}
+EXIT = MappingProxyType({"valid": 0, "invalid": 1, "unsupported": 2})
 
 
 class _Parser(argparse.ArgumentParser):
