@@ -227,7 +227,7 @@ def test_bounds_nodes_are_verified_then_used(tmp_path):
     active = {"bounds": {"0": {"lower": [-e, -2 - e], "upper": [2 + e, e]}}, "children": [{"leaf": {}}]}
     split = {"relu": {"layer": 0, "neuron": 0}, "children": [inactive, active]}
     doc, q, n = abs_instance(tmp_path, node=split)
-    r = check(tmp_path, doc, q, n)
+    r = check(tmp_path, doc, q, n, workers=2)
     assert (r.status, r.leaves) == ("valid", 2), r
     split["children"].reverse()
     r = check(tmp_path, doc, q, n)
