@@ -146,7 +146,7 @@ class Run:
         self.probe.current.bab_fits = self.rounds.fits
         self.probe.next_instance(verdict, time_s)
         self.rows.fits.clear()
-        self.rounds = Rounds()
+        self.rounds.fits = self.rounds.picked = self.rounds.undo = None  # (its collectives: statistics)
 
     @property
     def sharded(self) -> bool:
