@@ -38,6 +38,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+from types import MappingProxyType
 
 from . import clock
 
@@ -64,22 +65,24 @@ def _opsets() -> list[str]:
 
 
 # each ``supports`` flag -> the lines it answers (the default engine's: native)
-SUPPORTS = {
-    "--onnx-opset-versions": _opsets,
-    # the analysis is sound for real arithmetic; float32 evaluation is not bounded with certainty
-    "--onnx-element-types": lambda: ["real"],
-    "--onnx-operators": _operators,
-    "--vnnlib-versions": lambda: ["1.0", "2.0"],
-    "--hidden-node-theories": lambda: ["NH"],  # declare-hidden is refused
-    "--multiple-input-output-theories": lambda: ["SIO", "MIO"],
-    "--multiple-network-theories": lambda: ["SNET", "MENET", "MINET", "MNET"],
-    "--multiple-node-comparison-theories": lambda: ["SNC"],  # inputs related to outputs are refused
-    # inputs in a box (BND) and linear rows over outputs (OUTC and more); a linear constraint over inputs
-    # beyond a box or a tie between two networks' inputs (LIN) and a product (POLY) are refused
-    "--arithmetic-complexity-theories": lambda: ["BND", "OUTC"],
-    "--optimised-disjunctive-reasoning": lambda: ["false"],  # disjunctions become DNF
-    "--serialise-assignments": lambda: ["true"],
-}
+SUPPORTS = MappingProxyType(
+    {
+        "--onnx-opset-versions": _opsets,
+        # the analysis is sound for real arithmetic; float32 evaluation is not bounded with certainty
+        "--onnx-element-types": lambda: ["real"],
+        "--onnx-operators": _operators,
+        "--vnnlib-versions": lambda: ["1.0", "2.0"],
+        "--hidden-node-theories": lambda: ["NH"],  # declare-hidden is refused
+        "--multiple-input-output-theories": lambda: ["SIO", "MIO"],
+        "--multiple-network-theories": lambda: ["SNET", "MENET", "MINET", "MNET"],
+        "--multiple-node-comparison-theories": lambda: ["SNC"],  # inputs related to outputs are refused
+        # inputs in a box (BND) and linear rows over outputs (OUTC and more); a linear constraint over inputs
+        # beyond a box or a tie between two networks' inputs (LIN) and a product (POLY) are refused
+        "--arithmetic-complexity-theories": lambda: ["BND", "OUTC"],
+        "--optimised-disjunctive-reasoning": lambda: ["false"],  # disjunctions become DNF
+        "--serialise-assignments": lambda: ["true"],
+    }
+)
 
 
 class UsageError(Exception):
@@ -223,7 +226,7 @@ def serialise(variables, folder: str) -> None:
         Path(folder, f"{name}.pb").write_bytes(numpy_helper.from_array(array, name).SerializeToString())
 
 
-VERDICTS = {"sat": "sat", "unsat": "unsat", "unknown": "unknown", "timeout": "timed-out"}
+VERDICTS = MappingProxyType({"sat": "sat", "unsat": "unsat", "unknown": "unknown", "timeout": "timed-out"})
 
 
 def verify(a: argparse.Namespace) -> int:
