@@ -375,6 +375,17 @@ def load_parallel(sources: Sequence[tuple[Any, str]]) -> ParallelConfig:
     return par
 
 
+def parallel_flags(par: ParallelConfig) -> list[str]:
+    """``par`` as the ``--parallel.KEY VALUE`` overrides that give it (the keys not at their default), for a
+    front door that hands a command line on to either engine."""
+    default, out = ParallelConfig(), []
+    for f in dataclasses.fields(ParallelConfig):
+        value = getattr(par, f.name)
+        if value != getattr(default, f.name):
+            out += [f"--parallel.{f.name}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return out
+
+
 def _default_mode(par: ParallelConfig, flat: Flat) -> ParallelConfig:
     """``parallel.world_size`` above 1 with no ``parallel.mode`` given means ``fsdp`` (the bounds of one
     process, bit for bit in CROWN); an explicit ``none`` stays an error."""

@@ -244,6 +244,7 @@ def verify(a: argparse.Namespace) -> int:
         onnx_arg = onnx_argument(spec, networks, a.query)
         if a.timeout is not None and not (a.timeout > 0 and math.isfinite(a.timeout)):
             raise UserError(f"--timeout {a.timeout}: expected a positive number of seconds")
+        a.parallel = _parallel_flags(a)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -277,6 +278,18 @@ def verify(a: argparse.Namespace) -> int:
     return 0
 
 
+def _parallel_flags(a: argparse.Namespace) -> list[str]:
+    """``--world-size`` and ``--mode`` as the ``parallel`` section both engines read, checked as theirs
+    (``config_load.load_parallel``), in the flags that give it."""
+    from .config_load import load_parallel, parallel_flags
+    from .errors import UserError
+
+    section = {"world_size": a.world_size, **({"mode": a.mode} if a.world_size > 1 else {})}
+    if a.world_size < 1:
+        raise UserError(f"--world-size {a.world_size}: expected a number of ranks, 1 or more")
+    return parallel_flags(load_parallel([(section, "the command line")]))
+
+
 def _run(a: argparse.Namespace, spec, onnx_arg: str, results: str, started: float) -> int:
     """The verifier on one instance, everything it says on stderr; its exit code."""
     import contextlib
@@ -292,14 +305,13 @@ def _run(a: argparse.Namespace, spec, onnx_arg: str, results: str, started: floa
         else:
             from .methods import for_instance
 
-            method, why = for_instance(onnx_arg, a.query, a.world_size > 1 and a.mode == "tp")
+            method, why = for_instance(onnx_arg, a.query, "tp" in a.parallel)
         print(f"complete-verifier-ext: {why}", file=sys.stderr)
         argv = [*method, "--general.engine", "native", "--model.onnx_path", onnx_arg]
         argv += ["--specification.vnnlib_path", a.query]
         argv += ["--general.results_file", results, "--general.csv_name", "null", "--general.root_path", ""]
         argv += ["--bab.timeout", str(timeout), "--quiet"]
-        if a.world_size > 1:
-            argv += ["--parallel.mode", a.mode, "--parallel.world_size", str(a.world_size)]
+        argv += a.parallel
         if a.device:
             argv += ["--general.device", a.device]
         return cli.main(argv, started=started)
@@ -308,21 +320,19 @@ def _run(a: argparse.Namespace, spec, onnx_arg: str, results: str, started: floa
 def _run_abcrown(a: argparse.Namespace, spec, onnx_arg: str, results: str, timeout: float) -> int:
     """The user's α,β-CROWN through the plugin: its config for the method (``--config``: the user's)."""
     from . import abcrown_plugin
-    from .abcrown_plugin import locate
     from .methods import INPUT_SPLIT_MAX_DIMS
 
     if a.config:
         config, why = a.config, f"alpha-beta-CROWN with {a.config}"
     elif spec.n_inputs <= INPUT_SPLIT_MAX_DIMS:  # as the native engine's methods.choose
-        config = str(locate.find().complete_verifier / "exp_configs" / "vnncomp21" / "acasxu.yaml")
+        config = abcrown_plugin.exp_config("vnncomp21/acasxu.yaml")
         why = f"{spec.n_inputs} input dimensions: alpha-beta-CROWN's input split (vnncomp21/acasxu.yaml)"
     else:
         config, why = None, "alpha-beta-CROWN's default: alpha-CROWN, then beta-CROWN branch and bound"
     print(f"complete-verifier-ext: {why}", file=sys.stderr)
     overrides = ["--onnx_path", onnx_arg, "--vnnlib_path", a.query, "--results_file", results]
     overrides += ["--timeout", str(timeout), "--device", a.device or "cpu"]
-    if a.world_size > 1:
-        overrides += ["--parallel.mode", a.mode, "--parallel.world_size", str(a.world_size)]
+    overrides += a.parallel
     return abcrown_plugin.main(config, overrides, None, True, a.started_wall)
 
 

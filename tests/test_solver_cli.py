@@ -265,3 +265,14 @@ def test_an_in_process_verify_counts_its_timeout_from_the_call(capsys, tmp_path,
     )
     assert code == 0 and out.splitlines()[0] == "sat", err[-2000:]
     time.sleep(3)  # past the hard end of that call: this process is still here
+
+
+def test_a_bad_world_size_is_one_line():
+    """``--world-size`` goes through the ``parallel`` section's own checks: 0 ranks is one line, exit 1."""
+    ex = Path(__file__).resolve().parents[1] / "complete_verifier_ext" / "examples"
+    cmd = [sys.executable, "-m", "complete_verifier_ext.solver_cli", "verify", str(ex / "example.vnnlib")]
+    cmd += ["--network", f"N={ex / 'example.onnx'}", "--world-size", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        "error: --world-size 0: expected a number of ranks, 1 or more"
+    ], out.stderr
