@@ -85,8 +85,8 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
             f"query declares {q.n_inputs} and {q.n_outputs}"
         )
     obligations = _cover(doc, q)
-    items = [x for k, (ob, _) in enumerate(obligations) for x in tree.leaves(ob, k, layers)]
-    leaves, rows = [x for x in items if isinstance(x, Leaf)], [r for _, r in obligations]
+    items = [x for k, (ob, _, box) in enumerate(obligations) for x in tree.leaves(ob, k, layers, box)]
+    leaves, rows = [x for x in items if isinstance(x, Leaf)], [r for _, r, _ in obligations]
     claims = [x for x in items if isinstance(x, tree.Claims)]
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
@@ -145,16 +145,16 @@ def _header(doc: dict, q_sha: str, n_sha: str, net: onnx_net.Net) -> dict[int, i
     return out
 
 
-def _cover(doc: dict, q: query.Query) -> list[tuple[tree.ProofObligation, query.Rows]]:
-    """The proof's obligations, each with its rows as the query has them (radii included); every term
-    of the query must be covered by one."""
+def _cover(doc: dict, q: query.Query) -> list[tuple]:
+    """The proof's obligations, each with its rows as the query has them (radii included) and the box
+    around the terms it covers (what its tree must discharge); every term of the query must be covered."""
     obs = doc.get("obligations")
     if not isinstance(obs, list):
         raise Invalid("obligations: not a list")
     out, covered = [], set()
     for k, obj in enumerate(obs):
         ob = tree.obligation(obj, k, q.n_inputs, q.n_outputs)
-        match, why = None, "its rows are not rows of any term of the query"
+        match, why, boxes = None, "its rows are not rows of any term of the query", []
         for j, term in enumerate(q.obligations):
             idx = [
                 next((i for i in range(len(term.rows.d)) if _same(term.rows, i, c, d)), None)
@@ -164,14 +164,14 @@ def _cover(doc: dict, q: query.Query) -> list[tuple[tree.ProofObligation, query.
                 continue
             if (ob.lower <= term.lower).all() and (ob.upper >= term.upper).all():
                 covered.add(j)
-                match = match or term.rows.take(idx)
+                match, boxes = match or term.rows.take(idx), [*boxes, (term.lower, term.upper)]
             else:
                 bad = int(np.flatnonzero((ob.lower > term.lower) | (ob.upper < term.upper))[0])
                 span = [float(term.lower[bad]), float(term.upper[bad])]
                 why = f"its box does not contain the query's: X_{bad} in {span}"
         if match is None:
             raise Invalid(f"obligation {k}: {why}")
-        out.append((ob, match))
+        out.append((ob, match, (np.min([b[0] for b in boxes], 0), np.max([b[1] for b in boxes], 0))))
     missing = sorted(set(range(len(q.obligations))) - covered)
     if missing:
         raise Invalid(f"the query's term {missing[0]} (of {len(q.obligations)}) is covered by no obligation")

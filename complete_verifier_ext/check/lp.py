@@ -141,7 +141,10 @@ def lagrangian(lp: Lp, y: np.ndarray, c: np.ndarray) -> float:
 
 
 class Solver:
-    """An LP in HiGHS, minimised for one objective after another (each run warm-started from the last)."""
+    """An LP in HiGHS, minimised for one objective after another: the dual simplex (warm-started from
+    the last objective), or for LPs of over 5000 variables (conv nets) the interior-point method
+    without crossover (the duals need not be exact: the bound is rigorous for any); the simplex for a
+    dual ray where the LP is infeasible."""
 
     def __init__(self, lp: Lp, time_limit: float = 60.0) -> None:
         import highspy
@@ -149,6 +152,9 @@ class Solver:
         self.lp, self.h = lp, _highs()
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("time_limit", float(time_limit))
+        self.solver = "ipm" if lp.A.shape[1] > 5000 else "simplex"  # the simplex warm-starts; IPM: conv nets
+        self.h.setOptionValue("solver", self.solver)
+        self.h.setOptionValue("run_crossover", "off")
         A = lp.A.tocsc()
         model = highspy.HighsLp()
         model.num_col_, model.num_row_ = A.shape[1], A.shape[0]
@@ -170,9 +176,11 @@ class Solver:
         if status == highspy.HighsModelStatus.kOptimal:
             return lagrangian(self.lp, np.asarray(self.h.getSolution().row_dual), c), "optimal"
         if status == highspy.HighsModelStatus.kInfeasible:
-            self.h.setOptionValue("presolve", "off")  # for a dual ray
+            self.h.setOptionValue("solver", "simplex")  # for a dual ray
+            self.h.setOptionValue("presolve", "off")
             self.h.run()
             _, has_ray, ray = self.h.getDualRay()
+            self.h.setOptionValue("solver", self.solver)
             self.h.setOptionValue("presolve", "on")
             if has_ray:
                 zero = np.zeros_like(c)

@@ -138,16 +138,20 @@ def obligation(obj, k: int, n_in: int, n_out: int) -> ProofObligation:
     return ProofObligation(lower, upper, C, d, obj["tree"])
 
 
-def leaves(ob: ProofObligation, k: int, layers: dict[int, int]) -> Iterator[Leaf | Claims]:
+def leaves(ob: ProofObligation, k: int, layers: dict[int, int], within=None) -> Iterator[Leaf | Claims]:
     """The leaves of obligation ``k``'s tree and the claims of its bounds nodes, depth first;
-    ``layers``: ReLU layer id -> size."""
+    ``layers``: ReLU layer id -> size. The tree is validated on the proof's boxes; the regions to
+    discharge are those boxes within ``(lower, upper)``, the query's box (an empty one: nothing to do)."""
+    w_lo, w_hi = within if within is not None else (ob.lower, ob.upper)
     stack = [(ob.tree, ob.lower, ob.upper, (), (), "root")]
     count = 0
     while stack:
         node, lo, hi, phases, known, path = stack.pop()
+        r_lo, r_hi = np.maximum(lo, w_lo), np.minimum(hi, w_hi)
         try:
             if isinstance(node, dict) and "leaf" in node:
-                yield Leaf(k, count, path, lo, hi, phases, _evidence(node["leaf"], len(ob.d), layers), known)
+                ev = _evidence(node["leaf"], len(ob.d), layers)
+                yield Leaf(k, count, path, r_lo, r_hi, phases, ev, known)
                 count += 1
                 continue
             kids = _children(node)
@@ -157,6 +161,7 @@ def leaves(ob: ProofObligation, k: int, layers: dict[int, int]) -> Iterator[Leaf
             elif "clip" in node:
                 new_lo, new_hi, slabs = _clip(node["clip"], kids, lo, hi)
                 for s_lo, s_hi in slabs:
+                    s_lo, s_hi = np.maximum(s_lo, w_lo), np.minimum(s_hi, w_hi)
                     yield Leaf(k, count, f"{path}/slab{count}", s_lo, s_hi, phases, Evidence(), known)
                     count += 1
                 stack.append((kids[0], new_lo, new_hi, phases, known, f"{path}/0"))
@@ -165,7 +170,7 @@ def leaves(ob: ProofObligation, k: int, layers: dict[int, int]) -> Iterator[Leaf
                 stack += [(kids[1], lo, hi, (*phases, (*split, 1)), known, f"{path}/1")]
                 stack += [(kids[0], lo, hi, (*phases, (*split, -1)), known, f"{path}/0")]
             elif "bounds" in node:
-                yield Claims(k, count, path, lo, hi, phases, known, _claims(node["bounds"], kids, layers))
+                yield Claims(k, count, path, r_lo, r_hi, phases, known, _claims(node["bounds"], kids, layers))
                 stack.append((kids[0], lo, hi, phases, (*known, (k, path)), f"{path}/0"))
             else:
                 raise Invalid("a node that is none of leaf, input, clip, relu, bounds")
