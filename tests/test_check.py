@@ -250,6 +250,17 @@ def test_bounds_nodes_are_verified_then_used(tmp_path):
     assert bnd.lower[1].tolist() == [[0.5, -2.0]] and bnd.upper[1].tolist() == [[1.5, -0.5]]
 
 
+def test_regions_are_within_the_query_box(tmp_path):
+    """A proof box wider than the query's (``[-1.5, 2.5]`` for ``[-1, 2]``): the tree is validated on it,
+    the regions are discharged within the query's box, where a claim ``x >= -1`` holds."""
+    e = 1e-9
+    claims = {"0": {"lower": [-1 - e, -2 - e], "upper": [2 + e, 1 + e]}}
+    doc, q, n = abs_instance(tmp_path, node={"bounds": claims, "children": [{"leaf": {}}]})
+    doc["obligations"][0]["box"] = {"lower": [-1.5], "upper": [2.5]}
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves) == ("valid", 1), r
+
+
 def test_clip_slabs_are_leaves_of_the_checker(tmp_path):
     """A clip to ``[-0.5, 1]`` inside ``[-1, 2]``: the slabs ``[-1, -0.5]`` and ``[1, 2]`` are checked too."""
     clip = {"clip": {"lower": [-0.5], "upper": [1.0]}, "children": [{"leaf": {"alpha": {"0": [0.5, 0.5]}}}]}
