@@ -6,9 +6,10 @@ A second implementation of the semantics, sharing no code with the verifier: its
 outward (:mod:`.bounds`, :mod:`.rounding`) and LP fallback with a dual bound (:mod:`.lp`). The steps:
 the files' sha256 against the proof's; the proof's ReLU layers against the network's; every term of
 the query's disjunctive form covered by a proof obligation (its box containing the term's outward
-box, its rows among the term's rows); every tree walked (:mod:`.tree`); every leaf discharged, by the
-bound pass with its evidence or else by the LP fallback. ``workers > 1`` deals the leaves round-robin
-over a process pool.
+box, its rows among the term's rows); every tree walked (:mod:`.tree`); every bounds node's claims
+verified (those above it first); every leaf discharged, by the bound pass with its evidence or else
+by the LP fallback. An APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals
+the bounds nodes and the leaves over a process pool (the leaves round-robin).
 """
 
 from __future__ import annotations
