@@ -21,8 +21,8 @@ def float32_box(lower: Any, upper: Any, inward: bool) -> tuple[np.ndarray, np.nd
     ``inward=True`` rounds ``lower`` up and ``upper`` down, so every float32 point of the result lies in
     the real box (used for attacks).  ``inward=False`` rounds ``lower`` down and ``upper`` up, so the result
     contains the real box (used for sound bounds), also where ``lower``/``upper`` are the float64 nearest
-    to a decimal of the file (a value a float32 holds exactly steps one float32 ulp out).  Values beyond the float32 range round to ``±inf``
-    outward and to ``±float32_max`` inward.
+    to a decimal of the file (a value a float32 holds exactly steps one float32 ulp out). Values beyond
+    the float32 range round to ``±inf`` outward and to ``±float32_max`` inward.
 
     If inward rounding empties a dimension (the real interval holds no float32 value, as a pinned
     ``X = 0.1``), that dimension is the float32 nearest to the interval's midpoint: the value the
