@@ -8,8 +8,10 @@ order, so that P = 1 and P > 1 runs of the same search give the same proof:
 
 * :func:`input_tree`: the boxes of an input-split search's verified domains, tiled by bisections, back
   into the tree of cuts (each cut at the midpoint of its box, in float32, as the search bisects);
-* :func:`phase_tree`: the split histories of a ReLU-split search's verified domains (each an ordered
-  tuple of ``(layer, neuron, sign)``) into the tree of phase splits;
+* :func:`phase_tree`: the split histories of a ReLU-split search's verified domains (each a tuple of
+  ``(layer, neuron, sign)``, in the order of the splits or in none) into the tree of phase splits;
+* :func:`logged_tree`: an input-split search recorded as a log of boxes (each split into boxes that tile
+  it, clipped to a smaller box, or verified) into the tree of input splits and clips;
 * :func:`with_bounds`: claimed intermediate bounds (α-CROWN's at a BaB root) over a subtree.
 """
 
@@ -83,20 +85,92 @@ def input_tree(lower: np.ndarray, upper: np.ndarray, leaves: np.ndarray) -> dict
     raise ValueError(f"{len(leaves)} leaf box(es) do not tile their box by bisections")
 
 
-def phase_tree(histories: list[tuple[tuple[int, int, int], ...]], depth: int = 0) -> dict:
-    """The tree of phase splits whose leaves are the split histories ``histories`` (each the ordered
-    ``(relu layer id, flat neuron, +1 active / -1 inactive)`` of a verified domain). Raises
-    ``ValueError`` where they are not a complete case split."""
-    if len(histories) == 1 and len(histories[0]) == depth:
+def phase_tree(histories: list[tuple[tuple[int, int, int], ...]]) -> dict:
+    """The tree of phase splits whose leaves are the split histories ``histories`` (each the
+    ``(relu layer id, flat neuron, +1 active / -1 inactive)`` of a verified domain, in the order the
+    splits were made, or in any order). Raises ``ValueError`` where they are not a complete case split.
+
+    Each node splits on a neuron that every remaining history splits, with both signs among them
+    (always one where the histories are the leaves of a case-split tree: its root's neuron; splitting
+    first on any other such neuron leaves a case split on each side); of those, the one earliest in the
+    histories, so that ordered histories give back the tree that made them. Each leaf's path then
+    holds exactly its history: its region is the verified domain's."""
+    return _case_split(sorted(set(map(tuple, histories))))
+
+
+def _case_split(leaves: list[tuple[tuple[int, int, int], ...]]) -> dict:
+    if len(leaves) == 1 and not leaves[0]:
         return leaf()
-    heads = {h[depth][:2] for h in histories if len(h) > depth}
-    if len(heads) != 1 or any(len(h) <= depth for h in histories):
-        raise ValueError(f"the split histories branch inconsistently at depth {depth}")
-    layer, neuron = heads.pop()
-    sides = [[h for h in histories if h[depth][2] == sign] for sign in (-1, 1)]
-    if not all(sides):
-        raise ValueError(f"neuron {neuron} of layer {layer} is split on one side only")
-    return {"relu": {"layer": layer, "neuron": neuron}, "children": [phase_tree(s, depth + 1) for s in sides]}
+    if not leaves or any(not h for h in leaves):
+        raise ValueError("the split histories are not a case split (a domain inside another, or none)")
+    where = [{(layer, n): (k, sign) for k, (layer, n, sign) in enumerate(h)} for h in leaves]
+    common = set(where[0]).intersection(*where[1:])
+    both = [s for s in common if {w[s][1] for w in where} == {-1, 1}]
+    if not both:
+        raise ValueError(f"no neuron is split both ways in all of {len(leaves)} histories: not a case split")
+    layer, neuron = min(both, key=lambda s: (max(w[s][0] for w in where), s))
+    sides = [[tuple(x for x in h if x[:2] != (layer, neuron)) for h, w in zip(leaves, where, strict=True)
+              if w[layer, neuron][1] == sign] for sign in (-1, 1)]  # fmt: skip
+    return {"relu": {"layer": layer, "neuron": neuron}, "children": [_case_split(s) for s in sides]}
+
+
+Key = tuple  # an input-split box: (the clause it is searched for, lower bytes, upper bytes), float64
+
+
+def box_of(key: Key) -> tuple[np.ndarray, np.ndarray]:
+    """The (lower, upper) float64 box a :class:`BoxLog` key stands for."""
+    return np.frombuffer(key[1], dtype=np.float64), np.frombuffer(key[2], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class BoxLog:
+    """What an input-split search did with its boxes (keys: :data:`Key`): split one into boxes that
+    tile it (``splits``), clipped one to a box inside it (``clips``; None: to nothing, the whole box
+    verified), bounded one above the threshold (``verified``)."""
+
+    splits: dict[Key, tuple[Key, ...]]
+    clips: dict[Key, Key | None]
+    verified: frozenset[Key]
+
+
+def logged_tree(root: Key, log: BoxLog) -> dict:
+    """The tree of input splits and clips that proves ``root`` by ``log``: a verified box (or one clipped
+    to nothing) is a leaf, a clipped box a clip node over its clipped box, a split box the cuts that tile
+    it. Raises ``ValueError`` where a box was left open (no proof)."""
+    if root in log.verified or log.clips.get(root, root) is None:
+        return leaf()
+    if root in log.clips:
+        to = log.clips[root]
+        lo, hi = box_of(to)
+        return {"clip": {"lower": lo.tolist(), "upper": hi.tolist()}, "children": [logged_tree(to, log)]}
+    if root in log.splits:
+        kids = log.splits[root]
+        lo, hi = box_of(root)
+        parts = np.stack([np.stack(box_of(k)) for k in kids])  # (N, 2, n)
+        return tiling_tree(lo, hi, parts, [logged_tree(k, log) for k in kids])
+    raise ValueError("a box of the search was neither verified nor split")
+
+
+def tiling_tree(lower: np.ndarray, upper: np.ndarray, parts: np.ndarray, nodes: list[dict]) -> dict:
+    """Input splits that cut ``[lower, upper]`` into the boxes ``parts`` ((N, 2, n): lower, upper), whose
+    subtrees are ``nodes``: at each node one cut, at a part's upper end, with every part on one side
+    of it. Raises ``ValueError`` where the parts do not tile the box exactly."""
+    if len(parts) == 1:
+        if not (np.array_equal(parts[0, 0], lower) and np.array_equal(parts[0, 1], upper)):
+            raise ValueError("the boxes a box was split into do not tile it")
+        return nodes[0]
+    for dim in range(len(lower)):
+        for at in np.unique(parts[:, 1, dim]):
+            left, right = parts[:, 1, dim] <= at, parts[:, 0, dim] >= at
+            if lower[dim] < at < upper[dim] and left.any() and right.any() and bool((left ^ right).all()):
+                hi, lo = upper.copy(), lower.copy()
+                hi[dim] = lo[dim] = at
+                sides = ((lower, hi, left), (lo, upper, right))
+                kids = [
+                    tiling_tree(a, b, parts[m], [nodes[j] for j in np.flatnonzero(m)]) for a, b, m in sides
+                ]
+                return {"input": {"dim": dim, "at": [float(at)]}, "children": kids}
+    raise ValueError("the boxes a box was split into do not tile it")
 
 
 def _digest(path: str) -> str:
@@ -137,12 +211,36 @@ def write(
 # ----------------------------------------------------------------------------------------------------------
 
 
-def relu_layers(graph) -> list[dict]:
-    """The proof's ``relu_layers``: every ReLU of the native graph, in the ONNX graph's order."""
-    return [
-        {"id": i, "output": graph.nodes[j].name, "size": int(np.prod(graph.nodes[j].shape))}
-        for i, j in enumerate(graph.relu_nodes())
-    ]
+def relu_layers(onnx_path: str, sizes: list[int]) -> list[dict]:
+    """The proof's ``relu_layers``: the ONNX graph's ``Relu`` nodes in order, each named by its output
+    tensor, with the size ONNX shape inference gives it (a leading unknown dimension is the batch); they
+    must be the verifier's ReLUs of the same positions and sizes (``sizes``), else ``ValueError``."""
+    import onnx
+
+    data = Path(onnx_path).read_bytes()
+    model = onnx.load_model_from_string(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    graph = onnx.shape_inference.infer_shapes(model).graph
+    shapes = {v.name: v.type.tensor_type.shape for v in (*graph.value_info, *graph.output)}
+    out = []
+    for node in (n for n in graph.node if n.op_type == "Relu"):
+        dims = [
+            d.dim_value if d.HasField("dim_value") else None
+            for d in getattr(shapes.get(node.output[0]), "dim", [])
+        ]
+        dims = dims[1:] if dims and dims[0] is None else dims
+        size = int(np.prod(dims)) if dims and None not in dims else None
+        out.append({"id": len(out), "output": node.output[0], "size": size})
+    found = [r["size"] for r in out]
+    if found != [int(s) for s in sizes]:
+        raise ValueError(
+            f"the ONNX graph's Relu nodes (sizes {found}) are not the verifier's ReLUs (sizes {list(sizes)})"
+        )
+    return out
+
+
+def graph_relu_sizes(graph) -> list[int]:
+    """The sizes of the native graph's ReLUs, in order (its ReLU nodes are the ONNX graph's, in order)."""
+    return [int(np.prod(graph.nodes[j].shape)) for j in graph.relu_nodes()]
 
 
 def _layer_of(graph) -> dict[int, int]:
@@ -157,10 +255,16 @@ def claims(graph, state) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     out = {}
     for k, i in _layer_of(graph).items():
         if k in state.bounds:
-            lo, hi = (t.detach().double().cpu().numpy() for t in state.bounds[k])
-            slack = ROUNDING * (np.abs(lo) + np.abs(hi)) + 1e-30
-            out[i] = (lo - slack, hi + slack)
+            out[i] = widened(*(t.detach().double().cpu().numpy() for t in state.bounds[k]))
     return out
+
+
+def widened(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Float32 intermediate bounds as claims: moved out by the rounding of the sums that made them
+    (``spec.ROUNDING`` of their size, as the engines' margins are)."""
+    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    slack = ROUNDING * (np.abs(lo) + np.abs(hi)) + 1e-30
+    return lo - slack, hi + slack
 
 
 def root_tree(graph, state) -> dict:

@@ -7,6 +7,7 @@ repository's "Verifier interface" chapter), which the VNNLIB-Solver-Database ask
     complete-verifier-ext verify QUERY [--network NAME=FILE ...] [--timeout S]
         [--serialise-assignments DIR]
         [--config YAML] [--engine native|abcrown] [--world-size P] [--mode fsdp|tp] [--device D]
+        [--proof PATH]
     complete-verifier-ext check QUERY --network NAME=FILE --proof PATH [--workers P]
 
 ``verify`` prints the verdict on the first line of stdout (``sat``, ``unsat``, ``unknown``,
@@ -105,6 +106,7 @@ def _verify_parser() -> _Parser:
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--mode", choices=("fsdp", "tp"), default="fsdp")
     p.add_argument("--device", default=None)
+    p.add_argument("--proof", default=None, metavar="PATH")
     return p
 
 
@@ -311,7 +313,7 @@ def _run(a: argparse.Namespace, spec, onnx_arg: str, results: str, started: floa
         argv += ["--specification.vnnlib_path", a.query]
         argv += ["--general.results_file", results, "--general.csv_name", "null", "--general.root_path", ""]
         argv += ["--bab.timeout", str(timeout), "--quiet"]
-        argv += a.parallel
+        argv += a.parallel + (["--general.proof", os.path.abspath(a.proof)] if a.proof else [])
         if a.device:
             argv += ["--general.device", a.device]
         return cli.main(argv, started=started)
@@ -332,7 +334,7 @@ def _run_abcrown(a: argparse.Namespace, spec, onnx_arg: str, results: str, timeo
     print(f"complete-verifier-ext: {why}", file=sys.stderr)
     overrides = ["--onnx_path", onnx_arg, "--vnnlib_path", a.query, "--results_file", results]
     overrides += ["--timeout", str(timeout), "--device", a.device or "cpu"]
-    overrides += a.parallel
+    overrides += a.parallel + (["--general.proof", os.path.abspath(a.proof)] if a.proof else [])
     return abcrown_plugin.main(config, overrides, None, True, a.started_wall)
 
 

@@ -1,0 +1,121 @@
+"""The native engine's proofs (``general.proof``, ``complete_verifier_ext/proofs.py``): the trees rebuilt from
+a search's leaves, the ReLU layers named as the format says, and whole proofs the independent checker
+(``complete_verifier_ext/check``) finds valid, at P = 1 and P = 2, and invalid once tampered with."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from complete_verifier_ext import cli, proofs
+from complete_verifier_ext.check import check_proof
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "complete_verifier_ext" / "examples"
+MNIST = REPO.parent / "shared" / "benchmarks" / "mnist_fc"
+needs_mnist = pytest.mark.skipif(not MNIST.is_dir(), reason=f"{MNIST} is absent")
+
+
+def _box(lo, hi) -> np.ndarray:
+    return np.array([lo, hi], dtype=np.float32)
+
+
+def test_bisections_are_rebuilt_from_the_leaf_boxes_and_a_gap_is_no_tree():
+    """Four leaves of [0, 1]²: cut at x = 0.5, then each half at y = 0.5 (the left) or not (the right)."""
+    leaves = np.stack([_box([0, 0], [0.5, 0.5]), _box([0, 0.5], [0.5, 1]), _box([0.5, 0], [1, 1])])
+    tree = proofs.input_tree(np.zeros(2), np.ones(2), leaves)
+    assert tree["input"] == {"dim": 0, "at": [0.5]}
+    assert tree["children"][0]["input"] == {"dim": 1, "at": [0.5]} and tree["children"][1] == proofs.leaf()
+    with pytest.raises(ValueError, match="do not tile"):
+        proofs.input_tree(np.zeros(2), np.ones(2), leaves[:2])
+
+
+def test_phase_splits_are_rebuilt_from_the_histories_and_a_missing_side_is_no_tree():
+    histories = [((0, 3, -1),), ((0, 3, 1), (1, 0, -1)), ((0, 3, 1), (1, 0, 1))]
+    tree = proofs.phase_tree(histories)
+    assert tree["relu"] == {"layer": 0, "neuron": 3}
+    assert tree["children"][0] == proofs.leaf() and tree["children"][1]["relu"] == {"layer": 1, "neuron": 0}
+    with pytest.raises(ValueError):
+        proofs.phase_tree(histories[1:])
+
+
+def test_relu_layers_are_named_by_their_output_tensor_and_must_match():
+    """The bundled example's ReLU nodes are named ``relu_0`` and ``relu_1``; their outputs ``h0`` and ``h1``
+    are what the format names. Sizes that are not the verifier's are no proof."""
+    layers = proofs.relu_layers(str(EXAMPLE / "example.onnx"), [48, 48])
+    assert [(r["id"], r["output"], r["size"]) for r in layers] == [(0, "h0", 48), (1, "h1", 48)]
+    with pytest.raises(ValueError, match="not the verifier's ReLUs"):
+        proofs.relu_layers(str(EXAMPLE / "example.onnx"), [48])
+
+
+def _prove(tmp_path: Path, name: str, config: str, onnx: Path, spec: Path, *extra: str) -> dict:
+    """One native run with ``general.proof`` (in this process at P = 1); the proof it wrote."""
+    proof = tmp_path / f"{name}.json"
+    argv = ["--config", config, "--general.csv_name", "null", "--model.onnx_path", str(onnx)]
+    results = tmp_path / f"{name}.txt"
+    argv += ["--specification.vnnlib_path", str(spec), "--general.results_file", str(results)]
+    assert cli.main([*argv, "--general.proof", str(proof), "--quiet", *extra]) == 0
+    assert results.read_text().strip() == "unsat"
+    return json.loads(proof.read_text())
+
+
+def _shape(node: dict) -> dict:
+    """A tree without its claimed numbers (which layers are claimed, and the rest)."""
+    out = {k: v for k, v in node.items() if k not in ("bounds", "children")}
+    if "bounds" in node:
+        out["bounds"] = sorted(node["bounds"])
+    return {**out, "children": [_shape(c) for c in node.get("children", [])]}
+
+
+def _claims(doc: dict) -> list[np.ndarray]:
+    """Every claimed number of a proof, node by node in depth-first order."""
+    out, stack = [], [o["tree"] for o in doc["obligations"]]
+    while stack:
+        node = stack.pop()
+        for _, table in sorted(node.get("bounds", {}).items()):
+            out.append(np.array(table["lower"] + table["upper"]))
+        stack.extend(reversed(node.get("children", [])))
+    return out
+
+
+def _check(tmp_path: Path, doc: dict, spec: Path, onnx: Path) -> str:
+    path = tmp_path / "checked.json"
+    path.write_text(json.dumps(doc))
+    return check_proof(str(spec), {"N": str(onnx)}, str(path)).line()
+
+
+def test_an_input_split_proof_is_valid_and_one_without_a_leaf_is_not(tmp_path):
+    """The bundled example through the solver command line (``verify --proof``; its 16 inputs choose
+    input splits): the checker finds the proof valid; with a subtree dropped (its box no longer
+    covered) invalid."""
+    from complete_verifier_ext import solver_cli
+
+    spec, onnx, proof = EXAMPLE / "example.vnnlib", EXAMPLE / "example.onnx", tmp_path / "p.json"
+    assert solver_cli.main(["verify", str(spec), "--network", f"N={onnx}", "--proof", str(proof)]) == 0
+    doc = json.loads(proof.read_text())
+    assert _check(tmp_path, doc, spec, onnx) == "valid"
+    bad = copy.deepcopy(doc)
+    node = next(o["tree"] for o in bad["obligations"] if "input" in o["tree"])
+    node["children"] = node["children"][:1]
+    assert _check(tmp_path, bad, spec, onnx).startswith("invalid")
+
+
+@needs_mnist
+def test_relu_split_proofs_are_valid_and_the_same_at_p1_and_p2(tmp_path):
+    """mnist-net_256x2 prop_8_0.03 (β-CROWN BaB, 14 domains): the phase-split tree under α-CROWN's
+    intermediate bounds is valid, and two ranks (fsdp, the domains split over them) write the same
+    tree, its claims P = 1's to α-CROWN's float32 rounding across ranks."""
+    onnx, spec = MNIST / "onnx" / "mnist-net_256x2.onnx", MNIST / "vnnlib" / "prop_8_0.03.vnnlib"
+    config = str(REPO / "configs" / "mnist_fc.yaml")
+    one = _prove(tmp_path, "p1", config, onnx, spec)
+    two = _prove(tmp_path, "p2", config, onnx, spec, "--parallel.mode", "fsdp", "--parallel.world_size", "2")
+    assert any("relu" in json.dumps(o["tree"]) for o in one["obligations"])
+    assert [_shape(o["tree"]) for o in two["obligations"]] == [_shape(o["tree"]) for o in one["obligations"]]
+    for a, b in zip(_claims(one), _claims(two), strict=True):
+        assert np.allclose(a, b, rtol=1e-4, atol=1e-4)
+    assert two["producer"]["world_size"] == 2
+    assert _check(tmp_path, two, spec, onnx) == "valid"
