@@ -197,13 +197,63 @@ def write(
         "relu_layers": relu_layers,
         "obligations": [o.to_json() for o in obligations],
     }
-    text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
+    if path.endswith((".aptp", ".aptp.gz")):
+        text = aptp_text(doc, _text(vnnlib))
+    else:
+        text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
     if path.endswith(".gz"):
         tmp = f"{path}.tmp"
         Path(tmp).write_bytes(gzip.compress(text.encode()))
         Path(tmp).replace(path)
     else:
         write_atomic(path, text)
+
+
+def _text(path: str) -> str:
+    data = Path(path).read_bytes()
+    return (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode()
+
+
+def aptp_text(doc: dict, query: str) -> str:
+    """A proof in APTP syntax (Activation Pattern Tree Proofs, ``dynaroars/aptpchecker``): the query's
+    text, a ``(declare-pwl N_k ReLU)`` per ReLU neuron (``N_k``: counted from 1, layer after layer,
+    row-major) and one assert whose ``and`` terms are the tree's leaves: the phases on each path
+    (``(< N_k 0)`` inactive, ``(>= N_k 0)`` active) and, for input splits, the cut bounds of the inputs
+    (``(>= X_i v)``, ``(<= X_i v)``, as NeuralSAT writes them). APTP proves one property, so a proof of
+    one obligation only; claims and clips have no APTP form (``ValueError``)."""
+    if len(doc["obligations"]) != 1:
+        raise ValueError(f"APTP holds one property; this proof has {len(doc['obligations'])} obligations")
+    first = {
+        r["id"]: sum(s["size"] for s in doc["relu_layers"] if s["id"] < r["id"]) for r in doc["relu_layers"]
+    }
+    leaves: list[list[str]] = []
+
+    def walk(node: dict, path: list[str]) -> None:
+        if "leaf" in node:
+            leaves.append(path or ["(>= N_1 0)"])
+        elif "relu" in node:
+            k = first[node["relu"]["layer"]] + node["relu"]["neuron"] + 1
+            walk(node["children"][0], [*path, f"(< N_{k} 0)"])
+            walk(node["children"][1], [*path, f"(>= N_{k} 0)"])
+        elif "input" in node:
+            i, at = node["input"]["dim"], node["input"]["at"]
+            for j, child in enumerate(node["children"]):
+                cut = ([f"(>= X_{i} {at[j - 1]!r})"] if j else []) + (
+                    [f"(<= X_{i} {at[j]!r})"] if j < len(at) else []
+                )
+                walk(child, [*path, *cut])
+        elif "bounds" in node:
+            walk(node["children"][0], path)
+        else:
+            raise ValueError(f"APTP has no form for a {next(iter(node))} node")
+
+    walk(doc["obligations"][0]["tree"], [])
+    if leaves == [["(>= N_1 0)"]]:  # one leaf, the whole box: a split on N_1 with both sides leaves
+        leaves = [["(< N_1 0)"], ["(>= N_1 0)"]]
+    total = sum(r["size"] for r in doc["relu_layers"])
+    pwl = "".join(f"(declare-pwl N_{k} ReLU)\n" for k in range(1, total + 1))
+    terms = " ".join(f"(and {' '.join(path)})" for path in leaves)
+    return f"{query.rstrip()}\n\n; the proof: APTP leaves\n{pwl}(assert (or {terms}))\n"
 
 
 # ----------------------------------------------------------------------------------------------------------

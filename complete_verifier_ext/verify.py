@@ -622,13 +622,12 @@ def _write_proof(cfg: Config, graph: Graph, spec: Spec, onnx_path: str, runs: li
                       file=sys.stderr)  # fmt: skip
                 return
             obligations.append(proofs.Obligation(lo, hi, clause.C, clause.d, run.proof[i]))
+    producer = {"engine": "native", "world_size": comm.world_size(), "mode": cfg.parallel.mode}
     try:
         layers = proofs.relu_layers(onnx_path, proofs.graph_relu_sizes(graph))
+        proofs.write(cfg.general.proof, spec.path, {"net": onnx_path}, layers, obligations, producer)
     except ValueError as e:
         print(f"note: no proof written: {e}", file=sys.stderr)
-        return
-    producer = {"engine": "native", "world_size": comm.world_size(), "mode": cfg.parallel.mode}
-    proofs.write(cfg.general.proof, spec.path, {"net": onnx_path}, layers, obligations, producer)
 
 
 def _verify_instance(

@@ -119,3 +119,27 @@ def test_relu_split_proofs_are_valid_and_the_same_at_p1_and_p2(tmp_path):
         assert np.allclose(a, b, rtol=1e-4, atol=1e-4)
     assert two["producer"]["world_size"] == 2
     assert _check(tmp_path, two, spec, onnx) == "valid"
+
+
+ACAS = REPO.parent / "shared" / "benchmarks" / "acasxu"
+
+
+@pytest.mark.skipif(not ACAS.is_dir(), reason=f"{ACAS} is absent")
+def test_a_one_property_proof_in_aptp_syntax_is_valid(tmp_path, capsys):
+    """A proof path ending in ``.aptp`` writes APTP: ACAS Xu 1_1 property 1 (one clause, input splits as
+    NeuralSAT writes them) reads back through the checker's APTP reader as valid; the bundled example
+    (four clauses: APTP holds one property) writes none and says why."""
+    from complete_verifier_ext import solver_cli
+
+    spec, onnx, proof = (
+        ACAS / "vnnlib" / "prop_1.vnnlib",
+        ACAS / "onnx" / "ACASXU_run2a_1_1_batch_2000.onnx",
+        tmp_path / "p.aptp",
+    )
+    assert solver_cli.main(["verify", str(spec), "--network", f"N={onnx}", "--proof", str(proof)]) == 0
+    text = proof.read_text()
+    assert text.startswith(spec.read_text().rstrip()) and "(declare-pwl N_300 ReLU)" in text
+    assert check_proof(str(spec), {"N": str(onnx)}, str(proof)).line() == "valid"
+    spec, onnx, proof = EXAMPLE / "example.vnnlib", EXAMPLE / "example.onnx", tmp_path / "e.aptp"
+    assert solver_cli.main(["verify", str(spec), "--network", f"N={onnx}", "--proof", str(proof)]) == 0
+    assert not proof.exists() and "APTP holds one property" in capsys.readouterr().err
