@@ -116,11 +116,16 @@ def test_float32_box_inward_and_outward_rounding() -> None:
     with np.errstate(over="ignore"):
         assert np.all(np.nextafter(lo_in, np.float32(-np.inf)).astype(np.float64) < lower)
         assert np.all(np.nextafter(hi_in, np.float32(np.inf)).astype(np.float64) > upper)
-    # Outward: the box contains the real box, tightly.
+    # Outward: the box contains the real box, tightly: where a float64 is a float32 it may be the nearest
+    # float64 of a decimal just beyond that float32, so the box steps one float32 out there too.
     assert np.all(lo_out.astype(np.float64) <= lower) and np.all(hi_out.astype(np.float64) >= upper)
     finite = np.isfinite(lo_out) & np.isfinite(hi_out)
-    assert np.all(np.nextafter(lo_out[finite], np.float32(np.inf)).astype(np.float64) > lower[finite])
-    assert np.all(np.nextafter(hi_out[finite], np.float32(-np.inf)).astype(np.float64) < upper[finite])
+    exact_lo, exact_hi = lower.astype(np.float32) == lower, upper.astype(np.float32) == upper
+    up, down = np.float32(np.inf), np.float32(-np.inf)
+    inner_lo = np.where(exact_lo, np.nextafter(np.nextafter(lo_out, up), up), np.nextafter(lo_out, up))
+    inner_hi = np.where(exact_hi, np.nextafter(np.nextafter(hi_out, down), down), np.nextafter(hi_out, down))
+    assert np.all(inner_lo[finite].astype(np.float64) > lower[finite])
+    assert np.all(inner_hi[finite].astype(np.float64) < upper[finite])
     # Non-representable values really moved in the expected direction; representable ones did not.
     f01 = np.float32(0.1)  # 0.100000001490116... > 0.1
     assert lo_in[0] == f01 and lo_out[0] == np.nextafter(f01, np.float32(-np.inf))
@@ -128,7 +133,10 @@ def test_float32_box_inward_and_outward_rounding() -> None:
     assert hi_out[1] == f03 and hi_in[1] == np.nextafter(f03, np.float32(-np.inf))
     assert lo_in[1] == np.nextafter(-f01, np.float32(np.inf)) and lo_out[1] == -f01
     assert lo_in[2] != lo_out[2] and hi_in[2] != hi_out[2]
-    assert lo_in[4] == lo_out[4] == np.float32(0.5) and hi_in[4] == hi_out[4] == np.float32(0.75)
+    assert lo_in[4] == np.float32(0.5) and hi_in[4] == np.float32(0.75)
+    assert lo_out[4] == np.nextafter(np.float32(0.5), down) and hi_out[4] == np.nextafter(
+        np.float32(0.75), up
+    )
     # Beyond the float32 range: +-max inward, +-inf outward.
     assert lo_in[6] == -np.finfo(np.float32).max and hi_in[6] == np.finfo(np.float32).max
     assert lo_out[6] == -np.inf and hi_out[6] == np.inf

@@ -1,0 +1,262 @@
+"""Proofs with every ``unsat`` (``general.proof``, ``docs/proofs.md``): how many are written and valid,
+their size, what writing them costs the verifier, and what checking them costs the independent checker.
+
+    ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/proofs.py \\
+        [--suites acasxu mnist_fc oval21] [--engines native abcrown] [--ranks 1 2] [--limit N] \\
+        [--acasxu DIR --acasxu-results CSV] [--timeout 120] [--out benchmarks/results/proofs]
+
+Instances: the known ``unsat`` ones of ``../shared/benchmarks/SUITE/verdicts.csv`` (mnist_fc 256x2 and
+256x4, oval21, ACAS Xu's); with ``--acasxu DIR`` (a VNN-COMP 2022 ``acasxu`` folder: all 45 networks,
+properties 1–4 and more) and ``--acasxu-results`` (an official results csv), the ACAS Xu instances of
+properties 1–4 that the csv answers ``unsat``. ``--limit N``: the first N of each suite.
+
+Each instance, engine and P: the verifier once without and once with ``--general.proof`` (a fresh
+process each, the native engine through its resident worker; the instance's own time from its
+``--summary``, start-up left out), then ``complete-verifier-ext check``. The configs: the native
+engine's bundled ``configs/SUITE.yaml``; α,β-CROWN's own ``vnncomp21/acasxu.yaml``,
+``vnncomp22/mnistfc.yaml`` (its MILP refinement left out with a proof: none can be checked) and
+``vnncomp22/oval22.yaml``. Recorded: both verdicts and times, the proof's size, the checker's answer,
+time, leaves, and how many it closed by the leaves' own bounds or by its LP fallback. Writes
+``proofs.json`` (every row, with provenance; kept rows are not run again), ``proofs.md`` and
+``proofs.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from abcrown_common import BENCH, REPO
+from measure import provenance
+
+CONFIGS = {"acasxu": "acasxu.yaml", "mnist_fc": "mnist_fc.yaml", "oval21": "oval21.yaml"}
+ABCROWN_CONFIGS = {"acasxu": "vnncomp21/acasxu.yaml", "mnist_fc": "vnncomp22/mnistfc.yaml",
+                   "oval21": "vnncomp22/oval22.yaml"}  # fmt: skip
+
+
+def instances(suite: str, args: argparse.Namespace) -> list[dict]:
+    """The suite's known ``unsat`` instances: ``{"suite", "onnx", "vnnlib", "timeout"}`` with paths."""
+    if suite == "acasxu" and args.acasxu:
+        rows = [
+            r for r in csv.reader(args.acasxu_results.open()) if r and r[0] == "acasxu" and r[4] == "unsat"
+        ]
+        at = args.acasxu
+        out = [{"onnx": at / r[1].split("acasxu/")[1], "vnnlib": at / r[2].split("acasxu/")[1],
+                "timeout": float(r[3])} for r in rows]  # fmt: skip
+        out = [r for r in out if r["vnnlib"].stem in ("prop_1", "prop_2", "prop_3", "prop_4")]
+    else:
+        folder = BENCH / suite
+        rows = [r for r in csv.DictReader((folder / "verdicts.csv").open()) if r["expected"] == "unsat"]
+        if suite == "mnist_fc":
+            rows = [r for r in rows if "256x6" not in r["onnx"]]
+        out = [{"onnx": folder / r["onnx"], "vnnlib": folder / r["vnnlib"], "timeout": float(r["timeout_s"])}
+               for r in rows]  # fmt: skip
+    return [{"suite": suite, **r} for r in out[: args.limit or None]]
+
+
+def plain(path: Path, tmp: Path) -> Path:
+    """A ``.gz`` file decompressed into ``tmp`` (α,β-CROWN reads text), else the file itself."""
+    if path.suffix != ".gz":
+        return path
+    out = tmp / path.stem
+    if not out.exists():
+        with gzip.open(path, "rb") as src, out.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return out
+
+
+def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, timeout: float) -> dict:
+    """One run: its summary (verdict, time_s) plus the wall time, or ``{"error": ...}``."""
+    summary = tmp / "summary.json"
+    summary.unlink(missing_ok=True)
+    onnx, spec = plain(row["onnx"], tmp), plain(row["vnnlib"], tmp)
+    if engine == "native":
+        cmd = [sys.executable, "-m", "complete_verifier_ext.worker", "run", "native", "cli",
+               "--config", str(REPO / "configs" / CONFIGS[row["suite"]]), "--general.csv_name", "null",
+               "--model.onnx_path", str(onnx), "--specification.vnnlib_path", str(spec)]  # fmt: skip
+    else:
+        config = (
+            Path(os.environ["ABCROWN_PATH"])
+            / "complete_verifier"
+            / "exp_configs"
+            / ABCROWN_CONFIGS[row["suite"]]
+        )
+        cmd = ["abcrown", "--config", str(config), "--general.engine", "abcrown", "--device", "cpu",
+               "--onnx_path", str(onnx), "--vnnlib_path", str(spec), "--general.root_path", "",
+               "--general.csv_name", "null"]  # fmt: skip
+    cmd += ["--bab.timeout", str(timeout), "--general.results_file", str(tmp / "out.txt"),
+            "--summary", str(summary), "--quiet"]  # fmt: skip
+    cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)] if P > 1 else []
+    cmd += ["--general.proof", str(proof)] if proof else []
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 120, cwd=tmp)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {timeout + 120:.0f} s"}
+    if out.returncode != 0 or not summary.exists():
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    s = json.loads(summary.read_text())
+    notes = [ln for ln in out.stderr.splitlines() if ln.startswith("note:")]
+    return {"verdict": s["verdict"], "time_s": s["time_s"], "wall_s": round(time.monotonic() - t0, 2),
+            "notes": notes}  # fmt: skip
+
+
+def checker(row: dict, proof: Path, tmp: Path) -> dict:
+    """``complete-verifier-ext check`` on the proof: its answer, time and leaf counts."""
+    cmd = [sys.executable, "-m", "complete_verifier_ext.solver_cli", "check", str(plain(row["vnnlib"], tmp)),
+           "--network", f"N={plain(row['onnx'], tmp)}", "--proof", str(proof)]  # fmt: skip
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    counts = next((ln for ln in out.stderr.splitlines() if ln.startswith("complete-verifier-ext check:")), "")
+    words = counts.replace(",", "").split()
+    numbers = [float(w) for w in words if w.replace(".", "", 1).isdigit()]
+    leaves, by_bounds, by_lp, seconds = (numbers + [0, 0, 0, 0])[:4]
+    answer = out.stdout.strip() or out.stderr.strip()[-200:]
+    return {"answer": answer, "check_s": round(time.monotonic() - t0, 2), "check_inner_s": seconds,
+            "leaves": int(leaves), "by_bounds": int(by_bounds), "by_lp": int(by_lp)}  # fmt: skip
+
+
+def measure(row: dict, engine: str, P: int, timeout: float) -> dict:
+    """Without and with a proof, then the check."""
+    with tempfile.TemporaryDirectory(prefix="cve_proofs_") as t:
+        tmp = Path(t)
+        bare = verifier(row, engine, P, None, tmp, timeout)
+        proof = tmp / "proof.json"
+        proved = verifier(row, engine, P, proof, tmp, timeout)
+        out = {"bare": bare, "proved": proved}
+        if proof.exists():
+            out |= {"proof_bytes": proof.stat().st_size, **checker(row, proof, tmp)}
+    return out
+
+
+def key(row: dict, engine: str, P: int) -> str:
+    return f"{row['suite']}|{Path(row['onnx']).name}|{Path(row['vnnlib']).name}|{engine}|{P}"
+
+
+def summarize(rows: dict) -> list[dict]:
+    """Per (suite, engine, P): instances, unsat, proofs written, valid, sizes, overhead, checker/verifier."""
+    groups: dict[tuple, list[dict]] = {}
+    for k, r in rows.items():
+        suite, _, _, engine, P = k.split("|")
+        groups.setdefault((suite, engine, int(P)), []).append(r)
+    out = []
+    for (suite, engine, P), rs in sorted(groups.items()):
+        unsat = [r for r in rs if r["proved"].get("verdict") == "unsat"]
+        written = [r for r in unsat if "answer" in r]
+        both = [r for r in written if r["bare"].get("verdict") == "unsat" and r["bare"]["time_s"] > 0]
+        ratio = [r["proved"]["time_s"] / r["bare"]["time_s"] for r in both]
+        check = [r["check_s"] / max(r["proved"]["time_s"], 1e-3) for r in written]
+        kb = [r["proof_bytes"] / 1024 for r in written]
+        bare_s, proved_s = (sum(r[k]["time_s"] for r in both) for k in ("bare", "proved"))
+        out.append({
+            "suite": suite, "engine": engine, "P": P, "instances": len(rs), "unsat": len(unsat),
+            "written": len(written), "valid": sum(r["answer"] == "valid" for r in written),
+            "median_kb": round(statistics.median(kb), 1) if kb else None,
+            "overhead_total": round(proved_s / bare_s, 3) if both else None,
+            "overhead_median": round(statistics.median(ratio), 3) if ratio else None,
+            "check_vs_verify_median": round(statistics.median(check), 2) if check else None,
+            "leaves": sum(r["leaves"] for r in written), "by_bounds": sum(r["by_bounds"] for r in written),
+            "by_lp": sum(r["by_lp"] for r in written),
+            "not_written": sorted({n for r in unsat if "answer" not in r for n in r["proved"]["notes"]}),
+        })  # fmt: skip
+    return out
+
+
+def table(summary: list[dict]) -> str:
+    cols = ["suite", "engine", "P", "instances", "unsat", "written", "valid", "median_kb", "overhead_total",
+            "overhead_median", "check_vs_verify_median", "leaves", "by_bounds", "by_lp"]  # fmt: skip
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(s[c]) for c in cols) + " |" for s in summary]
+    notes = [
+        f"* {s['suite']} {s['engine']} P = {s['P']}: no proof: {n}" for s in summary for n in s["not_written"]
+    ]
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def plot(rows: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, r in rows.items():
+        if "answer" not in r or r["bare"].get("verdict") != "unsat":
+            continue
+        suite, _, _, engine, P = k.split("|")
+        label = f"{suite} {engine} P={P}"
+        a.scatter(
+            r["bare"]["time_s"], r["proved"]["time_s"] / max(r["bare"]["time_s"], 1e-3), s=10, label=label
+        )
+        b.scatter(r["proved"]["time_s"], r["check_s"], s=10, label=label)
+    a.set(
+        xscale="log",
+        xlabel="verifier time without a proof (s)",
+        ylabel="with / without",
+        title="cost of writing",
+    )
+    a.axhline(1.1, color="grey", ls="--")
+    b.set(
+        xscale="log",
+        yscale="log",
+        xlabel="verifier time (s)",
+        ylabel="checker time (s)",
+        title="cost of checking",
+    )
+    lo, hi = b.get_xlim()
+    b.plot([lo, hi], [lo, hi], color="grey", ls="--")
+    handles, labels = a.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles, strict=True))
+    fig.legend(uniq.values(), uniq.keys(), loc="lower center", ncol=4, fontsize=7)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--suites", nargs="+", default=["acasxu", "mnist_fc", "oval21"], choices=list(CONFIGS))
+    ap.add_argument("--engines", nargs="+", default=["native", "abcrown"], choices=["native", "abcrown"])
+    ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--limit", type=int, default=0, help="the first N instances of each suite (0: all)")
+    ap.add_argument("--acasxu", type=Path, help="a VNN-COMP 2022 acasxu folder (all 45 networks)")
+    ap.add_argument("--acasxu-results", type=Path, help="an official results csv giving its verdicts")
+    ap.add_argument("--timeout", type=float, default=120.0, help="cap on each instance's own timeout (s)")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "proofs")
+    args = ap.parse_args()
+    if "abcrown" in args.engines and not os.environ.get("ABCROWN_PATH"):
+        sys.exit("set ABCROWN_PATH for --engines abcrown (../shared/vendor/alpha-beta-CROWN)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    store = args.out / "proofs.json"
+    rows = json.loads(store.read_text())["rows"] if store.exists() else {}
+    subprocess.run([sys.executable, "-m", "complete_verifier_ext.worker", "start", "native"], check=False)
+    for suite in args.suites:
+        for row in instances(suite, args):
+            for engine in args.engines:
+                for P in args.ranks:
+                    k = key(row, engine, P)
+                    if k in rows:
+                        continue
+                    rows[k] = measure(row, engine, P, min(args.timeout, row["timeout"]))
+                    print(k, rows[k]["proved"].get("verdict", rows[k]["proved"].get("error")),
+                          rows[k].get("answer", "-"), flush=True)  # fmt: skip
+                    store.write_text(json.dumps({"provenance": provenance(), "rows": rows}, indent=1))
+    summary = summarize(rows)
+    prov = provenance()
+    (args.out / "proofs.md").write_text(f"commit {prov['commit']}, `{prov['command']}`, {prov['machine']}\n\n"
+                                        + table(summary))  # fmt: skip
+    plot(rows, args.out / "proofs.png")
+    print(table(summary))
+
+
+if __name__ == "__main__":
+    main()
