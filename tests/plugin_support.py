@@ -167,10 +167,14 @@ def python(code: str, timeout: float = 60, **extra_env: str) -> subprocess.Compl
 
 def run_jobs(*jobs) -> list[dict]:
     """A rank function (``launch.run``): the plugin's rank on each job in turn, in this one process, as
-    a process that verifies several instances does."""
+    a process that verifies several instances does: each instance's clock starts where it starts (the
+    jobs were all prepared at once), as a csv's instances after the first do."""
+    import dataclasses
+    import time
+
     from complete_verifier_ext.abcrown_plugin.rank import rank_main
 
-    return [rank_main(job) for job in jobs]
+    return [rank_main(dataclasses.replace(job, started_wall=time.time())) for job in jobs]
 
 
 def run_calls(*calls: tuple[str, tuple]) -> list[dict]:

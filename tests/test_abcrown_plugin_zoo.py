@@ -62,7 +62,7 @@ solver:
   batch_size: 64
   bound_prop_method: crown
 bab:
-  timeout: 30
+  timeout: 300
   branching:
     method: sb
     input_split:
