@@ -159,9 +159,14 @@ def run(tmp: Path, cfg: str, *args: str, P: int = 1, env: dict | None = None, na
     return proc, summary, results
 
 
+WARM = "from complete_verifier_ext import abcrown_plugin as _p; _p.warm(); del _p\n"
+
+
 def python(code: str, timeout: float = 60, **extra_env: str) -> subprocess.CompletedProcess:
-    """``python -c code`` with the plugin's environment (a fresh process imports α,β-CROWN)."""
-    cmd, env = [sys.executable, "-c", code], plugin_env(**extra_env)
+    """``python -c code`` with the plugin's environment: the process imports α,β-CROWN once, then the
+    ranks it starts are forked from it (as from the resident worker: ``CVE_WARM``), not spawned to import
+    it again each (one torch thread per process: no OpenMP pool to lose in a fork)."""
+    cmd, env = [sys.executable, "-c", WARM + code], plugin_env(CVE_WARM="1", **extra_env)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
