@@ -17,6 +17,31 @@ import torch
 torch.set_num_threads(1)
 
 
+# The long checks: sweeps over P and modes of what a faster test checks at one setting, and scenarios
+# replayed with a stand-in fault (out of memory, signals, stopped ranks). They keep the README's test
+# command short; `python -m pytest -q -n 2 -m slow tests` runs them, and CI runs both.
+LONG_CHECKS = (
+    "test_abcrown_plugin_zoo.py::",  # every zoo model at P = 1, 2, 3 in both modes (one setting: conformance)
+    "test_abcrown_plugin_oom.py::test_at_p2_",  # out of memory on one rank, replayed in lockstep
+    "test_abcrown_plugin_oom.py::test_a_bab_round_",
+    "test_abcrown_plugin_oom.py::test_an_input_split_",
+    "test_abcrown_plugin_oom.py::test_a_pick_",
+    "test_abcrown_plugin_oom.py::test_the_output_node_",
+    "test_abcrown_plugin_hostile.py::test_sigterm_",  # signals and stopped ranks mid-BaB
+    "test_abcrown_plugin_hostile.py::test_a_stopped_rank_",
+    "test_abcrown_plugin_hostile.py::test_the_first_instance_counts_",
+    "test_joint.py::test_two_network_queries_on_the_plugin_route",  # two-network queries at P = 1 to 3
+    "test_abcrown_plugin_rows.py::test_residual_sums_in_patches_mode_are_dealt",
+    "test_abcrown_plugin_search_cuts.py::test_biccos_multi_tree_",
+)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if any(item.nodeid.split("/")[-1].startswith(name) for name in LONG_CHECKS):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _end_the_resident_worker():
     """The plugin tests' resident worker (``plugin_support.warm_prefix``) ends with the session."""
