@@ -2,6 +2,8 @@
 device memory (``torch.OutOfMemoryError``, what CUDA raises) runs again smaller, at P = 1 and in
 lockstep at P > 1, with one format for every warning line (:func:`say`).
 
+* :func:`halve_until_fits`: the one retry loop (an attempt, how many ran out or giving up, what is put
+  back before the next attempt), under every retry below and the plugin's BaB rounds and picks;
 * :func:`halving_on_oom`: a pass over some count of items (rows, domains, boxes) again with half as
   many, down to one; at P > 1 where the ranks stopped together (:class:`LockstepOutOfMemoryError`),
   every rank again with at most half the most any rank had;
@@ -18,7 +20,14 @@ picks (``abcrown_plugin/search/oom.py``, which records and undoes what a pick to
 
 from __future__ import annotations
 
-__all__ = ["LockstepOutOfMemoryError", "halving_on_oom", "lockstep_on_oom", "passes_in_lockstep", "say"]
+__all__ = [
+    "LockstepOutOfMemoryError",
+    "halve_until_fits",
+    "halving_on_oom",
+    "lockstep_on_oom",
+    "passes_in_lockstep",
+    "say",
+]
 
 import sys
 from collections.abc import Callable
@@ -39,6 +48,30 @@ class LockstepOutOfMemoryError(torch.OutOfMemoryError):
     """Out of memory that every rank raises at the same point of its collectives (some rank ran out on
     a pass of one row and the ranks voted, :func:`lockstep_on_oom`): the ranks are still in lockstep,
     so callers that catch it on every rank may run their work again, smaller, on every rank."""
+
+
+def halve_until_fits(
+    attempt: Callable[[int], T],
+    size: int,
+    failed: Callable[[int, torch.OutOfMemoryError], int | None],
+    on_halve: Callable[[int, int], int],
+) -> tuple[T, int]:
+    """The one loop of every retry after running out of memory: ``attempt(size)`` until it fits. On
+    ``torch.OutOfMemoryError``, ``failed(size, error)`` (inside the handler) says how many items ran out
+    (rows, domains, boxes), or None to give up (the error is raised, after the caller's one line);
+    then, outside the handler (the failed attempt's tensors freed, the device's cache emptied),
+    ``on_halve(n, max(1, n // 2))`` puts back what the attempt took, says one line and returns the
+    size of the next attempt. Returns the result and the size that worked."""
+    while True:
+        try:
+            return attempt(size), size
+        except torch.OutOfMemoryError as e:
+            n = failed(size, e)
+            if n is None:
+                raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        size = on_halve(n, max(1, n // 2))
 
 
 def halving_on_oom(
@@ -71,36 +104,35 @@ def halving_on_oom(
             say(f"in a pass of {line}")
 
     one = what.removesuffix("s")
-    while True:
-        try:
-            return attempt(size), size
-        except torch.OutOfMemoryError as e:
-            if not retry or (lockstep and not isinstance(e, LockstepOutOfMemoryError)):
-                say(
-                    f"in a pass of {size} {one}(s) of {where} (at P > 1 the ranks cannot retry a pass in "
-                    "lockstep): giving up"
-                )
-                raise
-            most = size
-            if lockstep:  # every rank is here: agree on the largest size
-                most = int(comm.all_reduce(torch.tensor([size], device=comm.device()), "max"))
-            if most <= 1:
-                per = "rank" if lockstep else "pass"
-                tell(f"{most} {one}(s) of {where} (one {one} per {per}): giving up")
-                raise
-        cap = most // 2  # outside the handler: the failed pass's tensors are freed
-        size = min(size, cap)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+
+    def failed(size: int, e: torch.OutOfMemoryError) -> int | None:
+        if not retry or (lockstep and not isinstance(e, LockstepOutOfMemoryError)):
+            why = "at P > 1 the ranks cannot retry a pass in lockstep"
+            say(f"in a pass of {size} {one}(s) of {where} ({why}): giving up")
+            return None
+        most = size
+        if lockstep:  # every rank is here: agree on the largest size
+            most = int(comm.all_reduce(torch.tensor([size], device=comm.device()), "max"))
+        if most <= 1:
+            per = "rank" if lockstep else "pass"
+            tell(f"{most} {one}(s) of {where} (one {one} per {per}): giving up")
+            return None
+        state["size"] = size
+        return most
+
+    def halved(most: int, cap: int) -> int:
+        size = min(state["size"], cap)
         if lockstep:
-            tell(
-                f"up to {most} {what} per rank of {where} (every rank stopped together); retrying with "
-                f"at most {cap} per rank"
-            )
+            tell(f"up to {most} {what} per rank of {where} (every rank stopped together); retrying with at "
+                 f"most {cap} per rank")  # fmt: skip
         else:
             tell(f"{most} {what} of {where}; retrying in passes of {size}")
         if on_halve is not None:
             on_halve(cap)
+        return size
+
+    state = {"size": size}
+    return halve_until_fits(attempt, size, failed, halved)
 
 
 def lockstep_on_oom(

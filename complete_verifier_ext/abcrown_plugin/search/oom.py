@@ -5,7 +5,9 @@
 from the list's storages, copied to the device), then ``split_domain`` scores the branching candidates
 (kFSB, FSB: memory that grows with the batch), splits each domain and bounds the children with
 β-CROWN (``net.update_bounds``), and only at its end adds the unverified children back. On a GPU,
-``torch.OutOfMemoryError`` anywhere in there ended the whole run. Here:
+``torch.OutOfMemoryError`` anywhere in there ended the whole run. Here (each retry through
+:func:`~complete_verifier_ext.parallel.oom.halve_until_fits`, the one loop of every retry, its lines
+through its ``say``):
 
 * :func:`pick_out` records, before it pops, what the pick changes in the list (each storage's count and
   start, the per-domain lists, the domain count: an :class:`Undo`). Popping only moves a storage's
@@ -46,7 +48,6 @@ starting point.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -55,6 +56,7 @@ from typing import Any
 
 import torch
 
+from ...parallel.oom import halve_until_fits, say
 from ..run import Run
 
 # the per-domain lists of a BatchedDomainList (beside its TensorStorages)
@@ -148,44 +150,36 @@ def _recorded(run: Run, orig, stores, rebound):
     return pick
 
 
-def _undone_pick(run: Run, dl, batch: int) -> int:
+def _undone_pick(run: Run, dl, batch: int) -> int | None:
     """In a handler of ``torch.OutOfMemoryError``: where it came from a pick of ``batch`` off ``dl`` (which
     then took some of its storages' entries and not the others), that pick undone and the number of
-    domains it picked; else 0. A pick of one domain is the last: one line saying so, and 0."""
+    domains it picked; else None. A pick of one domain is the last: one line saying so, and None."""
     undo = run.rounds.undo
     if undo is None or undo.after is not None or undo.dl() is not dl:
-        return 0
+        return None
     undo.restore(dl)
     run.rounds.undo = None
     n = min(batch, dl.num_domains)
     if n <= 1:
-        print("warning: out of memory picking 1 domain off the list: giving up", file=sys.stderr, flush=True)
-        return 0
+        say("picking 1 domain off the list: giving up")
+        return None
     return n
 
 
-def _fewer(run: Run, n: int) -> int:
-    """After a pick of ``n`` domains ran out of memory (outside the handler: its tensors freed): half as
-    many a round from now on (``Rounds.fits``), one warning line."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    run.rounds.fits = max(1, n // 2)
-    print(f"warning: out of memory picking {n} domain(s) off the list; retrying with {run.rounds.fits} a "
-          "round", file=sys.stderr, flush=True)  # fmt: skip
-    return run.rounds.fits
+def _fewer(run: Run, n: int, fits: int) -> int:
+    """After a pick of ``n`` domains ran out of memory: ``fits`` a round from now on (``Rounds.fits``),
+    one warning line."""
+    run.rounds.fits = fits
+    say(f"picking {n} domain(s) off the list; retrying with {fits} a round")
+    return fits
 
 
 def _picking_fewer(run: Run, domains, batch: int, attempt: Callable[[int], Any]) -> Any:
     """``attempt(batch)``, whose pick off ``domains`` takes ``batch`` domains, again with half as many
     where that pick runs out of memory copying them (:func:`_undone_pick`, :func:`_fewer`)."""
-    while True:
-        try:
-            return attempt(batch)
-        except torch.OutOfMemoryError:
-            n = _undone_pick(run, domains, batch)
-            if not n:
-                raise
-        batch = _fewer(run, n)
+    return halve_until_fits(
+        attempt, batch, lambda b, _: _undone_pick(run, domains, b), lambda n, fits: _fewer(run, n, fits)
+    )[0]
 
 
 def pick(run: Run, domains, batch: int, device) -> dict:
@@ -207,36 +201,37 @@ def split_domain(run: Run, orig):
         import arguments
 
         visited = stats.visited if stats is not None else None
-        while True:
-            n = count(d)
-            try:
-                return orig(net, domains, d, batch, stats=stats, **kwargs)
-            except torch.OutOfMemoryError:
-                undo = run.rounds.undo
-                cut = arguments.Config["bab"]["cut"]
-                cplex = cut["enabled"] and cut["cplex_cuts"]  # the round rewrites a pick's β for them
-                if (n <= 1 and batch <= 1) or cplex or undo is None or not undo.intact(domains):
-                    why = ("one domain a round" if n <= 1 and batch <= 1 else "CPLEX cuts" if cplex
-                           else "the domain list changed since the pick")  # fmt: skip
-                    print(f"warning: out of memory in a BaB round of {n} domain(s) ({why}): giving up",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                    raise
-            # outside the handler: the failed attempt's tensors are freed, and so are the batch's
-            d.clear()  # (the caller's reference to the batch, too)
-            undo.restore(domains)
+        now = {"d": d, "batch": batch}  # the round's batch of domains, and its size
+
+        def failed(n: int, _) -> int | None:
+            undo, cut = run.rounds.undo, arguments.Config["bab"]["cut"]
+            cplex = cut["enabled"] and cut["cplex_cuts"]  # the round rewrites a pick's β for them
+            if (n <= 1 and now["batch"] <= 1) or cplex or undo is None or not undo.intact(domains):
+                why = ("one domain a round" if n <= 1 and now["batch"] <= 1 else "CPLEX cuts" if cplex
+                       else "the domain list changed since the pick")  # fmt: skip
+                say(f"in a BaB round of {n} domain(s) ({why}): giving up")
+                return None
+            return n
+
+        def again(n: int, fits: int) -> int:
+            now["d"].clear()  # the failed batch freed (the caller's reference to it, too)
+            run.rounds.undo.restore(domains)
             if stats is not None:
                 stats.visited = visited
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
             # the round's batch is the smaller one: split no deeper than it (a lone domain split to
             # fill a batch of children runs again split once)
-            batch = run.rounds.fits = max(1, n // 2)
+            now["batch"] = run.rounds.fits = fits
             run.rounds.picked = None  # (at P > 1: the split depth from this rank's batch)
-            print(f"warning: out of memory in a BaB round of {n} domain(s); retrying with {batch} a round",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            d = pick(run, domains, batch, net.device)
+            say(f"in a BaB round of {n} domain(s); retrying with {fits} a round")
+            now["d"] = pick(run, domains, fits, net.device)
             if arguments.Config["bab"]["vanilla_crown"]:
-                d["history"] = None
+                now["d"]["history"] = None
+            return count(now["d"])
+
+        def attempt(_: int):
+            return orig(net, domains, now["d"], now["batch"], stats=stats, **kwargs)
+
+        return halve_until_fits(attempt, count(d), failed, again)[0]
 
     return split_domain
 
@@ -303,44 +298,55 @@ def batch_verification_input_split(run: Run, orig):
         stats = kwargs.get("stats")
         reordered = bool(kwargs.get("use_reordered_bab", False))  # bounds the picks, splits after
         visited = stats.visited if stats is not None else 0
-        while True:
+        now = {"batch": batch}
+
+        def attempt(_: int):
             if run.rounds.fits is not None:  # the picks, each split at least once (unless reordered)
-                batch = min(batch, run.rounds.fits if reordered else max(1, run.rounds.fits // 2))
+                now["batch"] = min(
+                    now["batch"], run.rounds.fits if reordered else max(1, run.rounds.fits // 2)
+                )
             run.rounds.undo = None
-            try:
-                return orig(d, net, batch, *args, **kwargs)
-            except torch.OutOfMemoryError:
-                undo = run.rounds.undo
-                if undo is not None and undo.after is None:  # the pick itself ran out, copying the boxes
-                    picked = min(batch, _picked(undo, before=True))
-                    bounded = picked * (1 if reordered else 2)  # as if each pick were split once
-                    what, unit = f"picking {picked} box(es) off the list", "picked"  # (half as many a round)
-                    least, changed = picked <= 1, undo.dl() is not d
-                else:
-                    picked = _picked(undo)
-                    counted = stats.visited - visited if stats is not None else 0  # what get_bounds bounded
-                    bounded = counted or picked
-                    what, unit = f"bounding {bounded} box(es)", "bounded"
-                    least = picked <= 1 and bounded <= (1 if reordered else 2)  # one box, split once
-                    changed = undo is None or not undo.intact(d)
-                if least or changed:
-                    why = ("the box list changed since the pick" if changed else "one box split once"
-                           if unit == "bounded" else "one box")  # fmt: skip
-                    print(f"warning: out of memory in an input-split BaB round {what} ({why}): giving up",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                    raise
-            # outside the handler: the failed attempt's tensors are freed
-            undo.restore(d)
+            return orig(d, net, now["batch"], *args, **kwargs)
+
+        def failed(_: int, __) -> int | None:
+            counted = stats.visited - visited if stats is not None else 0  # what get_bounds bounded
+            now["what"], bounded, why = _failed_round(run.rounds.undo, d, now["batch"], counted, reordered)
+            if why:
+                say(f"in an input-split BaB round {now['what']} ({why}): giving up")
+                return None
+            return bounded
+
+        def again(_: int, fits: int) -> int:
+            run.rounds.undo.restore(d)
             if stats is not None:
                 stats.visited = visited
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            fits = run.rounds.fits = max(1, bounded // 2)
+            run.rounds.fits = fits
+            unit = "bounded" if now["what"].startswith("bounding") else "picked"
             then = fits if unit == "bounded" or reordered else max(1, fits // 2)
-            print(f"warning: out of memory in an input-split BaB round {what}; retrying with at most {then} "
-                  f"{unit} a round", file=sys.stderr, flush=True)  # fmt: skip
+            say(f"in an input-split BaB round {now['what']}; retrying with at most {then} {unit} a round")
+            return fits
+
+        return halve_until_fits(attempt, batch, failed, again)[0]
 
     return batch_verification_input_split
+
+
+def _failed_round(undo: Undo | None, d, batch: int, counted: int, reordered: bool) -> tuple[str, int, str]:
+    """What an input-split round that ran out of memory was doing (``picking N box(es) off the list`` or
+    ``bounding N box(es)``), the boxes it would have bounded, and why it cannot run again ("" where it
+    can)."""
+    if undo is not None and undo.after is None:  # the pick itself ran out, copying the boxes
+        picked = min(batch, _picked(undo, before=True))
+        bounded = picked * (1 if reordered else 2)  # as if each pick were split once (half as many a round)
+        changed = undo.dl() is not d
+        why = "the box list changed since the pick" if changed else "one box" if picked <= 1 else ""
+        return f"picking {picked} box(es) off the list", bounded, why
+    picked = _picked(undo)
+    bounded = counted or picked
+    least = picked <= 1 and bounded <= (1 if reordered else 2)  # one box, split once
+    changed = undo is None or not undo.intact(d)
+    why = "the box list changed since the pick" if changed else "one box split once" if least else ""
+    return f"bounding {bounded} box(es)", bounded, why
 
 
 def _picked(undo: Undo | None, before: bool = False) -> int:
