@@ -141,7 +141,7 @@ def logged_tree(root: Key, log: BoxLog) -> dict:
         return leaf()
     if root in log.clips:
         to = log.clips[root]
-        lo, hi = box_of(to)
+        lo, hi = clip_box(*box_of(root), *box_of(to))
         return {"clip": {"lower": lo.tolist(), "upper": hi.tolist()}, "children": [logged_tree(to, log)]}
     if root in log.splits:
         kids = log.splits[root]
@@ -149,6 +149,23 @@ def logged_tree(root: Key, log: BoxLog) -> dict:
         parts = np.stack([np.stack(box_of(k)) for k in kids])  # (N, 2, n)
         return tiling_tree(lo, hi, parts, [logged_tree(k, log) for k in kids])
     raise ValueError("a box of the search was neither verified nor split")
+
+
+CLIP_SLACK = 2.0**-20  # of a clipped box's width: how far a clip's faces move out into the slabs it drops
+
+
+def clip_box(lower, upper, clip_lo, clip_hi) -> tuple[np.ndarray, np.ndarray]:
+    """The clip node's box for a box ``[lower, upper]`` clipped to ``[clip_lo, clip_hi]``. A face the
+    clip moved is moved back out by ``CLIP_SLACK`` of the box's width (not past the box): it is where
+    the clip's linear bound meets the threshold, so a slab it drops holds points with a margin of 0 (to
+    rounding) on that face, which no bound proves; a little way out the slab's margin is the bound's
+    slope times the distance, and the clipped box, a little larger, holds the face. A face it did not
+    move is written beyond the box, so that the checker's box (the query's, which may reach past the
+    float32 box the search started from) keeps it: the clip drops only what the search dropped."""
+    slack, far = CLIP_SLACK * (upper - lower), np.abs(lower) + np.abs(upper) + 1.0
+    lo = np.where(clip_lo > lower, np.maximum(lower, clip_lo - slack), lower - far)
+    hi = np.where(clip_hi < upper, np.minimum(upper, clip_hi + slack), upper + far)
+    return lo, hi
 
 
 def tiling_tree(lower: np.ndarray, upper: np.ndarray, parts: np.ndarray, nodes: list[dict]) -> dict:

@@ -37,6 +37,18 @@ ENGINE_KEY = (
 )
 
 
+PROOF_KEY = (
+    "--proof",
+    ["general", "proof"],
+    dict(
+        type=str,
+        default=None,
+        help="Where an unsat writes its proof (cve-proof-1, docs/proofs.md; .gz: gzipped), checked by "
+        "complete-verifier-ext check; null: none.",
+    ),
+)
+
+
 def _to_bool(text) -> bool:
     return str(text).strip().lower() in ("1", "true", "yes", "on", "y")
 
@@ -60,7 +72,7 @@ def _parallel_keys() -> list[tuple[str, list[str], dict]]:
 
 
 # (flag, hierarchy, argparse keywords) of our keys inside α,β-CROWN's config
-OUR_KEYS: tuple[tuple[str, list[str], dict], ...] = (ENGINE_KEY, *_parallel_keys())
+OUR_KEYS: tuple[tuple[str, list[str], dict], ...] = (ENGINE_KEY, PROOF_KEY, *_parallel_keys())
 
 
 def register(config) -> None:

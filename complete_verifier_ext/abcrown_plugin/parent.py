@@ -66,7 +66,8 @@ def keys_help(checkout: locate.Checkout) -> str:
     config = arguments.Config
     actions = {a.dest: a for a in config.defaults_parser._actions}
     out = [
-        f"config keys of alpha-beta-CROWN ({checkout.root}), ours (general.engine, parallel.*) included:",
+        f"config keys of alpha-beta-CROWN ({checkout.root}), ours (general.engine, general.proof, "
+        "parallel.*) included:",
         "set them in the YAML file (section: {key: value}), as --section.key VALUE, or as the flat flag",
         "",
     ]
@@ -245,6 +246,8 @@ def prepare(
     check_writable(sh.results_file, "general.results_file")
     if summary:
         check_writable(summary, "--summary")
+    proof = all_args["general"].get("proof")
+    check_writable(proof, "general.proof")
     _refuse_unsupported(all_args, par, config, checkout)
     extra = _extra_args(all_args, par.world_size)
     device = all_args["general"]["device"]
@@ -253,7 +256,7 @@ def prepare(
     cpu_gloo = device == "cpu" and shell.backend(par, device) == "gloo"
     fork = par.world_size > 1 and cpu_gloo and not par.exact_memory
     one_pass = bool(crown_batch_args(all_args, par.world_size))  # P = 1 bounds each layer in one pass
-    job = RankJob(checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall, one_pass)
+    job = RankJob(checkout, [yaml_path, *flat, *extra], par, scratch, quiet, started_wall, one_pass, proof)
     return Prepared(job, all_args, par, device, fork)
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from . import proof_write
 from .run import Run
 
 
@@ -45,11 +46,15 @@ def vnncomp_verdict(verified_status: Any) -> str:
 
 
 def summarize_results(run: Run, orig):
-    """``Logger.summarize_results``: closes the probe's record of the instance with its verdict."""
+    """``Logger.summarize_results``: closes the probe's record of the instance with its verdict; with
+    ``general.proof``, the instance's proof is written first (:func:`.proof_write.finish`)."""
 
     def summarize_results(self, verified_status, index):
         elapsed = time.time() - self.start_time - run.clock.shift  # the reserve is not time spent
-        run.next_instance(vnncomp_verdict(verified_status), elapsed)
+        verdict = vnncomp_verdict(verified_status)
+        if run.proof is not None:  # general.proof: every rank's records to rank 0, which writes it
+            proof_write.finish(run, verdict)
+        run.next_instance(verdict, elapsed)
         return orig(self, verified_status, index)
 
     return summarize_results

@@ -20,7 +20,7 @@ from ..config import ParallelConfig
 from . import bridge, locate, table
 from .clocks import OutOfTime
 from .patcher import Patcher
-from .run import Run
+from .run import Proofs, Run
 from .search.rounds import lockstep_calls
 from .weights import shards
 
@@ -199,6 +199,7 @@ class RankJob:
     quiet: bool
     started_wall: float  # the verifier's start (time.time())
     one_pass: bool = False  # the config leaves crown.batch_size at its default: P = 1 bounds a layer at once
+    proof: str | None = None  # general.proof: where an unsat writes its proof
 
 
 def rank_main(job: RankJob) -> dict:
@@ -220,6 +221,7 @@ def rank_main(job: RankJob) -> dict:
     cache = str(cache_root() / "abcrown_specs" / f"rank{rank}")
     run = Run(job.par, world, cache, job.started_wall, served_at_start=dict(serve.stats()))
     run.rows.one_pass = job.one_pass
+    run.proof = Proofs(job.proof) if job.proof else None
     run.calls_at_start = lockstep_calls()
     try:
         with contextlib.ExitStack() as quiet_ctx:

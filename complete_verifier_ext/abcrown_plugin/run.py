@@ -17,7 +17,9 @@ The parts, each owned by one concern:
 * :class:`Clocks` (``clocks.py``): the first instance's clock, the rank-local clock switch;
 * :class:`Shards` (``weights/``): which auto_LiRPA weights are sharded, and whether they are whole now;
 * :class:`Rows` (``rows/``): the row dealing of each bound pass, its α kept by row;
-* :class:`Rounds` (``search/``): what one BaB round hands to the patches inside it, and its collectives.
+* :class:`Rounds` (``search/``): what one BaB round hands to the patches inside it, and its collectives;
+* :class:`Proofs` (``proofs.py``, ``proof_write.py``; with ``general.proof`` only): how the instance
+  running was proved, as the leaves of its proof trees.
 
 The plugin's one piece of process-wide state is :mod:`.locate`'s loaded checkout: α,β-CROWN's modules
 are top-level names in ``sys.modules``, so a process holds one checkout for its lifetime.
@@ -120,6 +122,45 @@ class Rounds:
     undo: Any = None  # the last pick_out's search.oom.Undo (the round's domains back on the list)
 
 
+@dataclass(frozen=True)
+class Bounded:
+    """One box that ``LiRPANet.build`` bounded: the box (float64, flat), the pre-activation bounds of
+    each α,β-CROWN ReLU over it (flat float64 ``(lower, upper)`` in its ReLU order; None: not known for
+    this box alone), and the output rows it proved (:func:`.proofs.row_key`)."""
+
+    lower: Any
+    upper: Any
+    claims: tuple[tuple[Any, Any], ...] | None
+    proven: frozenset[bytes]
+
+
+@dataclass
+class Proofs:
+    """``general.proof``: what this rank recorded of how the instance running was proved (:mod:`.proofs`
+    records, :mod:`.proof_write` gathers every rank's and writes). Clauses are named by their rows (a
+    frozenset of :func:`.proofs.row_key`), input-split boxes by ``proofs.Key``."""
+
+    path: str  # where an unsat writes its proof
+    refused: str | None = None  # the first reason the instance can have no proof
+    relu_sizes: list[int] = field(default_factory=list)  # α,β-CROWN's ReLUs in its order: their neurons
+    builds: list[Bounded] = field(default_factory=list)  # every box LiRPANet.build bounded
+    bab_claims: Bounded | None = None  # activation BaB: the build whose bounds its root kept
+    split_relu: dict[str, int] = field(default_factory=dict)  # split node name -> its ReLU's index
+    bab_specs: set[frozenset] = field(default_factory=set)  # clauses activation BaB searched
+    roots_closed: set[frozenset] = field(default_factory=set)  # ... and proved at its root, unsplit
+    phase_leaves: set[tuple] = field(default_factory=set)  # (clause, ((relu, neuron, ±1), ...)) verified
+    input_roots: list[tuple] = field(default_factory=list)  # input split: each clause's root box (Key)
+    splits: dict[tuple, tuple] = field(default_factory=dict)  # input split: box -> the boxes it was cut into
+    clips: dict[tuple, tuple | None] = field(default_factory=dict)  # box -> its clipped box (None: nothing)
+    verified: set[tuple] = field(default_factory=set)  # boxes bounded above the threshold
+    last: list[tuple] = field(default_factory=list)  # the boxes a clip gets next, in order
+    names: dict[bytes, frozenset] = field(default_factory=dict)  # (c, rhs) bytes -> clause (a cache)
+
+    def refuse(self, why: str) -> None:
+        """No proof for this instance, for the first reason given."""
+        self.refused = self.refused or why
+
+
 @dataclass
 class Run:
     """One rank's run: its settings (the source of P for the plugin is ``world``) and state."""
@@ -135,6 +176,7 @@ class Run:
     rounds: Rounds = field(default_factory=Rounds)
     served_at_start: dict[str, int] = field(default_factory=dict)  # weight fetches before the run
     calls_at_start: int = 0  # lockstep collectives this process issued before the run
+    proof: Proofs | None = None  # general.proof set: the instance's proof records
 
     def __post_init__(self) -> None:
         self.clock = Clocks(self.started_wall)
@@ -147,6 +189,8 @@ class Run:
         self.probe.next_instance(verdict, time_s)
         self.rows.fits.clear()
         self.rounds.fits = self.rounds.picked = self.rounds.undo = None  # (its collectives: statistics)
+        if self.proof is not None:
+            self.proof = Proofs(self.proof.path)
 
     @property
     def sharded(self) -> bool:

@@ -1,7 +1,8 @@
 """Every attribute of α,β-CROWN and auto_LiRPA that the plugin changes: one row each, in install order.
 
 A row names the upstream attribute, when it is set (``always``; ``P>1``; ``fsdp`` / ``tp``: that mode
-at P > 1; ``sharded``: either), the function that makes its replacement from the run and the original
+at P > 1; ``sharded``: either; ``proof``: with ``general.proof`` set), the function that makes its
+replacement from the run and the original
 (``make(run, original)``: one contract for every row; the plugin module that owns the replacement is
 ``make``'s), why, and the parameter names of the original that the replacement was written against
 (``None`` for a module attribute that is not a callable). :func:`install` checks the parameters of
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import clocks, inputs, order, probe
+from . import clocks, inputs, order, probe, proofs
 from .patcher import Patcher, check_signature
 from .rows import alpha, grads, passes, spec
 from .run import Run
@@ -55,6 +56,8 @@ def applies(patch: Patch, run: Run) -> bool:
         return run.sharded
     if patch.when in ("fsdp", "tp"):
         return run.world > 1 and run.par.mode == patch.when
+    if patch.when == "proof":
+        return run.proof is not None
     raise ValueError(f"unknown row condition {patch.when!r}")
 
 
@@ -98,6 +101,8 @@ _LINEAR_FWD = ("self", "dim_in", "x", "w", "b", "C", "weight_has_batch")
 _LINEAR_DYN = ("self", "x", "w", "b", "C", "max_dim", "offset")
 _CONV_FWD, _CONV_DYN = ("self", "dim_in", "x"), ("self", "x", "max_dim", "offset")
 _SOLVER = ("self", "v", "model", "C", "model_type", "solver_pkg")
+_LIRPANET_BUILD = ("self", "x", "c", "rhs", "stop_criterion", "bounding_method", "vnnlib_handler",
+                   "interm_bounds", "return_A", "or_spec_size", "full_alpha_info")  # fmt: skip
 _ROUND = ("domains", "net", "batch", "iter_idx", "stats", "branching_heuristic")
 
 # fmt: off
@@ -247,6 +252,26 @@ TABLE: tuple[Patch, ...] = (
           "built on the whole model, then its weights sharded (RUNTIME)", _LIRPANET_INIT),
     Patch(f"{_BUILD}.__init__", "tp", tp.lirpanet_init,
           "built on the whole model, then its weights sharded (RUNTIME)", _LIRPANET_INIT),
+    # general.proof (proofs.py): how each clause was proved, recorded for its proof tree
+    Patch(f"{_BUILD}.build", "proof", proofs.build,
+          "the rows the incomplete bounds proved and the ReLUs' pre-activation bounds (the claims)",
+          _LIRPANET_BUILD),
+    Patch("complete_verifier_func.general_bab", "proof", proofs.general_bab,
+          "the clauses activation BaB searched and the ReLU each split node feeds", _GENERAL_BAB),
+    Patch("branching_domains.BatchedDomainList.add", "proof", proofs.domain_add,
+          "the split history of every domain dropped as verified",
+          ("self", "bounds", "d", "check_infeasibility")),
+    Patch("complete_verifier_func.input_bab_parallel", "proof", proofs.input_bab_parallel,
+          "each clause's root box in input-split BaB", _INPUT_BAB),
+    Patch(f"{_IBB}.input_split_and_repeat", "proof", proofs.input_split_and_repeat,
+          "each box and the boxes it was split into",
+          ("x_L", "x_U", "current_domain_num", "shape", "i_idx", "split_partitions", "split_hint", "cs",
+           "thresholds", "dm_lb", "alphas", "spec_size", "lA", "lbias", "constraints")),
+    Patch(f"{_IBB}.get_bounds", "proof", proofs.get_bounds, "the boxes bounded above their threshold",
+          ("net", "dm_lb", "x_L", "x_U", "alphas", "cs", "thresholds", "constraints", "bounding_method",
+           "branching_method", "stop_func", "stats")),
+    Patch(f"{_IBB}.clip_domains", "proof", proofs.clip_domains, "each box and the box it was clipped to",
+          ("x_L", "x_U", "thresholds", "lA", "lbias", "dm_lb", "is_lower", "num_iters", "calculate_volume")),
     # the probe, outermost (probe.py): what α,β-CROWN computed, for --summary
     Patch("utils.Logger.summarize_results", "always", probe.summarize_results, "records the verdict and time",
           ("self", "verified_status", "index")),
@@ -263,8 +288,7 @@ TABLE: tuple[Patch, ...] = (
            "average_A", "final_node_name", "interm_bounds", "reference_bounds", "aux_reference_bounds",
            "needed_A_dict", "cutter", "decision_thresh", "epsilon_over_decision_thresh")),
     Patch(f"{_BUILD}.build", "always", probe.build, "the incomplete phase's bounds and peak",
-          ("self", "x", "c", "rhs", "stop_criterion", "bounding_method", "vnnlib_handler", "interm_bounds",
-           "return_A", "or_spec_size", "full_alpha_info")),
+          _LIRPANET_BUILD),
 )
 
 # upstream callables the rows' code calls with their parameters by name without patching them

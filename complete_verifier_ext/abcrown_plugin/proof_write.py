@@ -1,0 +1,191 @@
+"""``general.proof`` at an instance's end: every rank's records (:class:`~.run.Proofs`, made by
+:mod:`.proofs`) gathered to rank 0, which writes the proof of an ``unsat`` with
+:func:`complete_verifier_ext.proofs.write`, or one ``note:`` line saying why it writes none.
+
+The obligations come from our own reading of the VNN-LIB file (:mod:`complete_verifier_ext.spec`: each
+region's outward float32 box, each clause's rows ``C y <= d``), never from α,β-CROWN's internals; each
+clause is matched to α,β-CROWN's records by its rows (float32, as both read them). Its tree, by the step
+that proved it (the first that did):
+
+* the incomplete bounds: a leaf under the build's pre-activation bounds as claims (widened for float32
+  rounding, :func:`complete_verifier_ext.proofs.widened`), keyed by the ONNX graph's ReLU ids;
+* activation BaB: the case split rebuilt from the verified domains' split histories
+  (:func:`~complete_verifier_ext.proofs.phase_tree`), under the claims of the bounds it started from;
+* input-split BaB: the splits and clips rebuilt from the root box by
+  :func:`~complete_verifier_ext.proofs.logged_tree`.
+
+α,β-CROWN's ReLUs are the ONNX graph's ``Relu`` nodes in order, matched by count and size; where they
+do not match, or a clause has no record, no proof is written. The trees depend only on what was
+verified, not on which rank verified it, so P = 1 and P > 1 runs of the same search write the same one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import proofs
+from ..parallel import comm
+from .inputs import short
+from .proofs import clause
+from .run import Bounded, Proofs, Run
+
+METHODS = ("incomplete", "activation-bab", "input-split")
+
+
+class NoProof(Exception):
+    """Why the instance's proof cannot be written."""
+
+
+@dataclass
+class Share:
+    """What one rank recorded that the others may not have: its searches' leaves and boxes."""
+
+    refused: str | None = None
+    bab_specs: set = field(default_factory=set)
+    roots_closed: set = field(default_factory=set)
+    phase_leaves: set = field(default_factory=set)
+    splits: dict = field(default_factory=dict)
+    clips: dict = field(default_factory=dict)
+    verified: set = field(default_factory=set)
+
+    @classmethod
+    def of(cls, p: Proofs) -> Share:
+        return cls(p.refused, p.bab_specs, p.roots_closed, p.phase_leaves, p.splits, p.clips, p.verified)
+
+    def join(self, other: Share) -> None:
+        """Add another rank's share (a box split or clipped two ways: no proof)."""
+        self.refused = self.refused or other.refused
+        for mine, theirs in ((self.splits, other.splits), (self.clips, other.clips)):
+            for key, value in theirs.items():
+                if mine.setdefault(key, value) != value:
+                    self.refused = self.refused or "two ranks split or clipped one box differently"
+        self.bab_specs |= other.bab_specs
+        self.roots_closed |= other.roots_closed
+        self.phase_leaves |= other.phase_leaves
+        self.verified |= other.verified
+
+
+def finish(run: Run, verdict: str) -> None:
+    """Every rank at an instance's end (``Logger.summarize_results``), with ``general.proof`` set: one
+    all-gather of the records (empty unless ``unsat``), then rank 0 writes the proof or one note."""
+    proof = run.proof
+    if proof is None:
+        return
+    every = comm.all_gather_object(Share.of(proof) if verdict == "unsat" else None)
+    if comm.rank() != 0 or verdict != "unsat":
+        return
+    joined = Share()
+    for share in every:
+        joined.join(share)
+    try:
+        _write(run, proof, joined)
+    except NoProof as e:
+        print(f"note: no proof written: {e}", file=sys.stderr)
+    except Exception as e:  # writing a proof never changes the verdict
+        print(f"note: no proof written: writing it failed ({short(e)})", file=sys.stderr)
+
+
+def _write(run: Run, proof: Proofs, share: Share) -> None:
+    import arguments
+
+    why = share.refused or _refused_by_config(arguments.Config)
+    if why:
+        raise NoProof(why)
+    onnx, vnnlib = _instance_files(arguments.Config)
+    from ..spec import load_vnnlib
+
+    spec = load_vnnlib(vnnlib)
+    if spec.layout is not None:
+        raise NoProof("a VNN-LIB 2.0 query (the checker reads 1.x)")
+    try:
+        layers = proofs.relu_layers(onnx, proof.relu_sizes)
+    except ValueError as e:
+        raise NoProof(str(e)) from None
+    obligations, methods = [], set()
+    single = len(spec.regions) == 1
+    for k, region in enumerate(spec.regions):
+        lo, hi = (a.astype(np.float64) for a in _outward(region))
+        for i, cl in enumerate(region.clauses):
+            tree, method = _clause_tree(proof, share, region, single, cl, f"region {k} clause {i}")
+            obligations.append(proofs.Obligation(lo, hi, cl.C, cl.d, tree))
+            methods.add(method)
+    method = "+".join(m for m in METHODS if m in methods)
+    producer = {"engine": "abcrown", "world_size": run.world, "mode": run.par.mode, "method": method}
+    proofs.write(proof.path, vnnlib, {"net": onnx}, layers, obligations, producer)
+
+
+def _outward(region) -> tuple[np.ndarray, np.ndarray]:
+    from ..spec import float32_box
+
+    return float32_box(region.lower, region.upper, inward=False)
+
+
+def _refused_by_config(config) -> str | None:
+    """Steps the configuration turns on that bound what a proof cannot carry (whether or not they ran)."""
+    general, solver, clip = config["general"], config["solver"], config["bab"]["clip_n_verify"]
+    if str(general["complete_verifier"]).startswith("Customized"):
+        return "a Customized verifier (general.complete_verifier) records nothing a checker can re-derive"
+    if config["specification"]["rhs_offset"] is not None:
+        return "specification.rhs_offset moves the thresholds"
+    if solver["invprop"]["apply_output_constraints_to"] or solver["invprop"]["tighten_input_bounds"]:
+        return "invprop bounds under the output constraints, which the proof does not carry"
+    if clip["alpha_crown"] or clip["clip_interm_domain"]["clip_in_alpha_crown"]:
+        return "clipping inside alpha-CROWN bounds under constraints the proof does not carry"
+    split = config["bab"]["branching"]["input_split"]["enable"]
+    if split and clip["clip_input_domain"]["enabled"] and solver["bound_prop_method"] != "crown":
+        return "input clipping with alpha-CROWN bounds drops slabs that only its optimised slopes prove"
+    return None
+
+
+def _instance_files(config) -> tuple[str, str]:
+    """The instance's ONNX and VNN-LIB files as α,β-CROWN read them."""
+    from ..spec.networks import is_network_list
+
+    onnx, vnnlib = config["model"]["onnx_path"], config["specification"]["vnnlib_path"]
+    if not onnx or not vnnlib:
+        raise NoProof("the instance is not an ONNX model with a VNN-LIB query")
+    if is_network_list(str(onnx)):
+        raise NoProof("a list of networks (the checker reads one)")
+    onnx = os.path.join(config["model"]["onnx_path_prefix"] or "", onnx)
+    return onnx, os.path.join(config["specification"]["vnnlib_path_prefix"] or "", vnnlib)
+
+
+def _clause_tree(proof: Proofs, share: Share, region, single: bool, cl, where: str) -> tuple[dict, str]:
+    """The tree of one clause of ``region``, by the first step that proved it, and that step."""
+    name = clause(cl.C, cl.d)
+    for built in proof.builds:
+        if (single or _near(built.lower, built.upper, region)) and name & built.proven:
+            return _under(built, proofs.leaf()), "incomplete"
+    try:
+        if name in share.bab_specs:
+            if name in share.roots_closed:
+                return _under(proof.bab_claims, proofs.leaf()), "activation-bab"
+            histories = [h for n, h in share.phase_leaves if n == name]
+            return _under(proof.bab_claims, proofs.phase_tree(histories)), "activation-bab"
+        log = proofs.BoxLog(share.splits, share.clips, frozenset(share.verified))
+        for root in proof.input_roots:
+            if root[0] == name and (single or _near(*proofs.box_of(root), region)):
+                return proofs.logged_tree(root, log), "input-split"
+    except ValueError as e:
+        raise NoProof(f"{where}: the search's records are no proof ({e})") from None
+    raise NoProof(f"{where} was proved by a step that records none (such as MIP)")
+
+
+def _near(lower: np.ndarray, upper: np.ndarray, region) -> bool:
+    """α,β-CROWN's float32 box is the region's (to float32 rounding)."""
+    return bool(np.allclose(lower, region.lower, rtol=1e-5, atol=1e-6)) and bool(
+        np.allclose(upper, region.upper, rtol=1e-5, atol=1e-6)
+    )
+
+
+def _under(built: Bounded | None, child: dict) -> dict:
+    """``child`` under the build's pre-activation bounds as claims (the ReLUs with finite bounds)."""
+    if built is None or built.claims is None:
+        return child
+    claims = {i: proofs.widened(lo, hi) for i, (lo, hi) in enumerate(built.claims)}
+    finite = {i: c for i, c in claims.items() if np.isfinite(c[0]).all() and np.isfinite(c[1]).all()}
+    return proofs.with_bounds(finite, child) if finite else child

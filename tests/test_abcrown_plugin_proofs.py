@@ -1,0 +1,176 @@
+"""``general.proof`` on the α,β-CROWN engine (``abcrown_plugin/proofs.py`` records, ``proof_write.py``
+writes): real α,β-CROWN runs on real gloo ranks whose proofs the independent checker
+(``complete_verifier_ext/check``) decides. An unsat that α-CROWN proves, one that activation BaB proves
+(at P = 1 and P = 2: the same tree), one that input-split BaB with clip-and-verify proves (P = 2, and
+P = 1 with α,β-CROWN's ACAS Xu settings) are ``valid``; a proof with a leaf removed is ``invalid``. The
+tree builders of ``complete_verifier_ext/proofs.py`` on cases worked out by hand."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from plugin_support import BAB_YAML, INPUT_SPLIT_YAML, MNIST, config, needs_abcrown, run
+
+from complete_verifier_ext import proofs
+from complete_verifier_ext.check import check_proof
+
+NET = MNIST / "onnx" / "mnist-net_256x2.onnx"
+
+ALPHA_YAML = """general:
+  device: cpu
+  complete_verifier: skip
+solver:
+  alpha-crown:
+    iteration: 20
+attack:
+  pgd_order: skip
+"""
+
+# α,β-CROWN's exp_configs/vnncomp21/acasxu.yaml: naive input splits, reordered BaB, clip-and-verify
+REORDERED_YAML = """general:
+  device: cpu
+solver:
+  batch_size: 64
+  bound_prop_method: crown
+bab:
+  timeout: 60
+  branching:
+    method: naive
+    input_split:
+      enable: True
+      reorder_bab: True
+  clip_n_verify:
+    clip_input_domain:
+      enabled: True
+attack:
+  pgd_order: skip
+"""
+
+
+def _proved(tmp_path: Path, yaml: str, onnx: Path, vnnlib: Path, name: str, P: int = 1, mode="fsdp") -> dict:
+    """One run with ``--general.proof``: unsat, no note, the checker says valid; the proof's document."""
+    path = tmp_path / f"{name}.json"
+    args = ["--onnx_path", str(onnx), "--vnnlib_path", str(vnnlib), "--general.proof", str(path)]
+    proc, _, results = run(tmp_path, config(tmp_path, yaml, f"{name}.yaml"), *args, P=P, name=name, mode=mode)
+    assert results and results.startswith("unsat"), (results, proc.stderr[-3000:])
+    assert "note:" not in proc.stderr, proc.stderr[-3000:]
+    r = check_proof(str(vnnlib), {"net": str(onnx)}, str(path))
+    assert r.status == "valid", r
+    return json.loads(path.read_text())
+
+
+def _kinds(node: dict) -> set[str]:
+    """The kinds of node in a tree."""
+    kind = next(k for k in ("leaf", "input", "clip", "relu", "bounds") if k in node)
+    return {kind}.union(*(_kinds(c) for c in node.get("children", [])))
+
+
+def _shape(node: dict) -> dict:
+    """A tree without its claims' values (α-CROWN's bounds at P = 2 are P = 1's to float32 rounding)."""
+    if "bounds" in node:
+        return {"bounds": sorted(node["bounds"]), "children": [_shape(c) for c in node["children"]]}
+    return {**node, "children": [_shape(c) for c in node["children"]]} if "children" in node else node
+
+
+@needs_abcrown
+def test_an_unsat_alpha_crown_proves_has_a_valid_proof(tmp_path):
+    """256x2 prop_0_0.03: α-CROWN proves every clause; each is a leaf under its pre-activation bounds."""
+    doc = _proved(tmp_path, ALPHA_YAML, NET, MNIST / "vnnlib" / "prop_0_0.03.vnnlib", "alpha")
+    assert doc["producer"] == {"engine": "abcrown", "world_size": 1, "mode": "none", "method": "incomplete"}
+    assert [r["size"] for r in doc["relu_layers"]] == [256, 256]
+    assert all(_kinds(o["tree"]) == {"bounds", "leaf"} for o in doc["obligations"])
+
+
+@needs_abcrown
+def test_activation_bab_proofs_at_one_and_two_ranks_are_one_tree(tmp_path):
+    """256x2 prop_9_0.05 with ``BAB_YAML``: the clauses α-CROWN leaves open are proved by β-CROWN BaB
+    (16 domains); at P = 1 and P = 2 (fsdp) the checker says valid and the trees are the same. With a
+    leaf removed (a phase split left with one child) the proof is invalid."""
+    vnnlib = MNIST / "vnnlib" / "prop_9_0.05.vnnlib"
+    docs = [_proved(tmp_path, BAB_YAML, NET, vnnlib, f"bab{P}", P=P) for P in (1, 2)]
+    assert docs[1]["producer"] == {
+        "engine": "abcrown",
+        "world_size": 2,
+        "mode": "fsdp",
+        "method": docs[0]["producer"]["method"],
+    }
+    assert "activation-bab" in docs[0]["producer"]["method"]
+    assert [_shape(o["tree"]) for o in docs[0]["obligations"]] == [
+        _shape(o["tree"]) for o in docs[1]["obligations"]
+    ]
+    assert any("relu" in _kinds(o["tree"]) for o in docs[0]["obligations"])
+    bad = copy.deepcopy(docs[0])
+    node = next(o["tree"] for o in bad["obligations"] if "relu" in _kinds(o["tree"]))
+    while "relu" not in node:
+        node = node["children"][0]
+    node["children"].pop()
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    r = check_proof(str(vnnlib), {"net": str(NET)}, str(tmp_path / "bad.json"))
+    assert r.status == "invalid", r
+
+
+@needs_abcrown
+def test_input_split_proofs_with_clipping(tmp_path):
+    """A 4-96-96-3 MLP, robustness of label 0 (two clauses): α,β-CROWN's ACAS Xu settings (naive splits,
+    reordered BaB, CROWN bounds, children clipped by their parent's bounds) prove it at P = 1 and at
+    P = 2 (tp); the trees hold input splits and clips, and the checker says valid. With α-CROWN bounds
+    (``INPUT_SPLIT_YAML``) the clipped slabs rest on optimised slopes the proof does not carry: unsat,
+    and one note saying why no proof was written."""
+    from complete_verifier_ext.testing import mlp_onnx, write_vnnlib
+
+    onnx = Path(mlp_onnx(tmp_path / "m.onnx", [4, 96, 96, 3], seed=3))
+    x0 = np.array([0.1, -0.2, 0.3, 0.05])
+    vnnlib = Path(write_vnnlib(tmp_path / "p.vnnlib", x0 - 0.08, x0 + 0.08, 0, 3))
+    for P, mode in ((1, "fsdp"), (2, "tp")):
+        doc = _proved(tmp_path, REORDERED_YAML, onnx, vnnlib, f"reordered{P}", P=P, mode=mode)
+        assert doc["producer"]["method"] == "input-split", doc["producer"]
+        assert {"input", "clip", "leaf"} <= set().union(*(_kinds(o["tree"]) for o in doc["obligations"]))
+    path = tmp_path / "sb.json"
+    args = ["--onnx_path", str(onnx), "--vnnlib_path", str(vnnlib), "--general.proof", str(path)]
+    proc, _, results = run(tmp_path, config(tmp_path, INPUT_SPLIT_YAML, "sb.yaml"), *args, name="sb")
+    assert results and results.startswith("unsat"), (results, proc.stderr[-3000:])
+    assert "note: no proof written: input clipping with alpha-CROWN bounds" in proc.stderr, proc.stderr[
+        -3000:
+    ]
+    assert not path.exists()
+
+
+def test_phase_tree_from_histories_in_any_order():
+    """Leaves of a case split whose histories list the splits in any order: the same tree as in order;
+    a leaf missing is no case split."""
+    ordered = [
+        ((0, 1, -1), (1, 4, -1)),
+        ((0, 1, -1), (1, 4, 1)),
+        ((0, 1, 1), (1, 2, -1)),
+        ((0, 1, 1), (1, 2, 1)),
+    ]
+    tree = proofs.phase_tree(ordered)
+    assert tree["relu"] == {"layer": 0, "neuron": 1}
+    assert [c["relu"] for c in tree["children"]] == [{"layer": 1, "neuron": 4}, {"layer": 1, "neuron": 2}]
+    shuffled = [h[::-1] for h in ordered[::-1]]
+    unordered = proofs.phase_tree(shuffled)
+    assert unordered["relu"] == {"layer": 0, "neuron": 1} and _leaves(unordered) == 4
+    with pytest.raises(ValueError):
+        proofs.phase_tree(shuffled[1:])
+
+
+def _leaves(node: dict) -> int:
+    return 1 if "leaf" in node else sum(_leaves(c) for c in node["children"])
+
+
+def test_tiling_tree_cuts_a_box_into_its_parts():
+    """A 2 x 2 grid of boxes and a strip beside it rebuilt as cuts; a gap between parts is no tiling."""
+    parts = np.array(
+        [[[0, 0], [1, 1]], [[1, 0], [2, 1]], [[0, 1], [1, 2]], [[1, 1], [2, 2]], [[2, 0], [3, 2]]], float
+    )
+    leaves = [proofs.leaf(bound={"const": k}) for k in range(5)]
+    tree = proofs.tiling_tree(np.zeros(2), np.array([3.0, 2.0]), parts, leaves)
+    assert tree["input"] == {"dim": 0, "at": [1.0]} and _leaves(tree) == 5
+    gap = parts.copy()
+    gap[4, 0, 0] = 2.5
+    with pytest.raises(ValueError):
+        proofs.tiling_tree(np.zeros(2), np.array([3.0, 2.0]), gap, leaves)
