@@ -17,8 +17,9 @@ import torch
 torch.set_num_threads(1)
 
 
-# The long checks: sweeps over P and modes of what a faster test checks at one setting, and scenarios
-# replayed with a stand-in fault (out of memory, signals, stopped ranks). They keep the README's test
+# The long checks: sweeps over P, modes and engines of what a faster test checks at one setting,
+# scenarios replayed with a stand-in fault (out of memory, signals, stopped ranks), and end-to-end runs
+# beside a faster test of the same path. They keep the README's test
 # command short; `python -m pytest -q -n 2 -m slow tests` runs them, and CI runs both.
 LONG_CHECKS = (
     "test_abcrown_plugin_zoo.py::",  # every zoo model at P = 1, 2, 3 in both modes (one setting: conformance)
@@ -33,6 +34,50 @@ LONG_CHECKS = (
     "test_joint.py::test_two_network_queries_on_the_plugin_route",  # two-network queries at P = 1 to 3
     "test_abcrown_plugin_rows.py::test_residual_sums_in_patches_mode_are_dealt",
     "test_abcrown_plugin_search_cuts.py::test_biccos_multi_tree_",
+    # faults replayed: killed, stopped or skewed ranks, signals, dead peers, out of memory on one rank
+    "test_abcrown_plugin_parent.py::test_a_rank_killed_mid_bab_",
+    "test_abcrown_plugin_parent.py::test_a_killed_rank_",
+    "test_abcrown_plugin_parent.py::test_clock_skew_",
+    "test_abcrown_plugin_oom.py::test_a_layer_that_runs_out_",
+    "test_abcrown_plugin_oom.py::test_not_even_one_row_",
+    "test_bab_input_split.py::test_a_round_at_two_ranks_that_runs_out_",
+    "test_bab_relu_split.py::test_at_p2_a_pass_that_runs_out_",
+    "test_bab_relu_split.py::test_rank_killed_mid_bab_",
+    "test_fake_cuda.py::test_out_of_memory_at_p2_",
+    "test_real_runs.py::test_a_killed_csv_run_",
+    "test_real_runs.py::test_torchrun_",
+    "test_cli.py::test_killed_rank_",
+    "test_cli.py::test_sighup_",
+    "test_worker.py::test_no_worker_or_a_stopped_one_",
+    "test_mip.py::test_a_stopped_solve_",
+    "test_cli.py::test_killed_launcher_",
+    "test_abcrown_plugin_search_mip.py::test_wait_patiently_",
+    "test_abcrown_plugin_hostile.py::test_a_bad_model_or_spec_is_one_line_at_p1_and_p2[truncated onnx-True]",
+    # P = 3, the second mode or the second engine of what a test at one setting checks
+    "test_bab_relu_split.py::test_domain_parallel_three_ranks",
+    "test_bab_input_split.py::test_domain_parallel_three_ranks_",
+    "test_distributed_bounds.py::test_sharded_equals_single_on_every_rank[3-",
+    "test_abcrown_plugin_search_activation.py::test_bab_with_domains_split_over_ranks[tp-3]",
+    "test_abcrown_plugin_rows.py::test_conv_layers_below_the_pass_size_are_dealt[3-",
+    "test_chunked_rows.py::test_chunked_on_two_ranks_equals_one_process[residual-fsdp]",
+    "test_chunked_rows.py::test_chunked_on_two_ranks_equals_one_process[mlp-fsdp]",
+    "test_fake_cuda.py::test_input_split_on_one_device[",
+    "test_abcrown_plugin_rows.py::test_bounds_equal_unpatched_with_split_rows[3-",
+    "test_parallel_sharded.py::test_gathered_is_bitwise_the_original[P3-",
+    "test_cli.py::test_sat_has_checked_counterexample[2]",
+    "test_mip.py::test_mip_mode_at_two_ranks_gives_the_verdict_of_one[-0.01]",
+    "test_abcrown_plugin_hostile.py::test_a_bad_model_or_spec_is_one_line_at_p1_and_p2[vnnlib syntax-True]",
+    "test_worker.py::test_warm_instances_give_the_cold_verdicts[abcrown]",
+    "test_joint.py::test_two_networks_end_to_end_at_p1_and_p2[abcrown]",
+    "test_joint.py::test_bad_2026_inputs_are_one_line_and_error_at_p2[abcrown]",
+    "test_joint.py::test_a_gzipped_1x_instance_in_a_2026_category[abcrown]",
+    # end-to-end runs on real data beside a faster test of the same path
+    "test_abcrown_plugin_run.py::test_two_instances_in_one_rank_process_",
+    "test_abcrown_plugin_proofs.py::test_activation_bab_proofs_",
+    "test_abcrown_plugin_search_mip.py::test_auto_choosing_bab_refine_",
+    "test_mip.py::test_two_ranks_share_the_output_milps_",
+    "test_mip.py::test_bab_refine_pipeline[split",
+    "test_joint.py::test_the_shared_isomorphic_instance_",
 )
 
 
