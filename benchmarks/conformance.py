@@ -87,15 +87,26 @@ def _present(folder: Path, rel: str) -> Path | None:
     return out
 
 
+def within(path: str, category: str) -> str:
+    """A file's path inside its category's folder (what ``instances.csv`` lists), ``.gz`` left out: the
+    part after the category's folder where a results csv gives a longer path. Not the file name alone:
+    a category may hold one file name in two folders (safenlp's ``medical/`` and ``ruarobot/``)."""
+    parts = [p for p in Path(path.strip().removesuffix(".gz")).parts if p != "."]
+    if category in parts:
+        parts = parts[len(parts) - parts[::-1].index(category) :]
+    return "/".join(parts)
+
+
 def official(path: Path | None) -> dict[tuple[str, str, str], tuple[str, float]]:
-    """(category, onnx file name, vnnlib file name) -> (verdict, run time) of a VNN-COMP results csv."""
+    """(category, onnx path, vnnlib path) -> (verdict, run time) of a VNN-COMP results csv, the paths
+    inside the category's folder (:func:`within`)."""
     if path is None:
         return {}
     out = {}
     for row in csv.reader(path.open()):
         if len(row) < 6:
             continue
-        key = (row[0], Path(row[1]).name.removesuffix(".gz"), Path(row[2]).name.removesuffix(".gz"))
+        key = (row[0], within(row[1], row[0]), within(row[2], row[0]))
         try:
             out[key] = (row[4].strip(), float(row[5]))
         except ValueError:
@@ -114,11 +125,7 @@ def instances(
         onnx, spec = _present(folder, row[0].strip()), _present(folder, row[1].strip())
         if onnx is None or spec is None:
             continue
-        key = (
-            category,
-            Path(row[0].strip()).name.removesuffix(".gz"),
-            Path(row[1].strip()).name.removesuffix(".gz"),
-        )
+        key = (category, within(row[0], category), within(row[1], category))
         verdict, gpu_s = results.get(key, ("", float("nan")))
         if results and verdict not in ANSWERS:
             continue
@@ -335,6 +342,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "conformance.json"
     old = json.loads(store.read_text())["rows"] if store.is_file() else []
+    for r in old:  # kept rows take the official verdict of the csv given now
+        cat = r["category"]
+        r["official"], r["official_s"] = results.get(
+            (cat, within(r["onnx"], cat), within(r["vnnlib"], cat)), (r["official"], r["official_s"])
+        )
     done = {(r["engine"], r["onnx"], r["vnnlib"], r["world"], r["mode"]) for r in old}
     rows = list(old)
     runs = [parse_run(r) for r in args.runs]
