@@ -95,7 +95,7 @@ def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, time
             / ABCROWN_CONFIGS[row["suite"]]
         )
         cmd = ["abcrown", "--config", str(config), "--general.engine", "abcrown", "--device", "cpu",
-               "--onnx_path", str(onnx), "--vnnlib_path", str(spec), "--general.root_path", "",
+               "--onnx_path", str(onnx), "--vnnlib_path", str(spec), "--general.root_path", ".",
                "--general.csv_name", "null", *ABCROWN_OFF.get(row["suite"], [])]  # fmt: skip
     cmd += ["--bab.timeout", str(timeout), "--general.results_file", str(tmp / "out.txt"),
             "--summary", str(summary), "--quiet"]  # fmt: skip
