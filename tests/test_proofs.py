@@ -143,3 +143,48 @@ def test_a_one_property_proof_in_aptp_syntax_is_valid(tmp_path, capsys):
     spec, onnx, proof = EXAMPLE / "example.vnnlib", EXAMPLE / "example.onnx", tmp_path / "e.aptp"
     assert solver_cli.main(["verify", str(spec), "--network", f"N={onnx}", "--proof", str(proof)]) == 0
     assert not proof.exists() and "APTP holds one property" in capsys.readouterr().err
+
+
+# ACAS Xu 1_3 property 1: a box of its input-split search (a leaf of its proof) whose CROWN bound
+# depends on the other boxes of a batch bounded with it
+LEAF_1_3 = (
+    [0.5999999642372131, 0.0, 0.2500000298023224, 0.44999998807907104, -0.5000000596046448],
+    [0.6798577904701233, 0.1250000149011612, 0.3750000596046448, 0.5000000596046448, -0.44999998807907104],
+)
+
+
+@pytest.mark.skipif(not ACAS.is_dir(), reason=f"{ACAS} is absent")
+def test_a_proofs_leaf_is_bounded_as_if_alone_whatever_its_batch():
+    """CROWN refines the neurons some box of the batch has unstable; beside a wider box, a box's neurons
+    that IBP already fixes get CROWN's bounds too, which moves the box's own bound (here from -2.40 to
+    -0.21: sound either way). ``per_box`` (what a search that records a proof uses, and what the
+    checker does) bounds each box as if alone: the same bound in any batch, to float32 rounding."""
+    import torch
+
+    from complete_verifier_ext.bounds.crown import crown
+    from complete_verifier_ext.model.onnx_loader import load_model
+    from complete_verifier_ext.spec import Clauses, load_vnnlib
+
+    graph = load_model(ACAS / "onnx" / "ACASXU_run2a_1_3_batch_2000.onnx")
+    problem = Clauses.of(load_vnnlib(ACAS / "vnnlib" / "prop_1.vnnlib").regions[0].clauses)
+    lo, hi = (torch.tensor([x]) for x in LEAF_1_3)
+    batch = (torch.cat([lo, torch.full_like(lo, -0.5)]), torch.cat([hi, torch.full_like(hi, 0.5)]))
+    alone = crown(graph, (lo, hi), problem.C, per_box=True)[0][0, 0].item()
+    beside = crown(graph, batch, problem.C, per_box=True)[0][0, 0].item()
+    coupled = crown(graph, batch, problem.C)[0][0, 0].item()
+    assert abs(beside - alone) <= 1e-4 * max(1.0, abs(alone))
+    assert abs(coupled - alone) > 1.0  # without per_box the batch moves the bound
+
+
+@pytest.mark.skipif(not ACAS.is_dir(), reason=f"{ACAS} is absent")
+@pytest.mark.parametrize("net", ["1_3", "2_4"])
+def test_acasxu_input_split_proofs_whose_leaves_batches_moved_are_valid(tmp_path, net):
+    """ACAS Xu 1_3 and 2_4 property 1, whose proofs were invalid while a leaf's bound depended on its
+    batch (in the search, and in the checker's batch of leaves): valid, every leaf closed by its bounds."""
+    from complete_verifier_ext import solver_cli
+
+    spec, onnx = ACAS / "vnnlib" / "prop_1.vnnlib", ACAS / "onnx" / f"ACASXU_run2a_{net}_batch_2000.onnx"
+    proof = tmp_path / "p.json"
+    assert solver_cli.main(["verify", str(spec), "--network", f"N={onnx}", "--proof", str(proof)]) == 0
+    result = check_proof(str(spec), {"N": str(onnx)}, str(proof))
+    assert result.line() == "valid" and result.by_lp == 0, result

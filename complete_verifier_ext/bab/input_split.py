@@ -170,7 +170,7 @@ def bound_batch(
     """
     shape = (lo.shape[0], *graph.input_shape)
     box = (lo.reshape(shape), hi.reshape(shape))
-    lb, state = crown(graph, box, problem.C)
+    lb, state = crown(graph, box, problem.C, per_box=opts.record)  # a proof's leaf: bounded as if alone
     if method == "alpha-crown":
         a_opts = AlphaOptions(iteration=opts.iteration, lr_alpha=opts.lr_alpha, lr_decay=opts.lr_decay)
         with torch.enable_grad():

@@ -329,6 +329,7 @@ def sweep(
     chunk: int | None = None,
     on_layer: Callable[[int, int, Box], None] | None = None,
     fits: Fits | None = None,
+    per_box: bool = False,
 ) -> CrownState:
     """IBP for every node, CROWN for every pre-activation node.
 
@@ -339,7 +340,11 @@ def sweep(
     ``intersect``: keep the IBP bound of a neuron where it is tighter than CROWN's (sound, and much
     tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN); ``chunk``: neurons per
     back-substitution pass (see :func:`neuron_rows`); ``on_layer(k, rows, bounds of k)`` is told of every
-    layer refined (progress, benchmarks); ``fits``: passes that ran out of memory before (:data:`Fits`).
+    layer refined (progress, benchmarks); ``fits``: passes that ran out of memory before (:data:`Fits`);
+    ``per_box``: a box's bounds do not depend on the other boxes of the batch (a neuron stable by IBP
+    in a box keeps its IBP bound there, as when the box is bounded alone; else one that is unstable in
+    another box gets CROWN's bound here too, which tightens the layers after it: a proof's leaf must
+    be bounded as the checker bounds it, alone).
 
     Under autograd (α-CROWN) IBP is computed without it: the gradient of a bound goes to the CROWN
     rows that set it (:func:`tighten`), and the neurons no rows were computed for are stable, so their
@@ -372,6 +377,10 @@ def sweep(
             graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad, chunk, keep, fits
         )
         gathered.append(g)
+        if per_box and keep is None:
+            lo, hi = (b.flatten(1)[:, idx] for b in bounds[k])
+            stable = (lo >= 0) | (hi <= 0)
+            lo_rows, hi_rows = torch.where(stable, lo, lo_rows), torch.where(stable, hi, hi_rows)
         bounds[k] = tighten(bounds[k], idx if keep is None else idx[keep], lo_rows, hi_rows, intersect)
         if on_layer is not None:
             on_layer(k, len(idx), bounds[k])
@@ -450,10 +459,11 @@ def ibp(graph: Graph, box: Box, C: Tensor) -> tuple[Tensor, Bounds]:
 
 @torch.no_grad()
 def crown(
-    graph: Graph, box: Box, C: Tensor, intersect: bool = True, chunk: int | None = None
+    graph: Graph, box: Box, C: Tensor, intersect: bool = True, chunk: int | None = None, per_box: bool = False
 ) -> tuple[Tensor, CrownState]:
     """CROWN with CROWN intermediate bounds and the adaptive lower ReLU slope: (lb (B, S), state).
-    ``chunk``: neurons per back-substitution pass of an intermediate layer (None: all at once)."""
-    state = sweep(graph, box, intersect=intersect, chunk=chunk)
+    ``chunk``: neurons per back-substitution pass of an intermediate layer (None: all at once);
+    ``per_box``: see :func:`sweep`."""
+    state = sweep(graph, box, intersect=intersect, chunk=chunk, per_box=per_box)
     lb, _ = final_bounds(graph, state, box, C)
     return lb, state

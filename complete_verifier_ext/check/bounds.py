@@ -2,7 +2,7 @@
 
 1. Node by node, bounds ``[l, u]`` of every node's value over each leaf's region (shapes ``(B, n)``):
    interval propagation; for a ReLU's input with a ReLU below it, also CROWN's back-substitution
-   (adaptive slopes) for the neurons some leaf has unstable, and the tighter of the two; a phase
+   (adaptive slopes) for the neurons each leaf has unstable, and the tighter of the two; a phase
    ``z_j <= 0`` / ``z_j >= 0`` clamps ``[l, min(u, 0)]`` / ``[max(l, 0), u]``, a verified claim of a
    bounds node above the leaf intersects. A leaf with some ``l > u`` has an empty region (its phases
    and claims cannot hold together): nothing to prove there.
@@ -102,16 +102,21 @@ def node_bounds(net: Net, batch: Batch) -> Bounds:
 
 
 def _crown(net: Net, bnd: Bounds, k: int) -> None:
-    """CROWN's bounds of node ``k``'s neurons that some leaf has unstable, where tighter."""
-    unstable = np.flatnonzero(((bnd.lower[k] < 0) & (bnd.upper[k] > 0)).any(axis=0))
+    """CROWN's bounds of node ``k``'s neurons, where tighter, for each leaf on the neurons it has
+    unstable: a leaf's bounds do not depend on the other leaves of its batch (a leaf is bounded as if
+    alone, as the verifier bounded it)."""
+    mine = (bnd.lower[k] < 0) & (bnd.upper[k] > 0)  # (B, n)
+    unstable = np.flatnonzero(mine.any(axis=0))
     if unstable.size:
         r = unstable.size
         A = np.zeros((len(bnd.empty), 2 * r, net.sizes[k]))
         A[:, np.arange(r), unstable] = 1.0
         A[:, r + np.arange(r), unstable] = -1.0
         res = backward(net.nodes, bnd, k, A, None)
-        bnd.lower[k][:, unstable] = np.fmax(bnd.lower[k][:, unstable], res[:, :r])
-        bnd.upper[k][:, unstable] = np.fmin(bnd.upper[k][:, unstable], -res[:, r:])
+        here = mine[:, unstable]
+        lo, hi = bnd.lower[k][:, unstable], bnd.upper[k][:, unstable]
+        bnd.lower[k][:, unstable] = np.where(here, np.fmax(lo, res[:, :r]), lo)
+        bnd.upper[k][:, unstable] = np.where(here, np.fmin(hi, -res[:, r:]), hi)
 
 
 def _interval(node, k: int, bnd: Bounds, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
