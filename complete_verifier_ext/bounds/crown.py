@@ -317,6 +317,25 @@ def _still_unstable(box: Box, idx: Tensor) -> Tensor | None:
     return None if bool(keep.all()) else keep
 
 
+def _within(box: Box, reference: Box) -> Box:
+    """``box`` intersected with ``reference``, its gradient ``box``'s own (:func:`_straight_through`)."""
+    lo, hi = box
+    return (
+        _straight_through(lo, torch.maximum(lo, reference[0])),
+        _straight_through(hi, torch.minimum(hi, reference[1])),
+    )
+
+
+def _as_if_alone(box: Box, idx: Tensor, lo_rows: Tensor, hi_rows: Tensor) -> tuple[Tensor, Tensor]:
+    """CROWN's rows ``idx`` of a layer, where a box has the neuron stable by IBP, replaced by its IBP
+    bounds, as when the box is bounded alone. Else a neuron unstable in *another* box of the batch gets
+    CROWN's bounds here too, which moves this box's bounds in the layers after it: a box's bound would
+    depend on its batch, and a proof's leaf must be bounded as a checker bounds it, alone."""
+    lo, hi = (b.flatten(1)[:, idx] for b in box)
+    stable = (lo >= 0) | (hi <= 0)
+    return torch.where(stable, lo, lo_rows), torch.where(stable, hi, hi_rows)
+
+
 def sweep(
     graph: Graph,
     box: Box,
@@ -340,17 +359,12 @@ def sweep(
     ``intersect``: keep the IBP bound of a neuron where it is tighter than CROWN's (sound, and much
     tighter on deep networks; ``False`` reproduces auto_LiRPA's CROWN); ``chunk``: neurons per
     back-substitution pass (see :func:`neuron_rows`); ``on_layer(k, rows, bounds of k)`` is told of every
-    layer refined (progress, benchmarks); ``fits``: passes that ran out of memory before (:data:`Fits`);
-    ``per_box``: a box's bounds do not depend on the other boxes of the batch (a neuron stable by IBP
-    in a box keeps its IBP bound there, as when the box is bounded alone; else one that is unstable in
-    another box gets CROWN's bound here too, which tightens the layers after it: a proof's leaf must
-    be bounded as the checker bounds it, alone).
+    layer refined (progress); ``fits``: passes that ran out of memory (:data:`Fits`); ``per_box``: see
+    :func:`_as_if_alone`.
 
-    Under autograd (α-CROWN) IBP is computed without it: the gradient of a bound goes to the CROWN
-    rows that set it (:func:`tighten`), and the neurons no rows were computed for are stable, so their
-    ReLU is exact whatever their bounds: a gradient through IBP would only ever be zero, and it would
-    keep every layer's IBP tensors (and ``|W|``) alive until backward.
-    """
+    Under autograd (α-CROWN) IBP runs without it: a bound's gradient goes to the CROWN rows that set it
+    (:func:`tighten`); the neurons without rows are stable (their ReLU exact whatever their bounds), so
+    a gradient through IBP would be zero and keep every layer's IBP tensors (and ``|W|``) alive."""
     bounds: Bounds = {0: box}
     pre = set(pre_activation_nodes(graph))
     used_rows: dict[int, Tensor] = {}
@@ -361,26 +375,20 @@ def sweep(
         if k not in pre:
             continue
         if reference is not None:
-            lo, hi = bounds[k]
-            bounds[k] = (
-                _straight_through(lo, torch.maximum(lo, reference[k][0])),
-                _straight_through(hi, torch.minimum(hi, reference[k][1])),
-            )
+            bounds[k] = _within(bounds[k], reference[k])
         if exact_by_ibp(graph, k):
             continue
         idx = rows[k] if rows is not None else unstable_index(*bounds[k])
         used_rows[k] = idx
         keep = _still_unstable(bounds[k], idx) if rows is not None and reference is not None else None
-        if len(idx) == 0 or (keep is not None and not bool(keep.any())):  # every rank knows: nothing
-            continue  # to refine
+        if len(idx) == 0 or (keep is not None and not bool(keep.any())):  # every rank knows it
+            continue
         lo_rows, hi_rows, g = neuron_rows(
             graph, k, idx, bounds, box, None if alphas is None else alphas[k], grad, chunk, keep, fits
         )
         gathered.append(g)
-        if per_box and keep is None:
-            lo, hi = (b.flatten(1)[:, idx] for b in bounds[k])
-            stable = (lo >= 0) | (hi <= 0)
-            lo_rows, hi_rows = torch.where(stable, lo, lo_rows), torch.where(stable, hi, hi_rows)
+        if per_box and keep is None:  # each box as if alone
+            lo_rows, hi_rows = _as_if_alone(bounds[k], idx, lo_rows, hi_rows)
         bounds[k] = tighten(bounds[k], idx if keep is None else idx[keep], lo_rows, hi_rows, intersect)
         if on_layer is not None:
             on_layer(k, len(idx), bounds[k])
