@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from abcrown_common import BENCH, REPO, checkout, run_abcrown
-from measure import provenance
+from measure import provenance, run_summarized
 
 FOLDER = BENCH / "acasxu"
 
@@ -37,20 +35,14 @@ def instances() -> list[dict]:
 def run_native(row: dict, tmp: Path, timeout: float) -> dict:
     """One instance on the native engine: verdict, its own time and the wall time."""
     summary = tmp / "summary.json"
-    summary.unlink(missing_ok=True)
     config = REPO / "configs" / "acasxu.yaml"
     cmd = [sys.executable, "-m", "complete_verifier_ext.cli", "--config", str(config),
            "--general.csv_name", "null", "--model.onnx_path", str(FOLDER / row["onnx"]),
            "--specification.vnnlib_path", str(FOLDER / row["vnnlib"]), "--bab.timeout", str(timeout),
            "--general.results_file", str(tmp / "out.txt"), "--summary", str(summary), "--quiet"]  # fmt: skip
-    t0 = time.monotonic()
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, cwd=tmp)
-    except subprocess.TimeoutExpired:
-        return {"error": f"over {timeout + 60:.0f} s"}
-    if out.returncode != 0 or not summary.exists():
-        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
-    return {**json.loads(summary.read_text()), "wall_s": round(time.monotonic() - t0, 1)}
+    r = run_summarized(cmd, tmp, summary, timeout + 60)
+    r.pop("stderr", None)
+    return r | ({"wall_s": round(r["wall_s"], 1)} if "wall_s" in r else {})
 
 
 def run_plugin(row: dict, tmp: Path, timeout: float) -> dict:

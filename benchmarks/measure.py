@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from complete_verifier_ext.parallel.memory import EXACT_MEMORY_ENV
@@ -50,6 +51,20 @@ def spawn_json(script: str, args: list[str], timeout: float) -> dict | None:
         print(out.stderr[-2000:], file=sys.stderr)
         return None
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_summarized(cmd: list[str], cwd: Path, summary: Path, limit: float) -> dict:
+    """A verifier command that writes ``--summary SUMMARY``, killed after ``limit`` s: its summary plus
+    ``wall_s`` and ``stderr``, or ``{"error": ...}`` (the last line of its stderr)."""
+    summary.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {limit:.0f} s"}
+    if out.returncode != 0 or not summary.exists():
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    return {**json.loads(summary.read_text()), "wall_s": time.monotonic() - t0, "stderr": out.stderr}
 
 
 def warm_up(method: str, mode: str, world: int) -> None:

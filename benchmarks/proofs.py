@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from abcrown_common import BENCH, REPO
-from measure import provenance
+from measure import provenance, run_summarized
 
 CONFIGS = {"acasxu": "acasxu.yaml", "mnist_fc": "mnist_fc.yaml", "oval21": "oval21.yaml"}
 ABCROWN_CONFIGS = {"acasxu": "vnncomp21/acasxu.yaml", "mnist_fc": "vnncomp22/mnistfc.yaml",
@@ -81,7 +81,6 @@ def plain(path: Path, tmp: Path) -> Path:
 def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, timeout: float) -> dict:
     """One run: its summary (verdict, time_s) plus the wall time, or ``{"error": ...}``."""
     summary = tmp / "summary.json"
-    summary.unlink(missing_ok=True)
     onnx, spec = plain(row["onnx"], tmp), plain(row["vnnlib"], tmp)
     if engine == "native":
         cmd = [sys.executable, "-m", "complete_verifier_ext.worker", "run", "native", "cli",
@@ -101,17 +100,11 @@ def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, time
             "--summary", str(summary), "--quiet"]  # fmt: skip
     cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)] if P > 1 else []
     cmd += ["--general.proof", str(proof)] if proof else []
-    t0 = time.monotonic()
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 120, cwd=tmp)
-    except subprocess.TimeoutExpired:
-        return {"error": f"over {timeout + 120:.0f} s"}
-    if out.returncode != 0 or not summary.exists():
-        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:200]}
-    s = json.loads(summary.read_text())
-    notes = [ln for ln in out.stderr.splitlines() if ln.startswith("note:")]
-    return {"verdict": s["verdict"], "time_s": s["time_s"], "wall_s": round(time.monotonic() - t0, 2),
-            "notes": notes}  # fmt: skip
+    s = run_summarized(cmd, tmp, summary, timeout + 120)
+    if "error" in s:
+        return s
+    notes = [ln for ln in s["stderr"].splitlines() if ln.startswith("note:")]
+    return {"verdict": s["verdict"], "time_s": s["time_s"], "wall_s": round(s["wall_s"], 2), "notes": notes}
 
 
 def checker(row: dict, proof: Path, tmp: Path) -> dict:

@@ -174,3 +174,16 @@ def test_tiling_tree_cuts_a_box_into_its_parts():
     gap[4, 0, 0] = 2.5
     with pytest.raises(ValueError):
         proofs.tiling_tree(np.zeros(2), np.array([3.0, 2.0]), gap, leaves)
+
+
+def test_a_nan_or_infinite_bound_records_no_proven_row():
+    """What the recording hooks take as proved: a finite lower bound above its threshold; NaN, +inf and
+    -inf prove nothing (a box or row recorded so would only make the proof invalid, never the verdict)."""
+    import torch
+
+    from complete_verifier_ext.abcrown_plugin.proofs import _proven_rows, above, row_key
+
+    lb = torch.tensor([[1.0, float("nan"), float("inf"), -float("inf"), -1.0]])
+    assert above(lb, torch.zeros(1, 5)).tolist() == [[True, False, False, False, False]]
+    c, rhs = torch.eye(5)[None], torch.zeros(1, 5)
+    assert _proven_rows(lb, c, rhs, 1) == [{row_key(c[0, 0].double().numpy(), 0.0)}]

@@ -163,6 +163,12 @@ def _claims(bounds, members: list[int], n_boxes: int, single: bool) -> tuple | N
     return tuple(out)
 
 
+def above(lb, thresholds):
+    """Where a lower bound is above its threshold: finite and greater (NaN and inf prove nothing)."""
+    lb = lb.detach()
+    return lb.isfinite() & (lb > thresholds.to(lb.device))
+
+
 def _proven_rows(global_lb, c, rhs, n_boxes: int) -> list[set[bytes]]:
     """For each box of the build: the rows whose lower bound is above the threshold (NaN proves
     nothing)."""
@@ -171,7 +177,7 @@ def _proven_rows(global_lb, c, rhs, n_boxes: int) -> list[set[bytes]]:
         return proven
     if len(c) != n_boxes and n_boxes != 1:
         return proven
-    hit = (global_lb.detach() > rhs.to(global_lb.device)).cpu().numpy()
+    hit = above(global_lb, rhs).cpu().numpy()
     C, d = c.detach().cpu().double().numpy(), rhs.detach().cpu().double().numpy()
     for b, s in zip(*np.nonzero(hit), strict=True):
         proven[b if n_boxes > 1 else 0].add(row_key(C[b, s], d[b, s]))
@@ -388,7 +394,7 @@ def _record_bounded(proof: Proofs, x_L, x_U, cs, thresholds, constraints, lb) ->
     if constraints is not None:
         raise Refused("boxes bounded under linear constraints (complete clipping)")
     keys = box_keys(proof, x_L, x_U, cs, thresholds)
-    proven = (lb.detach() > thresholds.to(lb.device)).any(1).tolist()
+    proven = above(lb, thresholds).any(1).tolist()
     proof.verified.update(k for k, p in zip(keys, proven, strict=True) if p)
     proof.last = [k for k, p in zip(keys, proven, strict=True) if not p]
 
