@@ -3,16 +3,19 @@ their size, what writing them costs the verifier, and what checking them costs t
 
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/proofs.py \\
         [--suites acasxu mnist_fc oval21] [--engines native abcrown] [--ranks 1 2] [--limit N] \\
-        [--acasxu DIR --acasxu-results CSV] [--timeout 120] [--out benchmarks/results/proofs]
+        [--acasxu DIR --acasxu-results CSV] [--match REGEX] [--every K] [--timeout 120] \\
+        [--out benchmarks/results/proofs]
 
 Instances: the known ``unsat`` ones of ``../shared/benchmarks/SUITE/verdicts.csv`` (mnist_fc 256x2 and
 256x4, oval21, ACAS Xu's); with ``--acasxu DIR`` (a VNN-COMP 2022 ``acasxu`` folder: all 45 networks,
 properties 1–4 and more) and ``--acasxu-results`` (an official results csv), the ACAS Xu instances of
-properties 1–4 that the csv answers ``unsat``. ``--limit N``: the first N of each suite.
+properties 1–4 that the csv answers ``unsat``. ``--match REGEX``: the instances whose ``onnx|vnnlib``
+names it finds; ``--every K``: every K-th of those; ``--limit N``: the first N of each suite.
 
 Each instance, engine and P: the verifier once without and once with ``--general.proof`` (a fresh
 process each, the native engine through its resident worker; the instance's own time from its
-``--summary``, start-up left out), then ``complete-verifier-ext check``. The configs: the native
+``--summary``, start-up left out), then ``complete-verifier-ext check --workers P`` (the leaves dealt
+over as many processes as the run had ranks). The configs: the native
 engine's bundled ``configs/SUITE.yaml``; α,β-CROWN's own ``vnncomp21/acasxu.yaml``,
 ``vnncomp22/mnistfc.yaml`` and ``vnncomp22/oval22.yaml``, with and without a proof alike without
 MILP refinement and cuts (``ABCROWN_OFF``: no proof can carry their bounds). Recorded: both verdicts
@@ -28,6 +31,7 @@ import csv
 import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -51,8 +55,11 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
     """The suite's known ``unsat`` instances: ``{"suite", "onnx", "vnnlib", "timeout"}`` with paths."""
     if suite == "acasxu" and args.acasxu:
         rows = [
-            r for r in csv.reader(args.acasxu_results.open()) if r and r[0] == "acasxu" and r[4] == "unsat"
+            r
+            for r in csv.reader(args.acasxu_results.open())
+            if r and r[0] == "acasxu" and "acasxu/" in r[1] and r[4] == "unsat"
         ]
+        rows = list({(r[1], r[2]): r for r in rows}.values())  # a csv may list an instance twice
         at = args.acasxu
         out = [{"onnx": at / r[1].split("acasxu/")[1], "vnnlib": at / r[2].split("acasxu/")[1],
                 "timeout": float(r[3])} for r in rows]  # fmt: skip
@@ -64,7 +71,8 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
             rows = [r for r in rows if "256x6" not in r["onnx"]]
         out = [{"onnx": folder / r["onnx"], "vnnlib": folder / r["vnnlib"], "timeout": float(r["timeout_s"])}
                for r in rows]  # fmt: skip
-    return [{"suite": suite, **r} for r in out[: args.limit or None]]
+    out = [r for r in out if re.search(args.match, f"{r['onnx'].name}|{r['vnnlib'].name}")]
+    return [{"suite": suite, **r} for r in out[:: args.every][: args.limit or None]]
 
 
 def plain(path: Path, tmp: Path) -> Path:
@@ -107,10 +115,10 @@ def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, time
     return {"verdict": s["verdict"], "time_s": s["time_s"], "wall_s": round(s["wall_s"], 2), "notes": notes}
 
 
-def checker(row: dict, proof: Path, tmp: Path) -> dict:
-    """``complete-verifier-ext check`` on the proof: its answer, time and leaf counts."""
+def checker(row: dict, proof: Path, tmp: Path, P: int) -> dict:
+    """``complete-verifier-ext check --workers P`` on the proof: its answer, time and leaf counts."""
     cmd = [sys.executable, "-m", "complete_verifier_ext.solver_cli", "check", str(plain(row["vnnlib"], tmp)),
-           "--network", f"N={plain(row['onnx'], tmp)}", "--proof", str(proof)]  # fmt: skip
+           "--network", f"N={plain(row['onnx'], tmp)}", "--proof", str(proof), "--workers", str(P)]  # fmt: skip
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     counts = next((ln for ln in out.stderr.splitlines() if ln.startswith("complete-verifier-ext check:")), "")
@@ -131,7 +139,7 @@ def measure(row: dict, engine: str, P: int, timeout: float) -> dict:
         proved = verifier(row, engine, P, proof, tmp, timeout)
         out = {"bare": bare, "proved": proved}
         if proof.exists():
-            out |= {"proof_bytes": proof.stat().st_size, **checker(row, proof, tmp)}
+            out |= {"proof_bytes": proof.stat().st_size, **checker(row, proof, tmp, P)}
     return out
 
 
@@ -224,6 +232,8 @@ def main() -> None:
     ap.add_argument("--engines", nargs="+", default=["native", "abcrown"], choices=["native", "abcrown"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--limit", type=int, default=0, help="the first N instances of each suite (0: all)")
+    ap.add_argument("--match", default="", help="only instances whose 'onnx|vnnlib' names match")
+    ap.add_argument("--every", type=int, default=1, help="every K-th instance of each suite")
     ap.add_argument("--acasxu", type=Path, help="a VNN-COMP 2022 acasxu folder (all 45 networks)")
     ap.add_argument("--acasxu-results", type=Path, help="an official results csv giving its verdicts")
     ap.add_argument("--timeout", type=float, default=120.0, help="cap on each instance's own timeout (s)")
