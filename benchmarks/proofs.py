@@ -118,7 +118,8 @@ def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, time
 def checker(row: dict, proof: Path, tmp: Path, P: int) -> dict:
     """``complete-verifier-ext check --workers P`` on the proof: its answer, time and leaf counts."""
     cmd = [sys.executable, "-m", "complete_verifier_ext.solver_cli", "check", str(plain(row["vnnlib"], tmp)),
-           "--network", f"N={plain(row['onnx'], tmp)}", "--proof", str(proof), "--workers", str(P)]  # fmt: skip
+           "--network", f"N={plain(row['onnx'], tmp)}", "--proof", str(proof),
+           "--workers", str(P)]  # fmt: skip
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     counts = next((ln for ln in out.stderr.splitlines() if ln.startswith("complete-verifier-ext check:")), "")
