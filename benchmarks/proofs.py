@@ -64,6 +64,7 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
         out = [{"onnx": at / r[1].split("acasxu/")[1], "vnnlib": at / r[2].split("acasxu/")[1],
                 "timeout": float(r[3])} for r in rows]  # fmt: skip
         out = [r for r in out if r["vnnlib"].stem in ("prop_1", "prop_2", "prop_3", "prop_4")]
+        out = [{k: gzipped(v) if k != "timeout" else v for k, v in r.items()} for r in out]
     else:
         folder = BENCH / suite
         rows = [r for r in csv.DictReader((folder / "verdicts.csv").open()) if r["expected"] == "unsat"]
@@ -73,6 +74,12 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
                for r in rows]  # fmt: skip
     out = [r for r in out if re.search(args.match, f"{r['onnx'].name}|{r['vnnlib'].name}")]
     return [{"suite": suite, **r} for r in out[:: args.every][: args.limit or None]]
+
+
+def gzipped(path: Path) -> Path:
+    """``path``, or ``path.gz`` where only that exists (as VNN-COMP's folders ship them)."""
+    gz = path.with_name(path.name + ".gz")
+    return gz if not path.exists() and gz.exists() else path
 
 
 def plain(path: Path, tmp: Path) -> Path:
