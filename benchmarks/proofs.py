@@ -61,8 +61,10 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
         ]
         rows = list({(r[1], r[2]): r for r in rows}.values())  # a csv may list an instance twice
         at = args.acasxu
+        limits = {(o, v): float(t) for o, v, t in csv.reader((at / "instances.csv").open())}
         out = [{"onnx": at / r[1].split("acasxu/")[1], "vnnlib": at / r[2].split("acasxu/")[1],
-                "timeout": float(r[3])} for r in rows]  # fmt: skip
+                "timeout": limits[r[1].split("acasxu/")[1], r[2].split("acasxu/")[1]]}
+               for r in rows]  # fmt: skip
         out = [r for r in out if r["vnnlib"].stem in ("prop_1", "prop_2", "prop_3", "prop_4")]
         out = [{k: gzipped(v) if k != "timeout" else v for k, v in r.items()} for r in out]
     else:
