@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,12 +204,16 @@ def write(
     obligations: list[Obligation],
     producer: dict,
 ) -> None:
-    """The proof file (gzipped where ``path`` ends in ``.gz``), written atomically."""
+    """The proof file (gzipped where ``path`` ends in ``.gz``), written atomically; where ``path`` is a
+    folder, a new file in it named after the network and the query (:func:`in_folder`)."""
+    path = in_folder(path, vnnlib, networks) if Path(path).is_dir() else path
     doc = {
         "format": FORMAT,
         "query": {
-            "vnnlib": {"path": vnnlib, "sha256": _digest(vnnlib)},
-            "networks": [{"name": n, "path": p, "sha256": _digest(p)} for n, p in networks.items()],
+            "vnnlib": {"path": os.path.abspath(vnnlib), "sha256": _digest(vnnlib)},
+            "networks": [
+                {"name": n, "path": os.path.abspath(p), "sha256": _digest(p)} for n, p in networks.items()
+            ],
         },
         "producer": producer,
         "relu_layers": relu_layers,
@@ -224,6 +229,25 @@ def write(
         Path(tmp).replace(path)
     else:
         write_atomic(path, text)
+
+
+def in_folder(folder: str, vnnlib: str, networks: dict[str, str]) -> str:
+    """A new file ``NETWORK__QUERY.json`` in ``folder`` (``NETWORK__QUERY.N.json`` where that exists:
+    a csv's instances, or runs again, never overwrite one another's proofs), created here."""
+
+    def stem(p: str) -> str:
+        name = Path(p).name.removesuffix(".gz")
+        return name.rsplit(".", 1)[0] if name.endswith((".onnx", ".vnnlib")) else name
+
+    base = "__".join([*(stem(p) for p in networks.values()), stem(vnnlib)])
+    for n in range(10**6):
+        target = Path(folder) / (f"{base}.{n}.json" if n else f"{base}.json")
+        try:
+            with open(target, "x"):
+                return str(target)
+        except FileExistsError:
+            continue
+    raise OSError(f"{folder}: no free name for {base}")
 
 
 def _text(path: str) -> str:

@@ -87,6 +87,46 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
+# Tests whose runs write no proof to $CVE_PROOF_DIR: with a proof the native engine runs MILP steps as
+# plain BaB, so these would no longer test what they test (tests of proofs name their own files).
+NO_PROOF_FOLDER = (
+    "test_mip.py::",
+    "test_abcrown_plugin_search_mip.py::",
+)
+
+
+@pytest.fixture(autouse=True)
+def _every_proof_checked(request, tmp_path_factory, monkeypatch):
+    """Every ``unsat`` of a test's end-to-end runs writes its proof (``$CVE_PROOF_DIR``, read by the
+    ``abcrown`` command of both engines, every P), and the independent checker decides each one when
+    the test ends: an ``invalid`` proof fails the test. A proof whose files are gone by then (a
+    temporary folder of the test's own) or that the checker cannot read (``unsupported``) is a warning."""
+    if any(request.node.nodeid.split("/")[-1].startswith(name) for name in NO_PROOF_FOLDER):
+        yield
+        return
+    folder = tmp_path_factory.mktemp("proofs")
+    monkeypatch.setenv("CVE_PROOF_DIR", str(folder))
+    yield
+    import json
+    import warnings
+
+    from complete_verifier_ext.check import check_proof
+
+    for proof in sorted(folder.glob("*.json")):
+        if proof.stat().st_size == 0:
+            continue  # reserved by a run that wrote no proof after all
+        about = json.loads(proof.read_text())["query"]
+        networks = {n["name"]: n["path"] for n in about["networks"]}
+        try:
+            result = check_proof(about["vnnlib"]["path"], networks, str(proof))
+        except OSError as e:
+            warnings.warn(f"{proof.name} not checked: {e}", stacklevel=1)
+            continue
+        if result.status == "unsupported":
+            warnings.warn(f"{proof.name} not checked: {result.line()}", stacklevel=1)
+        assert result.status != "invalid", f"the proof {proof} of an unsat: {result.line()}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _end_the_resident_worker():
     """The plugin tests' resident worker (``plugin_support.warm_prefix``) ends with the session."""

@@ -104,6 +104,31 @@ def test_an_input_split_proof_is_valid_and_one_without_a_leaf_is_not(tmp_path):
     assert _check(tmp_path, bad, spec, onnx).startswith("invalid")
 
 
+def test_a_proof_folder_takes_a_new_file_per_unsat(tmp_path, monkeypatch):
+    """``$CVE_PROOF_DIR`` (what the test suite sets for every test): each run's proof is a new file
+    named after the network and the query, never one over another; ``general.proof`` on the command
+    line goes before the folder."""
+    folder = tmp_path / "proofs"
+    folder.mkdir()
+    monkeypatch.setenv("CVE_PROOF_DIR", str(folder))
+    spec, onnx = EXAMPLE / "example.vnnlib", EXAMPLE / "example.onnx"
+    argv = [
+        "--config",
+        str(REPO / "configs" / "example.yaml"),
+        "--general.results_file",
+        str(tmp_path / "o.txt"),
+    ]
+    argv += ["--model.onnx_path", str(onnx), "--specification.vnnlib_path", str(spec), "--quiet"]
+    assert cli.main(argv) == 0 and cli.main(argv) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["example__example.1.json", "example__example.json"]
+    for proof in folder.iterdir():
+        doc = json.loads(proof.read_text())
+        assert doc["query"]["vnnlib"]["path"] == str(spec)  # absolute: a checker finds it from anywhere
+        assert check_proof(str(spec), {"N": str(onnx)}, str(proof)).line() == "valid"
+    assert cli.main([*argv, "--general.proof", str(tmp_path / "mine.json")]) == 0
+    assert (tmp_path / "mine.json").is_file() and len(list(folder.iterdir())) == 2
+
+
 @needs_mnist
 def test_relu_split_proofs_are_valid_and_the_same_at_p1_and_p2(tmp_path):
     """mnist-net_256x2 prop_8_0.03 (β-CROWN BaB, 14 domains): the phase-split tree under α-CROWN's

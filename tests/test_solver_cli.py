@@ -133,14 +133,19 @@ MIO = """(vnnlib-version <2.0>)
 def test_verify_mio_sat_replays_and_serialises(capsys, tmp_path):
     """Two inputs and two outputs (MIO, OUTC): ``unsat`` where the gap cannot be reached; ``sat`` with
     every variable in declaration order, the outputs those onnxruntime computes from the inputs, and
-    the same values written as ONNX tensors (float64 for ``real``) by ``--serialise-assignments``."""
+    the same values written as ONNX tensors (float64 for ``real``) by ``--serialise-assignments``.
+    Asked for a proof, the ``unsat`` writes one and the ``sat`` none (its search verified no box: the
+    gather of no leaves was an error once)."""
     net = two_input_net(tmp_path / "mio.onnx")
     for t, verdict in (("1000.0", "unsat"), ("-1000.0", "sat")):
         (tmp_path / "q.vnnlib").write_text(MIO.format(t=t))
+        proof = tmp_path / f"{verdict}.json"
         code, out, err = ask(capsys, "verify", str(tmp_path / "q.vnnlib"), "--network", f"n={net}",
-                             "--timeout", "60", "--serialise-assignments", str(tmp_path / "pb"))  # fmt: skip
+                             "--timeout", "60", "--serialise-assignments", str(tmp_path / "pb"),
+                             "--proof", str(proof))  # fmt: skip
         assert code == 0 and out.splitlines()[0] == verdict, err[-2000:]
         assert "input-split branch and bound" in err  # the method named on stderr
+        assert proof.exists() == (verdict == "unsat")
     got = read_assignment(out)
     assert list(got) == ["A", "B", "Y1", "Y2"] and got["A"].shape == (1, 3) and got["Y2"].shape == (1, 1)
     y1, y2 = ort.InferenceSession(net).run(None, {"a": got["A"].astype(np.float32),

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from .. import shell
 from ..config import ParallelConfig
@@ -247,7 +248,8 @@ def prepare(
     if summary:
         check_writable(summary, "--summary")
     proof = all_args["general"].get("proof")
-    check_writable(proof, "general.proof")
+    if proof and not Path(proof).is_dir():  # a folder takes a file per unsat (proofs.in_folder)
+        check_writable(proof, "general.proof")
     _refuse_unsupported(all_args, par, config, checkout)
     extra = _extra_args(all_args, par.world_size)
     device = all_args["general"]["device"]

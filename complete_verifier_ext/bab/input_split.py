@@ -400,5 +400,5 @@ def input_split_bab(
     if search.leaves is not None:  # every rank's verified boxes, in one order whatever P (collective)
         mine = np.concatenate(search.leaves) if search.leaves else np.zeros((0, 2, n), np.float32)
         every = np.concatenate(comm.all_gather_object(mine))
-        result.leaves = list(every[np.lexsort(every.reshape(len(every), -1).T[::-1])])
+        result.leaves = list(every[np.lexsort(every.reshape(len(every), 2 * n).T[::-1])])  # none: a sat
     return result
