@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -223,6 +224,12 @@ def run_all_methods(graph: Graph, box, C: torch.Tensor, what: str) -> None:
     lb_a, state_a = alpha_crown(graph, box, C, state, ALPHA_FAST)
     assert_sound(graph, box, C, lb_a, state_a.bounds, f"{what} alpha-CROWN")
     assert (lb_a >= lb_c - ulp_tol(lb_c)).all(), f"{what}: alpha-CROWN below its CROWN start"
+    # the output's slopes alone (input split asked for a proof): CROWN's intermediate bounds kept
+    lb_o, state_o = alpha_crown(graph, box, C, state, dataclasses.replace(ALPHA_FAST, output_only=True))
+    assert_sound(graph, box, C, lb_o, state_o.bounds, f"{what} alpha-CROWN, output slopes only")
+    assert (lb_o >= lb_c - ulp_tol(lb_c)).all(), f"{what}: alpha-CROWN (output only) below its CROWN start"
+    for k, (lo, hi) in state.bounds.items():
+        assert torch.equal(state_o.bounds[k][0], lo) and torch.equal(state_o.bounds[k][1], hi), k
 
 
 def random_spec(n_out: int, seed: int, rows: int = 4) -> torch.Tensor:

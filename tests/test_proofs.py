@@ -213,3 +213,19 @@ def test_acasxu_input_split_proofs_whose_leaves_batches_moved_are_valid(tmp_path
     assert solver_cli.main(["verify", str(spec), "--network", f"N={onnx}", "--proof", str(proof)]) == 0
     result = check_proof(str(spec), {"N": str(onnx)}, str(proof))
     assert result.line() == "valid" and result.by_lp == 0, result
+
+
+@pytest.mark.skipif(not ACAS.is_dir(), reason=f"{ACAS} is absent")
+def test_an_alpha_crown_input_split_proof_is_valid(tmp_path):
+    """ACAS Xu 1_3 property 1 by α-CROWN input split: with α-CROWN optimising every layer's slopes a
+    leaf's bound rested on intermediate bounds no checker re-derives (the proof was invalid at a leaf
+    whose LP over the checker's bounds reached -7e-12); with a proof asked for it optimises the output's
+    slopes over the box's own CROWN bounds, which the checker's LP always reaches."""
+    argv = ["--config", str(REPO / "configs" / "acasxu.yaml"), "--general.csv_name", "null"]
+    argv += ["--model.onnx_path", str(ACAS / "onnx" / "ACASXU_run2a_1_3_batch_2000.onnx")]
+    argv += ["--specification.vnnlib_path", str(ACAS / "vnnlib" / "prop_1.vnnlib")]
+    argv += ["--general.results_file", str(tmp_path / "o.txt"), "--solver.bound_prop_method", "alpha-crown"]
+    argv += ["--general.proof", str(tmp_path / "p.json"), "--attack.pgd_order", "skip", "--quiet"]
+    assert cli.main(argv) == 0 and (tmp_path / "o.txt").read_text().strip() == "unsat"
+    onnx, spec = argv[5], argv[7]
+    assert check_proof(spec, {"N": onnx}, str(tmp_path / "p.json")).line() == "valid"

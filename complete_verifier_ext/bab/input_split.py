@@ -166,13 +166,17 @@ def bound_batch(
     """Lower bounds (B, S) of ``C y`` on every box (B, n), and the sweep's state. Collective.
 
     ``alpha-crown``: ``opts.iteration`` Adam steps with ``opts.lr_alpha`` / ``opts.lr_decay`` from the
-    CROWN slopes (early stop once every row of every box is positive); never below CROWN.
+    CROWN slopes (early stop once every row of every box is positive); never below CROWN. With a proof
+    asked for (``opts.record``) every box is bounded as if alone and α-CROWN optimises the output's
+    slopes only, over those intermediate bounds: what the checker re-derives per leaf (its LP over the
+    same intermediate bounds is at least as tight as any slopes).
     """
     shape = (lo.shape[0], *graph.input_shape)
     box = (lo.reshape(shape), hi.reshape(shape))
     lb, state = crown(graph, box, problem.C, per_box=opts.record)  # a proof's leaf: bounded as if alone
     if method == "alpha-crown":
-        a_opts = AlphaOptions(iteration=opts.iteration, lr_alpha=opts.lr_alpha, lr_decay=opts.lr_decay)
+        a_opts = AlphaOptions(iteration=opts.iteration, lr_alpha=opts.lr_alpha, lr_decay=opts.lr_decay,
+                              output_only=opts.record)  # fmt: skip
         with torch.enable_grad():
             lb_alpha, state = alpha_crown(graph, box, problem.C, state, a_opts)
         lb = torch.maximum(lb, lb_alpha.detach())

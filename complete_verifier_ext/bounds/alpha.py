@@ -38,6 +38,7 @@ class AlphaOptions:
     early_stop: bool = True  # stop once every output row is positive
     chunk: int | None = None  # neurons per back-substitution pass of an intermediate layer (None: all)
     sparse: bool = True  # α only for the neurons unstable at the start (``general.sparse_alpha``)
+    output_only: bool = False  # optimise the output's α alone: the intermediate bounds stay the state's
 
 
 def init_alphas(
@@ -85,7 +86,8 @@ def alpha_crown(
 ) -> tuple[Tensor, CrownState]:
     """Optimised lower bounds (B, S) of ``C @ y``, never below CROWN's; and the last sweep's state."""
     out = len(graph.nodes) - 1
-    alphas = init_alphas(graph, state, local_rows(state, graph, C.shape[0]), opts.sparse)
+    n_rows = local_rows(state, graph, C.shape[0])
+    alphas = init_alphas(graph, state, {out: n_rows[out]} if opts.output_only else n_rows, opts.sparse)
     params = [_param(a) for per_start in alphas.values() for a in per_start.values()]
     memory.load_optimizer_libraries()  # once per process: not the bound computation's memory
     opt = torch.optim.Adam(params, lr=opts.lr_alpha)
@@ -99,11 +101,12 @@ def alpha_crown(
     ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
     fits: Fits = {}  # passes that ran out of memory: their size that fitted, for the next iterations
     for it in range(opts.iteration):
-        cur = sweep(
-            graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True, chunk=opts.chunk, fits=fits
-        )
-        for k in state.rows:
-            ref[k] = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
+        cur = state
+        if not opts.output_only:
+            cur = sweep(graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True,
+                        chunk=opts.chunk, fits=fits)  # fmt: skip
+            for k in state.rows:
+                ref[k] = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
         lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), True, fits)  # (B, S), (S_r, B)
         better = lb_local.detach() > (-torch.inf if best is None else best[:, s0:s1].T)  # (S_r, B)
         best = lb.detach() if best is None else torch.maximum(best, lb.detach())
