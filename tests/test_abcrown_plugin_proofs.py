@@ -118,8 +118,9 @@ def test_input_split_proofs_with_clipping(tmp_path):
     """A 4-96-96-3 MLP, robustness of label 0 (two clauses): α,β-CROWN's ACAS Xu settings (naive splits,
     reordered BaB, CROWN bounds, children clipped by their parent's bounds) prove it at P = 1 and at
     P = 2 (tp); the trees hold input splits and clips, and the checker says valid. With α-CROWN bounds
-    (``INPUT_SPLIT_YAML``) the clipped slabs rest on optimised slopes the proof does not carry: unsat,
-    and one note saying why no proof was written."""
+    (``INPUT_SPLIT_YAML``) the boxes' bounds rest on intermediate bounds optimised per box (and the
+    clipped slabs on optimised slopes) that the proof does not carry: unsat, and one note saying why no
+    proof was written."""
     from complete_verifier_ext.testing import mlp_onnx, write_vnnlib
 
     onnx = Path(mlp_onnx(tmp_path / "m.onnx", [4, 96, 96, 3], seed=3))
@@ -133,9 +134,7 @@ def test_input_split_proofs_with_clipping(tmp_path):
     args = ["--onnx_path", str(onnx), "--vnnlib_path", str(vnnlib), "--general.proof", str(path)]
     proc, _, results = run(tmp_path, config(tmp_path, INPUT_SPLIT_YAML, "sb.yaml"), *args, name="sb")
     assert results and results.startswith("unsat"), (results, proc.stderr[-3000:])
-    assert "note: no proof written: input clipping with alpha-CROWN bounds" in proc.stderr, proc.stderr[
-        -3000:
-    ]
+    assert "note: no proof written: input split with alpha-CROWN bounds" in proc.stderr, proc.stderr[-3000:]
     assert not path.exists()
 
 
