@@ -86,7 +86,7 @@ def input_tree(lower: np.ndarray, upper: np.ndarray, leaves: np.ndarray) -> dict
     raise ValueError(f"{len(leaves)} leaf box(es) do not tile their box by bisections")
 
 
-def phase_tree(histories: list[tuple[tuple[int, int, int], ...]]) -> dict:
+def phase_tree(histories: list[tuple[tuple[int, int, int], ...]], evidence: dict | None = None) -> dict:
     """The tree of phase splits whose leaves are the split histories ``histories`` (each the
     ``(relu layer id, flat neuron, +1 active / -1 inactive)`` of a verified domain, in the order the
     splits were made, or in any order). Raises ``ValueError`` where they are not a complete case split.
@@ -95,24 +95,28 @@ def phase_tree(histories: list[tuple[tuple[int, int, int], ...]]) -> dict:
     (always one where the histories are the leaves of a case-split tree: its root's neuron; splitting
     first on any other such neuron leaves a case split on each side); of those, the one earliest in the
     histories, so that ordered histories give back the tree that made them. Each leaf's path then
-    holds exactly its history: its region is the verified domain's."""
-    return _case_split(sorted(set(map(tuple, histories))))
+    holds exactly its history: its region is the verified domain's. ``evidence``: a history -> its
+    leaf's evidence (:func:`leaf`)."""
+    return _case_split([(h, h) for h in sorted(set(map(tuple, histories)))], evidence or {})
 
 
-def _case_split(leaves: list[tuple[tuple[int, int, int], ...]]) -> dict:
-    if len(leaves) == 1 and not leaves[0]:
-        return leaf()
-    if not leaves or any(not h for h in leaves):
+def _case_split(leaves: list[tuple[tuple, tuple]], evidence: dict) -> dict:
+    """``leaves``: (what is left of a history below this node, the whole history)."""
+    if len(leaves) == 1 and not leaves[0][0]:
+        return leaf(**evidence.get(leaves[0][1], {}))
+    if not leaves or any(not h for h, _ in leaves):
         raise ValueError("the split histories are not a case split (a domain inside another, or none)")
-    where = [{(layer, n): (k, sign) for k, (layer, n, sign) in enumerate(h)} for h in leaves]
+    where = [{(layer, n): (k, sign) for k, (layer, n, sign) in enumerate(h)} for h, _ in leaves]
     common = set(where[0]).intersection(*where[1:])
     both = [s for s in common if {w[s][1] for w in where} == {-1, 1}]
     if not both:
         raise ValueError(f"no neuron is split both ways in all of {len(leaves)} histories: not a case split")
     layer, neuron = min(both, key=lambda s: (max(w[s][0] for w in where), s))
-    sides = [[tuple(x for x in h if x[:2] != (layer, neuron)) for h, w in zip(leaves, where, strict=True)
-              if w[layer, neuron][1] == sign] for sign in (-1, 1)]  # fmt: skip
-    return {"relu": {"layer": layer, "neuron": neuron}, "children": [_case_split(s) for s in sides]}
+    sides = [[(tuple(x for x in h if x[:2] != (layer, neuron)), whole)
+              for (h, whole), w in zip(leaves, where, strict=True) if w[layer, neuron][1] == sign]
+             for sign in (-1, 1)]  # fmt: skip
+    kids = [_case_split(s, evidence) for s in sides]
+    return {"relu": {"layer": layer, "neuron": neuron}, "children": kids}
 
 
 Key = tuple  # an input-split box: (the clause it is searched for, lower bytes, upper bytes), float64
@@ -370,5 +374,11 @@ def search_tree(graph, state, lower: np.ndarray, upper: np.ndarray, leaves: list
     if leaves and isinstance(leaves[0], np.ndarray):
         return input_tree(lower, upper, np.stack(leaves))
     layer = _layer_of(graph)
-    histories = [tuple((layer[k], int(i), int(sign)) for k, i, sign in h) for h in leaves]
-    return with_bounds(claims(graph, state), phase_tree(sorted(histories)))
+    histories, evidence = [], {}
+    for h, ev in leaves:  # (split history by pre-activation node, evidence by node)
+        mine = tuple((layer[k], int(i), int(sign)) for k, i, sign in h)
+        histories.append(mine)
+        if ev:
+            by_layer = {w: {layer[k]: v for k, v in ev[w].items()} for w in ("alpha", "beta")}
+            evidence[mine] = {"lambda": ev["lambda"], **by_layer}
+    return with_bounds(claims(graph, state), phase_tree(sorted(histories), evidence))

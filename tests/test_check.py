@@ -204,6 +204,17 @@ def test_abs_with_a_zero_margin_is_invalid(tmp_path):
     assert r.status == "invalid" and r.message.startswith("obligation 0 leaf 0: at root: not discharged"), r
 
 
+def test_alpha_for_some_neurons_is_read_by_neuron(tmp_path):
+    """``alpha`` as an object ``{neuron: slope}`` (what the native engine writes: the leaf's unstable
+    neurons): those slopes, the checker's own elsewhere; a neuron the layer does not have is refused."""
+    doc, q, n = abs_instance(tmp_path, node={"leaf": {"alpha": {"0": {"1": 1.0}}}})  # own slopes: LP
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.by_bounds) == ("valid", 1), r
+    doc, q, n = abs_instance(tmp_path, node={"leaf": {"alpha": {"0": {"5": 0.25}}}})
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and "alpha of layer 0: neuron" in r.message, r
+
+
 def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
     """Split ``relu(x)``: where ``x <= 0`` the bound pass proves ``y >= 0``; where ``x >= 0`` it needs the
     phase: ``β = 1`` adds ``-x`` (``y >= x + 0 - x``), or the LP fallback (which has ``z >= 0``) does it."""
@@ -221,7 +232,8 @@ def test_bounds_nodes_are_verified_then_used(tmp_path):
     rounding; ``-x >= -1e-9`` where ``x <= 0`` needs an LP over the region, interval bounds do not reach
     it). Children flipped, each claim is over the other phase, where it is false; a claim tighter than
     the truth is refused too, unless its neuron is stable by the checker's own bounds (then the claim is
-    not used). Below a bounds node, the leaves' bounds are intersected with the claims."""
+    not used). Below a bounds node, the leaves' bounds are intersected with the claims; claims are
+    verified only above leaves that their own bounds do not close."""
     e = 1e-9  # claims leave room for rounding
     inactive = {"bounds": {"0": {"lower": [-1 - e, -e], "upper": [e, 1 + e]}}, "children": [{"leaf": {}}]}
     active = {"bounds": {"0": {"lower": [-e, -2 - e], "upper": [2 + e, e]}}, "children": [{"leaf": {}}]}
@@ -230,8 +242,8 @@ def test_bounds_nodes_are_verified_then_used(tmp_path):
     r = check(tmp_path, doc, q, n, workers=2)
     assert (r.status, r.leaves) == ("valid", 2), r
     split["children"].reverse()
-    r = check(tmp_path, doc, q, n)
-    expected = "obligation 0 leaf 0: at root/0: the claimed upper bound 1e-09 of layer 0 neuron 1 is not"
+    r = check(tmp_path, doc, q, n)  # leaf 0 closes by its own bounds: only leaf 1's claims are needed
+    expected = "obligation 0 leaf 1: at root/1: the claimed lower bound -1e-09 of layer 0 neuron 1 is not"
     assert r.status == "invalid" and r.message.startswith(expected), r
     split["children"].reverse()
     active["bounds"]["0"]["lower"][0] = 1.0  # a neuron stable by the phase: the claim is not used

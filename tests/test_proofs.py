@@ -64,10 +64,17 @@ def _prove(tmp_path: Path, name: str, config: str, onnx: Path, spec: Path, *extr
 
 
 def _shape(node: dict) -> dict:
-    """A tree without its claimed numbers (which layers are claimed, and the rest)."""
-    out = {k: v for k, v in node.items() if k not in ("bounds", "children")}
+    """A tree without its claimed numbers (which layers are claimed, and the rest) and without its
+    leaves' evidence values (which rows, layers and neurons they name)."""
+    out = {k: v for k, v in node.items() if k not in ("bounds", "children", "leaf")}
     if "bounds" in node:
         out["bounds"] = sorted(node["bounds"])
+    if "leaf" in node:
+        ev = node["leaf"]
+        out["leaf"] = [
+            ev.get("lambda"),
+            *({w: {k: sorted(v) for k, v in ev.get(w, {}).items()}} for w in ("alpha", "beta")),
+        ]
     return {**out, "children": [_shape(c) for c in node.get("children", [])]}
 
 
@@ -144,6 +151,18 @@ def test_relu_split_proofs_are_valid_and_the_same_at_p1_and_p2(tmp_path):
         assert np.allclose(a, b, rtol=1e-4, atol=1e-4)
     assert two["producer"]["world_size"] == 2
     assert _check(tmp_path, two, spec, onnx) == "valid"
+    # every leaf carries its evidence (row, slopes, β of its splits): closed without the LP fallback
+    bab = [o["tree"] for o in one["obligations"] if "relu" in json.dumps(o["tree"])]
+    leaves = [node["leaf"] for tree in bab for node in _leaves(tree)]
+    assert leaves and all(ev["lambda"] and ev["alpha"] and ev["beta"] for ev in leaves)
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(one))
+    result = check_proof(str(spec), {"N": str(onnx)}, str(path))
+    assert result.status == "valid" and result.by_lp == 0, result
+
+
+def _leaves(node: dict) -> list[dict]:
+    return [node] if "leaf" in node else [x for c in node.get("children", []) for x in _leaves(c)]
 
 
 ACAS = REPO.parent / "shared" / "benchmarks" / "acasxu"

@@ -84,12 +84,15 @@ class BetaCrown:
         A = spec_matrix(self.problem.C, B, g.nodes[self.out].shape)
         best = torch.full((B, S), -torch.inf)
         best_record: dict[int, Tensor] = {}
+        kept: dict[str, dict[int, Tensor]] = {}  # with a proof: α and β of each row's best bound
 
         def bound() -> Tensor:
             nonlocal best, best_record
             record: dict[int, Tensor] = {}
             lb = split_bound(g, self.out, A, bounds, box, alpha, split, beta, record)  # (S, B)
             lbT = lb.detach().T
+            if self.opts.record:
+                kept.update(_best_of(kept, lbT > best, alpha, beta))
             if not best_record or bool((lbT > best).any()):
                 best = torch.maximum(best, lbT)
                 best_record = {k: v.detach() for k, v in record.items()}
@@ -104,6 +107,7 @@ class BetaCrown:
             {k: b.detach() for k, b in beta.items()},
             best_record,
             x,
+            kept or None,
         )
 
     def minimiser(self, A0: Tensor | None, lb: Tensor, box: Box) -> Tensor:
@@ -115,3 +119,19 @@ class BetaCrown:
         row = margins.argmin(1)  # (B,)
         a = A0[row, torch.arange(lb.shape[0])]  # (B, *in)
         return torch.where(a >= 0, lo, hi)
+
+
+def _best_of(kept: dict, better: Tensor, alpha: dict, beta: dict) -> dict:
+    """``kept``'s α and β (per row and box) where this bound (``better``: (B, S), above the best so
+    far) improved on them."""
+    mask = better.T  # (S, B)
+
+    def pick(new: Tensor, old: Tensor | None) -> Tensor:
+        if old is None:
+            return new.detach().clone()
+        return torch.where(mask.reshape(*mask.shape, *[1] * (new.dim() - 2)), new.detach(), old)
+
+    return {
+        "alpha": {j: pick(a, kept.get("alpha", {}).get(j)) for j, a in alpha.items()},
+        "beta": {k: pick(t, kept.get("beta", {}).get(k)) for k, t in beta.items()},
+    }

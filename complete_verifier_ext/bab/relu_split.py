@@ -130,6 +130,12 @@ class ReluSplitBab:
         beta = {k: torch.cat([p[2][k] for p in parts], 1) for k in parts[0][2]}
         x = torch.cat([p[3] for p in parts])
         choice = [c for p in parts for c in p[4]]
+        kept = None  # with a proof: each row's best α and β (the leaves' evidence)
+        if self.opts.record and parts[0][5] is not None:
+            kept = {
+                w: {n: torch.cat([p[5][w][n] for p in parts], 1) for n in parts[0][5][w]}
+                for w in ("alpha", "beta")
+            }
         margins = self.problem.margins(lb)  # (B, n_clauses)
         worst = margins.min(1).values
         # candidates lie in the real box (its inward float32 form), not the outward-rounded one
@@ -140,7 +146,7 @@ class ReluSplitBab:
             if float(worst[b]) > 0:
                 self.proven = min(self.proven, float(worst[b]))
                 if self.opts.record:
-                    self.leaves.append(d.history)
+                    self.leaves.append((d.history, self.evidence(d, kept, b, lb[b]) if kept else {}))
                 continue
             if choice[b] is None:  # nothing left to split: never drop an unproven domain
                 d.retries += 1
@@ -155,7 +161,7 @@ class ReluSplitBab:
     def bound_and_branch(self, doms: list[Domain]) -> tuple:
         """β-CROWN bounds of a batch (possibly empty: lockstep) and each domain's next branch: (lb (B, S),
         α, β, the worst rows' minimisers, the branches)."""
-        lb, alpha, beta, record, x = self.bc.bound(doms, self.expired)
+        lb, alpha, beta, record, x, kept = self.bc.bound(doms, self.expired)
         B = len(doms)
         open_rows = self.problem.row_margins(lb) <= 0  # (B, S): rows not yet proven
         bounds = (
@@ -172,7 +178,25 @@ class ReluSplitBab:
             choice = fsb(self.bc, self.problem, self.opts, bounds, split, alpha, beta, scores, B)
         else:
             choice = babsr(scores, B)
-        return lb, alpha, beta, x, choice
+        return lb, alpha, beta, x, choice, kept
+
+    def evidence(self, d: Domain, kept: dict, b: int, lb: Tensor) -> dict:
+        """A verified domain's evidence for its proof's leaf (docs/proofs.md), by node: its proving row
+        (``lambda``), that row's lower slopes at the neurons the domain has unstable (``alpha``) and the
+        β of its splits (``beta``), from the iteration of that row's best bound; ``kept``: those of the
+        batch (:meth:`BetaCrown.bound`), ``lb``: the domain's row bounds."""
+        row = int(self.problem.row_margins(lb[None])[0].argmax())
+        alpha = {}
+        for j in self.bc.relus:
+            lo, hi = (t.reshape(-1) for t in d.bounds[self.bc.relu_in[j]])
+            idx = torch.nonzero((lo < 0) & (hi > 0)).flatten()
+            slopes = kept["alpha"][j][row, b].reshape(-1)[idx].tolist()
+            alpha[self.bc.relu_in[j]] = dict(zip(idx.tolist(), slopes, strict=True))
+        beta: dict[int, dict[int, float]] = {}
+        for k, i, _ in d.history:
+            beta.setdefault(k, {})[int(i)] = float(kept["beta"][k][row, b].reshape(-1)[i])
+        lam = [1.0 if r == row else 0.0 for r in range(self.problem.C.shape[0])]
+        return {"lambda": lam, "alpha": alpha, "beta": beta}
 
     def falsify(self, x: Tensor, lb: Tensor) -> np.ndarray | None:
         """Look for a counterexample near every rank's candidate points (B_r, *in), identical on every
@@ -271,5 +295,6 @@ def relu_split_bab(
     search = ReluSplitBab(graph, box, problem, opts, lower, upper, state, expired)
     result = run_search(search, opts, round_expired or expired, on_round)
     if opts.record:  # every rank's leaves, in one order whatever P (collective)
-        result.leaves = sorted(h for part in comm.all_gather_object(search.leaves) for h in part)
+        every = (leaf for part in comm.all_gather_object(search.leaves) for leaf in part)
+        result.leaves = sorted(every, key=lambda leaf: leaf[0])  # (history, evidence by node)
     return result

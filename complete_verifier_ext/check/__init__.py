@@ -6,9 +6,10 @@ A second implementation of the semantics, sharing no code with the verifier: its
 outward (:mod:`.bounds`, :mod:`.rounding`) and LP fallback with a dual bound (:mod:`.lp`). The steps:
 the files' sha256 against the proof's; the proof's ReLU layers against the network's; every term of
 the query's disjunctive form covered by a proof obligation (its box containing the term's outward
-box, its rows among the term's rows); every tree walked (:mod:`.tree`); every bounds node's claims
-verified (those above it first); every leaf discharged, by the bound pass with its evidence or else
-by the LP fallback. An APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals
+box, its rows among the term's rows); every tree walked (:mod:`.tree`); every leaf tried by the bound
+pass with its evidence alone; for those that stay open, the claims of the bounds nodes above them
+verified (those above first), then the leaf by the bound pass under those claims or else by the LP
+fallback. An APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals
 the bounds nodes and the leaves over a process pool (the leaves round-robin).
 """
 
@@ -92,16 +93,22 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ctx.Pool(workers) if workers > 1 else _InProcess() as pool:
+        # every leaf first by its own bounds and evidence alone: one that closes so needs no claim
+        parts = pool.starmap(discharge, [(net, rows, leaves[w::workers], None) for w in range(workers)])
+        closed = [o for part in parts for o in part if o[2]]
+        done_ = {o[:2] for o in closed}
+        rest = [x for x in leaves if (x.obligation, x.index) not in done_]
+        needed = set().union(*(x.claims for x in rest))  # the bounds nodes above them (and theirs)
         verified: dict = {}
-        for depth in sorted({len(c.claims) for c in claims}):  # a bounds node after those above it
-            level = [c for c in claims if len(c.claims) == depth]
+        for depth in sorted({len(c.claims) for c in claims if c.key in needed}):  # those above it first
+            level = [c for c in claims if len(c.claims) == depth and c.key in needed]
             done = pool.starmap(verify, [(net, c, {key: verified[key] for key in c.claims}) for c in level])
             failed = sorted(why for ok, why in done if not ok)
             if failed:
                 return len(leaves), failed[:1]
             verified.update((c.key, v) for c, (_, v) in zip(level, done, strict=True))
-        parts = pool.starmap(discharge, [(net, rows, leaves[w::workers], verified) for w in range(workers)])
-    return len(leaves), [o for part in parts for o in part]
+        parts = pool.starmap(discharge, [(net, rows, rest[w::workers], verified) for w in range(workers)])
+    return len(leaves), closed + [o for part in parts for o in part]
 
 
 class _InProcess:
@@ -183,9 +190,12 @@ def _same(rows: query.Rows, i: int, c: np.ndarray, d: float) -> bool:
     return bool(np.array_equal(rows.C[i], c) and rows.d[i] == d)
 
 
-def discharge(net: onnx_net.Net, rows: list[query.Rows], leaves: list[Leaf], verified: dict) -> list[tuple]:
+def discharge(
+    net: onnx_net.Net, rows: list[query.Rows], leaves: list[Leaf], verified: dict | None
+) -> list[tuple]:
     """``(obligation, leaf index, kind, why)`` per leaf: closed by the bound pass (kind ``"bounds"``), by
-    the LP fallback (``"lp"``), or not (``""``, why); ``verified``: the bounds nodes' verified claims."""
+    the LP fallback (``"lp"``), or not (``""``, why); ``verified``: the bounds nodes' verified claims
+    (``None``: the leaves' own bounds and evidence alone, no claims and no LP)."""
     out = []
     width = max(net.sizes)
     size = max(1, min(1024, _BATCH_FLOATS // (2 * width * width)))
@@ -198,8 +208,8 @@ def discharge(net: onnx_net.Net, rows: list[query.Rows], leaves: list[Leaf], ver
                 bnd = bounds.node_bounds(net, batch)
                 best = bounds.objective(net, rows[k], bnd, batch)
             for b, leaf in enumerate(chunk):
-                if best[b] > 0:
-                    out.append((k, leaf.index, "bounds", ""))
+                if best[b] > 0 or verified is None:
+                    out.append((k, leaf.index, "bounds" if best[b] > 0 else "", "by its own bounds alone"))
                     continue
                 value, status = (
                     lp.Solver(lp.build(net, bnd, b, rows[k])).minimum()
@@ -243,10 +253,10 @@ def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, obj
     return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
 
 
-def _batch(net: onnx_net.Net, items: list, k: int, verified: dict) -> bounds.Batch:
+def _batch(net: onnx_net.Net, items: list, k: int, verified: dict | None) -> bounds.Batch:
     """Leaves (or a bounds node) as arrays over ReLU nodes: regions, evidence, the verified claims of the
-    bounds nodes above them; the row weightings tried: each of the ``k`` rows, the sum, and the leaf's
-    ``lambda`` (else the sum)."""
+    bounds nodes above them (``None``: none used); the row weightings tried: each of the ``k`` rows, the
+    sum, and the leaf's ``lambda`` (else the sum)."""
     B = len(items)
     layers = {r.id: r for r in net.relu_layers if r.node >= 0}
     batch = bounds.Batch(np.stack([x.lower for x in items]), np.stack([x.upper for x in items]), {}, {}, {},
@@ -260,7 +270,7 @@ def _batch(net: onnx_net.Net, items: list, k: int, verified: dict) -> bounds.Bat
     for i, x in enumerate(items):
         for layer, j, sign in (p for p in x.phases if p[0] in layers):
             put(batch.phase, layers[layer].node, layers[layer].size, 0, np.int8)[i, j] = sign
-        for key in x.claims:
+        for key in x.claims if verified is not None else ():
             for layer, (lo, hi) in ((c, v) for c, v in verified[key].items() if c in layers):
                 z = net.nodes[layers[layer].node].src
                 low, high = put(lows, z, len(lo), -np.inf), put(highs, z, len(lo), np.inf)

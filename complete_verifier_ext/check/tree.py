@@ -261,7 +261,13 @@ def _evidence(obj, n_rows: int, layers: dict[int, int]) -> Evidence:
     lam = None if obj.get("lambda") is None else np.maximum(numbers(obj["lambda"], n_rows, "lambda"), 0.0)
     alpha, beta = {}, {}
     for key, value in _layer_map(obj.get("alpha"), layers, "alpha"):
-        alpha[key] = np.clip(numbers(value, layers[key], f"alpha of layer {key}"), 0.0, 1.0)
+        if isinstance(value, dict):  # some neurons' slopes (NaN elsewhere: the checker's own)
+            a = np.full(layers[key], np.nan)
+            for j, v in value.items():
+                a[_key(j, layers[key], f"alpha of layer {key}: neuron")] = number(v, "alpha")
+            alpha[key] = np.clip(a, 0.0, 1.0)
+        else:
+            alpha[key] = np.clip(numbers(value, layers[key], f"alpha of layer {key}"), 0.0, 1.0)
     for key, value in _layer_map(obj.get("beta"), layers, "beta"):
         if not isinstance(value, dict):
             raise Invalid(f"beta of layer {key}: expected an object neuron -> multiplier")
