@@ -52,32 +52,23 @@ class BetaCrown:
         honoured within one step, not one round; the bounds so far are sound."""
         g, B = self.graph, len(doms)
         S = self.problem.C.shape[0]
-        bounds: Bounds = {}
-        for k in self.pre:
-            shape = g.nodes[k].shape
-            lo = torch.cat([d.bounds[k][0] for d in doms], 0) if B else torch.zeros(0, *shape)
-            hi = torch.cat([d.bounds[k][1] for d in doms], 0) if B else torch.zeros(0, *shape)
-            bounds[k] = (lo, hi)
-        split = {
-            k: (
-                torch.cat([d.splits[k] for d in doms], 0)
-                if B
-                else torch.zeros(0, *g.nodes[k].shape, dtype=torch.int8)
-            )
+
+        def stack(of: Callable[[Domain], Tensor], dim: int, empty: tuple, dtype=torch.float32) -> Tensor:
+            return torch.cat([of(d) for d in doms], dim) if B else torch.zeros(*empty, dtype=dtype)
+
+        bounds: Bounds = {
+            k: tuple(stack(lambda d, k=k, s=s: d.bounds[k][s], 0, (0, *g.nodes[k].shape)) for s in (0, 1))
             for k in self.pre
         }
+        split = {
+            k: stack(lambda d, k=k: d.splits[k], 0, (0, *g.nodes[k].shape), torch.int8) for k in self.pre
+        }
         alpha = {
-            j: (
-                torch.cat([d.alpha[j] for d in doms], 1).float()
-                if B
-                else torch.zeros(S, 0, *g.nodes[j].shape)
-            ).requires_grad_(True)
+            j: stack(lambda d, j=j: d.alpha[j], 1, (S, 0, *g.nodes[j].shape)).float().requires_grad_(True)
             for j in self.relus
         }
         beta = {
-            k: (
-                torch.cat([d.beta[k] for d in doms], 1).float() if B else torch.zeros(S, 0, *g.nodes[k].shape)
-            ).requires_grad_(True)
+            k: stack(lambda d, k=k: d.beta[k], 1, (S, 0, *g.nodes[k].shape)).float().requires_grad_(True)
             for k in self.pre
         }
         box = (self.box[0].expand(B, *self.box[0].shape[1:]), self.box[1].expand(B, *self.box[1].shape[1:]))
