@@ -227,6 +227,24 @@ def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
     assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 2, 2, 0), r
 
 
+def test_an_lp_stopped_at_its_time_limit_is_undecided_not_invalid(tmp_path, monkeypatch):
+    """The leaf that needs the LP fallback (``x >= 0`` without β), its LP given no time: ``undecided``
+    (exit 2), naming the leaf; an LP that runs and refutes stays ``invalid``."""
+    from complete_verifier_ext.check import lp
+
+    split = {"relu": {"layer": 0, "neuron": 0}, "children": [{"leaf": {}}, {"leaf": {}}]}
+    doc, q, n = abs_instance(tmp_path, node=split)
+    monkeypatch.setattr(lp.Solver.__init__, "__defaults__", (0.0,))
+    r = check(tmp_path, doc, q, n)
+    assert (
+        r.status == "undecided" and r.message.startswith("obligation 0 leaf 1:") and "time limit" in r.message
+    ), r
+    assert (
+        solver_cli.main(["check", str(q), "--network", f"N={n}", "--proof", str(tmp_path / "proof.json")])
+        == 2
+    )
+
+
 def test_bounds_nodes_are_verified_then_used(tmp_path):
     """Claimed bounds of the first layer's ``(x, -x)`` under each phase of ``x`` (with a margin of 1e-9 for
     rounding; ``-x >= -1e-9`` where ``x <= 0`` needs an LP over the region, interval bounds do not reach

@@ -29,13 +29,16 @@ from .tree import FORMAT, Invalid, Leaf
 _BATCH_FLOATS = 2**24  # per coefficient matrix of a batched backward pass
 
 
+UNDECIDED = "undecided"  # a leaf or claim whose LP stopped at its time limit: neither proved nor refuted
+
+
 class UsageError(ValueError):
     """A call the checker cannot answer (not a verdict on the proof)."""
 
 
 @dataclass(frozen=True)
 class Result:
-    status: str  # "valid" | "invalid" | "unsupported"
+    status: str  # "valid" | "invalid" | "unsupported" | "undecided" (an LP stopped at its time limit)
     message: str = ""
     leaves: int = 0
     by_bounds: int = 0  # leaves closed by the bound pass (their evidence, or the checker's defaults)
@@ -59,12 +62,11 @@ def check_proof(query_path: str, networks: dict[str, str], proof_path: str, work
         return Result("invalid", str(e), seconds=time.monotonic() - start)
     kinds = [o[2] for o in outcomes]
     counts = dict(leaves=n_leaves, by_bounds=kinds.count("bounds"), by_lp=kinds.count("lp"))
-    failed = sorted(o for o in outcomes if not o[2])
-    status, why = (
-        ("invalid", "obligation {} leaf {}: {}".format(*failed[0][:2], failed[0][3]))
-        if failed
-        else ("valid", "")
-    )
+    failed = sorted(o for o in outcomes if not o[2]) or sorted(o for o in outcomes if o[2] == UNDECIDED)
+    status, why = ("valid", "")
+    if failed:
+        status = "invalid" if not failed[0][2] else "undecided"
+        why = "obligation {} leaf {}: {}".format(*failed[0][:2], failed[0][3])
     return Result(status, why, **counts, seconds=time.monotonic() - start)
 
 
@@ -218,7 +220,7 @@ def discharge(
                 )
                 why = f"at {leaf.path}: not discharged: lower bound {best[b]:.6g} by back-substitution, "
                 why += f"{value:.6g} by the LP ({status})"
-                out.append((k, leaf.index, "lp" if value > 0 else "", why))
+                out.append((k, leaf.index, "lp" if value > 0 else _failed(status), why))
     return out
 
 
@@ -249,8 +251,13 @@ def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, obj
                 why += (
                     f"not reached: {mine:.9g} by the checker's bounds, {sign * value:.9g} by an LP ({status})"
                 )
-                return False, (item.obligation, item.index, "", why)
+                return False, (item.obligation, item.index, _failed(status), why)
     return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
+
+
+def _failed(lp_status: str) -> str:
+    """The kind of an outcome the LP did not close: refuted (``""``), or undecided at its time limit."""
+    return UNDECIDED if lp_status == lp.TIME_LIMIT else ""
 
 
 def _batch(net: onnx_net.Net, items: list, k: int, verified: dict | None) -> bounds.Batch:

@@ -1,6 +1,7 @@
 """``complete-verifier-ext check QUERY --network NAME=FILE --proof PATH [--workers P]``: one line on
-stdout (``valid``, ``invalid: …``, ``unsupported: …``), the counts on stderr; exit 0 (valid), 1
-(invalid), 2 (unsupported, a bad command line, a file that cannot be read: one line on stderr)."""
+stdout (``valid``, ``invalid: …``, ``unsupported: …``, ``undecided: …`` where an LP stopped at its
+time limit), the counts on stderr; exit 0 (valid), 1 (invalid), 2 (unsupported, undecided, a bad
+command line, a file that cannot be read: one line on stderr)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from types import MappingProxyType
 
 from . import UsageError, check_proof
 
-EXIT = MappingProxyType({"valid": 0, "invalid": 1, "unsupported": 2})
+EXIT = MappingProxyType({"valid": 0, "invalid": 1, "unsupported": 2, "undecided": 2})
 
 
 class _Parser(argparse.ArgumentParser):

@@ -32,6 +32,8 @@ from .onnx_net import Affine, Input, Net, Relu
 from .query import Rows
 from .rounding import down, err, sum_up, up
 
+TIME_LIMIT = "time limit"  # Solver.minimum's status where HiGHS stopped at its time limit
+
 
 @dataclass
 class Lp:
@@ -188,6 +190,8 @@ class Solver:
                     lagrangian(self.lp, np.asarray(ray), zero), lagrangian(self.lp, -np.asarray(ray), zero)
                 )
                 return (np.inf if bound > 0 else -np.inf), "infeasible"
+        if status == highspy.HighsModelStatus.kTimeLimit:
+            return -np.inf, TIME_LIMIT
         return -np.inf, self.h.modelStatusToString(status)
 
 
