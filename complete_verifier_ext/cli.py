@@ -322,7 +322,15 @@ def _with_proof_folder(config: str | None, overrides: list[str]) -> list[str]:
     every proof its end-to-end runs write)."""
     folder = os.environ.get(PROOF_DIR_ENV)
     given = flag_value(overrides, "--general.proof", "--proof") or _yaml_general(config, "proof")
-    return [*overrides, "--general.proof", folder] if folder and not given else overrides
+    if not folder or given:
+        return overrides
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        why = e.strerror or e
+        print(f"warning: {PROOF_DIR_ENV}={folder} is not a folder ({why}): no proofs", file=sys.stderr)
+        return overrides
+    return [*overrides, "--general.proof", folder]
 
 
 def results_file_hint(config: str | None, overrides: list[str]) -> str | None:
