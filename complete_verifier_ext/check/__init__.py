@@ -225,34 +225,58 @@ def discharge(
 
 
 def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, object]:
-    """A bounds node's claims, layer by layer over its region (``above``: the verified claims of the
-    bounds nodes above it): a claim of a neuron the checker's own bounds leave unstable (elsewhere a
-    claim changes nothing the bounds use, and is left out) must be reached by those bounds or by an LP
-    over the nodes up to its layer. ``(True, {layer id: (lower, upper)})`` the bounds verified (the own
-    ones where no claim is used), or ``(False, (obligation, index, "", why))``."""
+    """A bounds node's claims, as hints, layer by layer over its region (``above``: the verified bounds
+    of the bounds nodes above it). Where the checker's own bounds leave a neuron unstable (elsewhere a
+    claim changes nothing the bounds use, and is left out) and the claim is tighter, an LP over the
+    nodes up to its layer decides: the claim where the LP reaches it, else the LP's own rigorous bound
+    (a float32 claim may miss the truth by its rounding; the later layers are then bounded again over
+    what was proved). ``(True, {layer id: (lower, upper)})``: the bounds proved; ``(False, (obligation,
+    index, "undecided", why))`` where an LP stopped at its time limit."""
     batch = _batch(net, [item], 0, above)
     pre = {r.id: net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}
-    batch.checking = {pre[i]: (lo[None], hi[None]) for i, (lo, hi) in item.claimed.items() if i in pre}
-    with np.errstate(all="ignore"):
-        bnd = bounds.node_bounds(net, batch)
-    for layer, z in sorted(((i, z) for i, z in pre.items() if z in batch.checking), key=lambda p: p[1]):
-        own, used = bnd.own[z], (bnd.lower[z][0], bnd.upper[z][0])
-        need = [(j, 1.0) for j in np.flatnonzero(~(own[0][0] >= used[0]))]
-        need += [(j, -1.0) for j in np.flatnonzero(~(own[1][0] <= used[1]))]
-        solver = lp.Solver(lp.build(net, bnd, 0, top=z)) if need else None
-        for j, sign in need:
-            c = np.zeros(len(solver.lp.lo))
-            c[sum(net.sizes[:z]) + j] = sign
-            value, status = solver.minimum(c)
-            claim = used[0 if sign > 0 else 1][j]
-            if not value >= sign * claim:  # min of ±z_j reaches ±claim
-                side, mine = ("lower", own[0][0][j]) if sign > 0 else ("upper", own[1][0][j])
-                why = f"at {item.path}: the claimed {side} bound {claim:.9g} of layer {layer} neuron {j} is "
-                why += (
-                    f"not reached: {mine:.9g} by the checker's bounds, {sign * value:.9g} by an LP ({status})"
-                )
-                return False, (item.obligation, item.index, _failed(status), why)
+    batch.checking = {
+        pre[i]: (lo[None].copy(), hi[None].copy()) for i, (lo, hi) in item.claimed.items() if i in pre
+    }
+    order = sorted(((i, z) for i, z in pre.items() if z in batch.checking), key=lambda p: p[1])
+    bnd, stale, done = None, True, 0
+    while True:
+        if stale:
+            with np.errstate(all="ignore"):
+                bnd = bounds.node_bounds(net, batch)
+        if done == len(order):
+            break
+        layer, z = order[done]
+        done += 1
+        stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, f"layer {layer}")
+        if outcome is not None:
+            return False, outcome
     return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
+
+
+def _layer_claims(net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, item: tree.Claims, name: str):
+    """One layer's claims (``claim``: its ``(lower, upper)``, (1, n)) against an LP where the own bounds
+    fall short; a claim the LP does not reach becomes the LP's bound (never looser than the own).
+    ``(whether a claim changed, None)``, or ``(…, outcome)`` where an LP stopped at its time limit."""
+    own, used = bnd.own[z], (bnd.lower[z][0], bnd.upper[z][0])
+    need = [(j, 1.0) for j in np.flatnonzero(~(own[0][0] >= used[0]))]
+    need += [(j, -1.0) for j in np.flatnonzero(~(own[1][0] <= used[1]))]
+    solver = lp.Solver(lp.build(net, bnd, 0, top=z)) if need else None
+    changed = False
+    for j, sign in need:
+        c = np.zeros(len(solver.lp.lo))
+        c[sum(net.sizes[:z]) + j] = sign
+        value, status = solver.minimum(c)
+        if status == lp.TIME_LIMIT:
+            side = "lower" if sign > 0 else "upper"
+            why = f"at {item.path}: the LP of the {side} bound of {name} neuron {j} stopped at its time limit"
+            return changed, (item.obligation, item.index, UNDECIDED, why)
+        if not value >= sign * used[0 if sign > 0 else 1][j]:  # min of ±z_j does not reach ±claim
+            changed = True
+            if sign > 0:
+                claim[0][0, j] = max(own[0][0][j], value)
+            else:
+                claim[1][0, j] = min(own[1][0][j], -value)
+    return changed, None
 
 
 def _failed(lp_status: str) -> str:
