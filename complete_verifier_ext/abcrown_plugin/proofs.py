@@ -164,9 +164,12 @@ def _claims(bounds, members: list[int], n_boxes: int, single: bool) -> tuple | N
 
 
 def above(lb, thresholds):
-    """Where a lower bound is above its threshold: finite and greater (NaN and inf prove nothing)."""
+    """Where a lower bound is above its threshold (NaN and -inf prove nothing; +inf is α,β-CROWN's mark
+    of a row that α-CROWN verified and pruned before its last iteration). What this records only says
+    which step proved a clause: the checker re-derives every bound, so a row taken wrongly could make
+    the proof invalid, never the verdict wrong."""
     lb = lb.detach()
-    return lb.isfinite() & (lb > thresholds.to(lb.device))
+    return lb > thresholds.to(lb.device)
 
 
 def _proven_rows(global_lb, c, rhs, n_boxes: int) -> list[set[bytes]]:
