@@ -29,6 +29,7 @@ from .tree import FORMAT, Invalid, Leaf
 _BATCH_FLOATS = 2**24  # per coefficient matrix of a batched backward pass
 
 
+NOT_FINITE = "a bound is not finite"
 UNDECIDED = "undecided"  # a leaf or claim whose LP stopped at its time limit: neither proved nor refuted
 
 
@@ -216,7 +217,7 @@ def discharge(
                 value, status = (
                     lp.Solver(lp.build(net, bnd, b, rows[k])).minimum()
                     if bnd.finite[b]
-                    else (-np.inf, "a bound is not finite")
+                    else (-np.inf, NOT_FINITE)
                 )
                 why = f"at {leaf.path}: not discharged: lower bound {best[b]:.6g} by back-substitution, "
                 why += f"{value:.6g} by the LP ({status})"
@@ -280,8 +281,9 @@ def _layer_claims(net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, i
 
 
 def _failed(lp_status: str) -> str:
-    """The kind of an outcome the LP did not close: refuted (``""``), or undecided at its time limit."""
-    return UNDECIDED if lp_status == lp.TIME_LIMIT else ""
+    """The kind of an outcome the LP did not close: refuted (``""``: solved, or a bound not finite), or
+    undecided (it stopped at its time limit, or HiGHS gave no answer)."""
+    return "" if lp_status in ("optimal", "infeasible", NOT_FINITE) else UNDECIDED
 
 
 def _batch(net: onnx_net.Net, items: list, k: int, verified: dict | None) -> bounds.Batch:

@@ -153,7 +153,6 @@ class Solver:
 
         self.lp, self.h = lp, _highs()
         self.h.setOptionValue("output_flag", False)
-        self.h.setOptionValue("threads", 1)  # the checker's parallelism is its worker processes
         self.h.setOptionValue("time_limit", float(time_limit))
         self.solver = "ipm" if lp.A.shape[1] > 5000 else "simplex"  # the simplex warm-starts; IPM: conv nets
         self.h.setOptionValue("solver", self.solver)
