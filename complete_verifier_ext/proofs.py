@@ -148,7 +148,7 @@ def logged_tree(root: Key, log: BoxLog) -> dict:
         to = log.clips[root]
         lo, hi = clip_box(*box_of(root), *box_of(to))
         return {"clip": {"lower": lo.tolist(), "upper": hi.tolist()}, "children": [logged_tree(to, log)]}
-    if root in log.splits:
+    if root in log.splits and root not in log.splits[root]:
         kids = log.splits[root]
         lo, hi = box_of(root)
         parts = np.stack([np.stack(box_of(k)) for k in kids])  # (N, 2, n)

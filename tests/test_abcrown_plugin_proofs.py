@@ -188,3 +188,33 @@ def test_a_nan_or_minus_infinite_bound_records_no_proven_row():
     assert above(lb, torch.zeros(1, 5)).tolist() == [[True, False, True, False, False]]
     c, rhs = torch.eye(5)[None], torch.zeros(1, 5)
     assert _proven_rows(lb, c, rhs, 1) == [{row_key(c[0, k].double().numpy(), 0.0) for k in (0, 2)}]
+
+
+def test_a_split_across_a_fixed_input_records_one_copy_of_each_box():
+    """α,β-CROWN's naive split also cuts a dimension of width 0 (ACAS Xu property 4 fixes two inputs):
+    its parts come in identical pairs, and a box cut there into two copies of itself stays one box. The
+    log then rebuilds the tree of the real cuts (three property-4 proofs were refused as no tiling)."""
+    import torch
+
+    from complete_verifier_ext.abcrown_plugin.proofs import _record_split, box_keys
+    from complete_verifier_ext.abcrown_plugin.run import Proofs
+
+    proof = Proofs(path="unused")
+    cs, thr = torch.tensor([[[1.0, -1.0]]]), torch.zeros(1, 1)
+    lo, hi = torch.tensor([[0.0, 0.5]]), torch.tensor([[1.0, 0.5]])  # input 1 fixed at 0.5
+    # one box into four: input 0 at 0.5, input 1 "at 0.5" (j + N r for r = 0..3)
+    kid_lo = torch.tensor([[0.0, 0.5], [0.5, 0.5], [0.0, 0.5], [0.5, 0.5]])
+    kid_hi = torch.tensor([[0.5, 0.5], [1.0, 0.5], [0.5, 0.5], [1.0, 0.5]])
+    _record_split(proof, lo, hi, cs, thr, (kid_lo, kid_hi, cs.expand(4, 1, 2), thr.expand(4, 1)))
+    (root,) = box_keys(proof, lo, hi, cs, thr)
+    kids = box_keys(proof, kid_lo[:2], kid_hi[:2], cs.expand(2, 1, 2), thr.expand(2, 1))
+    assert proof.splits == {root: tuple(kids)}
+    _record_split(proof, kid_lo[:1], kid_hi[:1], cs, thr, (kid_lo[:1], kid_hi[:1], cs, thr))  # a copy only
+    assert proof.splits == {root: tuple(kids)} and proof.refused is None
+    log = proofs.BoxLog(proof.splits, {}, frozenset(kids))
+    assert proofs.logged_tree(root, log) == {
+        "input": {"dim": 0, "at": [0.5]},
+        "children": [proofs.leaf(), proofs.leaf()],
+    }
+    with pytest.raises(ValueError):  # a box recorded as split into itself is no proof, not a loop
+        proofs.logged_tree(kids[0], proofs.BoxLog({kids[0]: (kids[0],)}, {}, frozenset()))

@@ -354,7 +354,8 @@ def _input_start(proof: Proofs, x, c, rhs, or_spec_size, reference: dict | None)
 
 def input_split_and_repeat(run: Run, orig):
     """``input_split_and_repeat``: each box and the boxes it was split into (box ``j`` of ``N`` into
-    ``j``, ``j + N``, ``j + 2N``, ...; that they tile it is checked when the tree is built)."""
+    ``j``, ``j + N``, ``j + 2N``, ...; that they tile it is checked when the tree is built). A box
+    split into copies of itself (cut across a fixed input) is recorded as not split."""
 
     def input_split_and_repeat(*args, **kwargs):
         out = orig(*args, **kwargs)
@@ -371,7 +372,10 @@ def _record_split(proof: Proofs, x_L, x_U, cs, thresholds, out: tuple) -> None:
     if n and m % n:
         raise Refused(f"{n} boxes split into {m}")
     for j, p in enumerate(parents):
-        children = tuple(kids[j + n * r] for r in range(m // n))
+        # a cut across a dimension of width 0 (a fixed input) gives copies of the box: one of each
+        children = tuple(dict.fromkeys(kids[j + n * r] for r in range(m // n)))
+        if children == (p,):
+            continue
         if any(k[0] != p[0] for k in children):
             raise Refused("a box's parts are searched for another clause")
         if proof.splits.setdefault(p, children) != children:
