@@ -641,6 +641,34 @@ def test_acasxu_property_1_on_a_part_of_its_box(tmp_path):
     assert (r.status, r.leaves, r.by_bounds) == ("valid", leaves, leaves), r
 
 
+ACAS_4_1 = SHARED / "acasxu" / "onnx" / "ACASXU_run2a_4_1_batch_2000.onnx"
+
+
+@pytest.mark.skipif(not ACAS_4_1.is_file(), reason="the ACAS Xu benchmark files are not here")
+def test_a_leaf_closed_only_over_lp_bounds(tmp_path):
+    """A box of α,β-CROWN's ACAS Xu 4_1 property 1 proof (its input split with CROWN bounds): auto_LiRPA's
+    CROWN proves it (margin 0.025), the checker's own pass does not (-0.52: its intermediate bounds
+    differ from auto_LiRPA's, tighter at most neurons, looser at some), nor does the LP over them (0);
+    the LP over LP-made intermediate bounds does, and is the leaf's outcome."""
+    from complete_verifier_ext.check import by_lp_bounds, lp
+
+    net = onnx_net.parse(ACAS_4_1.read_bytes(), "N")
+    rows = query.Rows(
+        np.array([[-1.0, 0, 0, 0, 0]]), np.array([-3.991125645861615]), np.zeros((1, 5)), np.zeros(1)
+    )
+    lo = np.array([0.639928936958313, -0.125, -0.25, 0.48750001192092896, -0.48750001192092896])
+    hi = np.array([0.6598933935165405, 0.0, -0.125, 0.5, -0.4749999940395355])
+    leaf = tree.Leaf(0, 0, "root/0", lo, hi, (), tree.Evidence())
+    batch = bounds.Batch(lo[None], hi[None], {}, {}, {}, np.ones((1, 1, 1)))
+    bnd = bounds.node_bounds(net, batch)
+    assert bounds.objective(net, rows, bnd, batch)[0] < 0
+    assert lp.Solver(lp.build(net, bnd, 0, rows)).minimum()[0] <= 0
+    value, status = by_lp_bounds(net, rows, leaf, {})
+    assert status == "optimal" and value > 0.02, (value, status)
+    ((_, _, kind, why),) = discharge(net, [rows], [leaf], {})
+    assert kind == "lp", why
+
+
 def crown(layers, c: np.ndarray, L: np.ndarray, U: np.ndarray) -> np.ndarray:
     """This file's CROWN (plain float64, adaptive slopes): lower bounds ``(B,)`` of ``c · y`` on boxes."""
     pre: list = []

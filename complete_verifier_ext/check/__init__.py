@@ -9,7 +9,7 @@ the query's disjunctive form covered by a proof obligation (its box containing t
 box, its rows among the term's rows); every tree walked (:mod:`.tree`); every leaf tried by the bound
 pass with its evidence alone; for those that stay open, the claims of the bounds nodes above them
 verified (those above first), then the leaf by the bound pass under those claims or else by the LP
-fallback. An APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals
+fallback (on MLPs, last, by an LP over intermediate bounds that LPs made: :func:`by_lp_bounds`). An APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals
 the bounds nodes and the leaves over a process pool (the leaves round-robin).
 """
 
@@ -221,8 +221,65 @@ def discharge(
                 )
                 why = f"at {leaf.path}: not discharged: lower bound {best[b]:.6g} by back-substitution, "
                 why += f"{value:.6g} by the LP ({status})"
+                deeper = (
+                    by_lp_bounds(net, rows[k], leaf, verified) if status == "optimal" and value <= 0 else None
+                )
+                if deeper is not None:
+                    value, status = deeper
+                    why += f", {value:.6g} by the LP over LP bounds ({status})"
                 out.append((k, leaf.index, "lp" if value > 0 else _failed(status), why))
     return out
+
+
+LP_BOUNDS_MAX = (2000, 5000)  # the LP over LP bounds: unstable neurons (2 LPs each), the LP's variables
+
+
+def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict) -> tuple[float, str] | None:
+    """The last fallback of a leaf: its ReLUs' input bounds by LPs, layer by layer (each unstable
+    neuron's minimum and maximum over the LP of the layers below, themselves so bounded), then the
+    clause's LP over them; ``(a rigorous lower bound of τ, the status)``. Bounds so made are at least as
+    tight as any that CROWN or interval propagation derive in any order or batch (each such bound is a
+    feasible dual of an LP over looser bounds), so a leaf that a verifier's CROWN closed, with
+    intermediate bounds the checker's own pass does not reproduce, closes here. Tried within
+    ``LP_BOUNDS_MAX`` (MLPs, not conv nets); else None."""
+    if sum(net.sizes) > LP_BOUNDS_MAX[1]:
+        return None
+    batch = _batch(net, [leaf], len(rows.d), verified)
+    count = 0
+    for z in sorted({net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}):
+        with np.errstate(all="ignore"):
+            bnd = bounds.node_bounds(net, batch)
+        if bnd.empty[0] or not bnd.finite[0]:
+            return (np.inf, "optimal") if bnd.empty[0] else (-np.inf, NOT_FINITE)
+        lo, hi = bnd.lower[z].copy(), bnd.upper[z].copy()
+        unstable = np.flatnonzero((lo[0] < 0) & (hi[0] > 0))
+        count += len(unstable)
+        if count > LP_BOUNDS_MAX[0]:
+            return None
+        if not len(unstable):
+            continue
+        bnd.own[z] = (lo, hi)
+        solver, at = lp.Solver(lp.build(net, bnd, 0, top=z)), sum(net.sizes[:z])
+        for j, sign in ((j, s) for j in unstable for s in (1.0, -1.0)):
+            c = np.zeros(len(solver.lp.lo))
+            c[at + j] = sign
+            value, status = solver.minimum(c)
+            if status == "infeasible" and value == np.inf:
+                return np.inf, "infeasible"
+            if status != "optimal":
+                return -np.inf, status
+            if sign > 0:
+                lo[0, j] = max(lo[0, j], value)
+            else:
+                hi[0, j] = min(hi[0, j], -value)
+        old = batch.claims.get(z, (lo, hi))
+        batch.claims[z] = (np.fmax(old[0], lo), np.fmin(old[1], hi))
+    with np.errstate(all="ignore"):
+        bnd = bounds.node_bounds(net, batch)
+        best = bounds.objective(net, rows, bnd, batch)[0]
+    if best > 0 or not bnd.finite[0]:
+        return (best, "optimal") if best > 0 else (-np.inf, NOT_FINITE)
+    return lp.Solver(lp.build(net, bnd, 0, rows)).minimum()
 
 
 def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, object]:
