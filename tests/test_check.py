@@ -558,6 +558,32 @@ def test_the_query_reader(tmp_path):
         query.parse(text.replace("(<= X_1 0.5)", "").encode())
 
 
+def test_the_query_reader_takes_vnnlib_2_of_one_network():
+    """VNN-LIB 2.0: a tensor's elements at their row-major flat index (spaces in an index or before it
+    allowed), any element type, ``==``; the same obligations as the 1.x form; two networks unsupported."""
+    v2 = """(vnnlib-version <2.0>)
+    (declare-network f (declare-input X float32 [1, 2]) (declare-output Y Real [2]))
+    (assert (and (>= X[0,0] 0.1) (<= X [0, 0] 0.3)))
+    (assert (== X[0,1] 0.5))
+    (assert (or (<= Y[0] Y[1]) (>= Y[0] 2)))"""
+    v1 = """(declare-const X_0 Real) (declare-const X_1 Real)
+    (declare-const Y_0 Real) (declare-const Y_1 Real)
+    (assert (>= X_0 0.1)) (assert (<= X_0 0.3)) (assert (= X_1 0.5))
+    (assert (or (<= Y_0 Y_1) (>= Y_0 2)))"""
+    a, b = query.parse(v2.encode()), query.parse(v1.encode())
+    assert (a.n_inputs, a.n_outputs, len(a.obligations)) == (2, 2, 2)
+    for x, y in zip(a.obligations, b.obligations, strict=True):
+        assert x.lower.tolist() == y.lower.tolist() and x.upper.tolist() == y.upper.tolist()
+        assert x.rows.C.tolist() == y.rows.C.tolist() and x.rows.d.tolist() == y.rows.d.tolist()
+    two = v2.replace(
+        "(assert", "(declare-network g (declare-input U Real [2]) (declare-output V Real [2]))\n(assert", 1
+    )
+    with pytest.raises(query.Unsupported, match="several networks"):
+        query.parse(two.encode())
+    with pytest.raises(query.Unsupported, match="isomorphic-to"):
+        query.parse(v2.replace("(declare-input X", "(isomorphic-to g) (declare-input X").encode())
+
+
 def test_the_command(tmp_path, capsys):
     doc, q, n = abs_instance(tmp_path)
     p = tmp_path / "proof.json"

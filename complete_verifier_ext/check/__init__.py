@@ -1,5 +1,5 @@
 """The independent proof checker (docs/proofs.md): :func:`check_proof` decides whether a
-``cve-proof-1`` file proves a VNN-LIB 1.x query ``unsat`` on an ONNX network.
+``cve-proof-1`` file proves a VNN-LIB query (1.x, or 2.0 of one network) ``unsat`` on an ONNX network.
 
 A second implementation of the semantics, sharing no code with the verifier: its own query reader
 (:mod:`.query`), ONNX reader (:mod:`.onnx_net`), bounds with every float64 rounding error charged
@@ -9,8 +9,9 @@ the query's disjunctive form covered by a proof obligation (its box containing t
 box, its rows among the term's rows); every tree walked (:mod:`.tree`); every leaf tried by the bound
 pass with its evidence alone; for those that stay open, the claims of the bounds nodes above them
 verified (those above first), then the leaf by the bound pass under those claims or else by the LP
-fallback (on MLPs, last, by an LP over intermediate bounds that LPs made: :func:`by_lp_bounds`). An APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals
-the bounds nodes and the leaves over a process pool (the leaves round-robin).
+fallback (on MLPs, last, by an LP over intermediate bounds that LPs made: :func:`by_lp_bounds`). An
+APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals the bounds nodes and
+the leaves over a process pool (the leaves round-robin).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Result:
 
 def check_proof(query_path: str, networks: dict[str, str], proof_path: str, workers: int = 1) -> Result:
     """Whether the proof at ``proof_path`` proves the query ``unsat`` on the network (``networks``: one
-    name -> ONNX file, for a VNN-LIB 1.x query). ``OSError`` when a file cannot be read,
+    name -> ONNX file, one network). ``OSError`` when a file cannot be read,
     :class:`UsageError` for a call naming other than one network."""
     start = time.monotonic()
     try:
@@ -73,7 +74,7 @@ def check_proof(query_path: str, networks: dict[str, str], proof_path: str, work
 
 def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: int) -> tuple[int, list]:
     if len(networks) != 1:
-        raise UsageError(f"a VNN-LIB 1.x query takes one network, {len(networks)} given")
+        raise UsageError(f"the checker takes one network, {len(networks)} given")
     if not subnormals_kept():
         raise Unsupported("this process flushes subnormal floats to zero (the error bounds assume not)")
     ((_, net_path),) = networks.items()
@@ -136,7 +137,7 @@ def _header(doc: dict, q_sha: str, n_sha: str, net: onnx_net.Net) -> dict[int, i
     if not isinstance(vnnlib, dict) or vnnlib.get("sha256") != q_sha:
         raise Invalid("the proof is about another query (its sha256 differs from the query file's)")
     if not isinstance(nets, list) or len(nets) != 1 or not isinstance(nets[0], dict):
-        raise Invalid("the proof does not name the one network of a VNN-LIB 1.x query")
+        raise Invalid("the proof does not name the one network of the query")
     if nets[0].get("sha256") != n_sha:
         raise Invalid("the proof is about another network (its sha256 differs from the ONNX file's)")
     mine = {r.id: r for r in net.relu_layers}

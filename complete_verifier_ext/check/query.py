@@ -1,5 +1,5 @@
-"""The query as the checker reads it: a VNN-LIB 1.x file (plain or ``.gz``), with its own s-expression
-reader, expanded to disjunctive normal form.
+"""The query as the checker reads it: a VNN-LIB 1.x file, or a 2.0 file of one network (plain or
+``.gz``), with its own s-expression reader, expanded to disjunctive normal form.
 
 The file describes counterexamples: ``x`` in an input box whose output ``y = f(x)`` meets output rows.
 Each term of the DNF of the asserts' conjunction is an :class:`Obligation`: its box rounded outward
@@ -11,10 +11,16 @@ reads it. A row's floats are the nearest to its exact rationals (what a proof's 
 against); its radii bound the distance (zero for the usual coefficients ``±1``). Linear terms are
 ``(+ ...)``, ``(- ...)`` and ``(* c v)``; an input row bounds one variable. A term whose box is empty
 holds no counterexample and is dropped; an unbounded input is :class:`Unsupported`.
+
+VNN-LIB 2.0 (``(vnnlib-version <2.0>)``): one ``declare-network`` with one ``declare-input`` and one
+``declare-output`` tensor, of any element type (read as reals: a typed tensor's values are among them,
+which only adds counterexamples); an element ``X[i, j, ...]`` is the variable at its row-major flat
+index; ``==`` is ``=``. Several networks are :class:`Unsupported`.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -27,6 +33,8 @@ from .files import Unsupported
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _NAME = re.compile(r"([XY])_(\d+)")
 _IGNORED = frozenset({"set-logic", "set-info", "set-option", "check-sat", "get-model", "exit"})
+_INDEX = re.compile(r"\s*\[([\d\s,]*)\]")  # a 2.0 shape or element index, glued to the name before it
+_TENSOR = re.compile(r"(\w+)\[([\d,]*)\]")
 _MAX_TERMS = 100_000
 
 
@@ -58,8 +66,11 @@ class Query:
 
 
 def sexprs(data: bytes, what: str = "query") -> list:
-    """The s-expressions of a file (comments dropped): nested lists of tokens."""
-    tokens = re.findall(r"[()]|[^\s()]+", re.sub(r";[^\n]*", " ", data.decode("utf-8", errors="replace")))
+    """The s-expressions of a file (comments dropped): nested lists of tokens; a bracketed index or
+    shape is glued to the token before it, without spaces (``X [0, 1]`` is ``X[0,1]``)."""
+    text = re.sub(r";[^\n]*", " ", data.decode("utf-8", errors="replace"))
+    text = _INDEX.sub(lambda m: "[" + re.sub(r"\s", "", m[1]) + "]", text)
+    tokens = re.findall(r"[()]|[^\s()]+", text)
     stack: list[list] = [[]]
     for tok in tokens:
         if tok == "(":
@@ -76,7 +87,8 @@ def sexprs(data: bytes, what: str = "query") -> list:
 
 
 def parse(data: bytes) -> Query:
-    """The query of a VNN-LIB 1.x file's bytes; :class:`Unsupported` for what this reader does not take."""
+    """The query of a VNN-LIB file's bytes (1.x, or 2.0 of one network); :class:`Unsupported` for what
+    this reader does not take."""
     names, asserts = _commands(sexprs(data))
     n_in, n_out = (_count(names, kind) for kind in "XY")
     terms = _dnf(["and", *asserts], names) if asserts else [[]]
@@ -92,13 +104,37 @@ def _commands(items: list) -> tuple[dict[str, tuple[str, int]], list]:
         if head == "declare-const" and len(cmd) == 3 and _NAME.fullmatch(str(cmd[1])) and cmd[2] == "Real":
             m = _NAME.fullmatch(cmd[1])
             names[cmd[1]] = (m.group(1), int(m.group(2)))
+        elif head == "vnnlib-version" and cmd[1:] == ["<2.0>"]:
+            continue
+        elif head == "declare-network":
+            if names:
+                raise Unsupported("query: several networks (the checker takes one)")
+            names.update(_network(cmd))
         elif head == "assert" and len(cmd) == 2:
             asserts.append(cmd[1])
         elif head not in _IGNORED:
-            raise Unsupported(
-                f"query: command {_show(cmd)} (VNN-LIB 1.x: declare-const X_i/Y_j Real, assert)"
-            )
+            why = "1.x: declare-const X_i/Y_j Real, assert; 2.0: one declare-network, assert"
+            raise Unsupported(f"query: command {_show(cmd)} ({why})")
     return names, asserts
+
+
+def _network(cmd: list) -> dict[str, tuple[str, int]]:
+    """A 2.0 network's input and output elements: ``"X[0,1]"`` -> ``("X", flat index)``."""
+    decls = {d[0]: d[1:] for d in cmd[2:] if isinstance(d, list) and d and isinstance(d[0], str)}
+    extra = sorted(set(decls) - {"declare-input", "declare-output"})
+    if extra or len(cmd) != 4 or len(decls) != 2:
+        why = f"{', '.join(extra)} (one network of one input and one output here)" if extra else "its shape"
+        raise Unsupported(f"query: network {cmd[1] if len(cmd) > 1 else '?'}: {why}")
+    names = {}
+    for head, kind in (("declare-input", "X"), ("declare-output", "Y")):
+        decl = decls[head]
+        m = _TENSOR.fullmatch(decl[1]) if len(decl) == 2 else None
+        if m is None or not isinstance(decl[0], str):
+            raise Unsupported(f"query: ({head} {' '.join(map(_show, decl))})")
+        shape = [int(n) for n in m[2].split(",") if n]
+        for flat, idx in enumerate(itertools.product(*map(range, shape))):
+            names[f"{decl[0]}[{','.join(map(str, idx))}]"] = (kind, flat)
+    return names
 
 
 def _count(names: dict, kind: str) -> int:
@@ -156,6 +192,8 @@ def _dnf(e, names: dict) -> list[list[tuple[dict, Fraction]]]:
                 raise Unsupported(f"query: more than {_MAX_TERMS} disjunctive terms")
             out = [a + b for a in out for b in p]
         return out
+    if e[0] == "==":
+        e = ["=", *e[1:]]
     if e[0] not in ("<=", "<", ">=", ">", "=") or len(e) < 3:
         raise Unsupported(f"query: formula {_show(e)}")
     terms = [_lin(x, names) for x in e[1:]]
