@@ -70,20 +70,50 @@ def with_bounds(claims: dict[int, tuple[np.ndarray, np.ndarray]], child: dict) -
 def input_tree(lower: np.ndarray, upper: np.ndarray, leaves: np.ndarray) -> dict:
     """The tree of bisections whose leaves are the boxes ``leaves`` ((N, 2, n) float32: lower, upper),
     which tile ``[lower, upper]``: at each node the cut is at the float32 midpoint of one dimension
-    with every leaf on one side of it (the first such dimension). Raises ``ValueError`` where the
-    leaves are not such a tiling (a domain missing: no proof)."""
-    lo, hi = np.asarray(lower, dtype=np.float32), np.asarray(upper, dtype=np.float32)
-    if len(leaves) == 1 and np.array_equal(leaves[0, 0], lo) and np.array_equal(leaves[0, 1], hi):
-        return leaf()
-    for dim in np.nonzero(hi > lo)[0]:
-        mid = np.float32((lo[dim] + hi[dim]) / np.float32(2))
-        left, right = leaves[:, 1, dim] <= mid, leaves[:, 0, dim] >= mid
-        if left.any() and right.any() and bool((left | right).all()):
-            left_hi, right_lo = hi.copy(), lo.copy()
-            left_hi[dim], right_lo[dim] = mid, mid
-            kids = [input_tree(lo, left_hi, leaves[left]), input_tree(right_lo, hi, leaves[right & ~left])]
-            return {"input": {"dim": int(dim), "at": [float(mid)]}, "children": kids}
-    raise ValueError(f"{len(leaves)} leaf box(es) do not tile their box by bisections")
+    with every leaf on one side of it (the first such dimension; a leaf on both, of width 0 at the cut,
+    goes left). Built a level of the tree at a time, every node of the level at once. Raises
+    ``ValueError`` where the leaves are not such a tiling (a domain missing: no proof)."""
+    box_lo, box_hi = (np.asarray(b, dtype=np.float32)[None] for b in (lower, upper))  # (M, n) per level
+    leaf_lo, leaf_hi = leaves[:, 0], leaves[:, 1]
+    root: dict = {}
+    nodes, owner = [root], np.zeros(len(leaves), dtype=np.int64)  # the node each leaf is under
+    while nodes:
+        M = len(nodes)
+        count = np.bincount(owner, minlength=M)
+        exact = (leaf_lo == box_lo[owner]).all(1) & (leaf_hi == box_hi[owner]).all(1)
+        done = (count == 1) & (np.bincount(owner, weights=exact, minlength=M) == 1)
+        dim, mid = np.full(M, -1), np.zeros(M, dtype=np.float32)
+        for d in range(box_lo.shape[1]):
+            at = (box_lo[:, d] + box_hi[:, d]) / np.float32(2)
+            left, right = leaf_hi[:, d] <= at[owner], leaf_lo[:, d] >= at[owner]
+            sides = [np.bincount(owner, weights=m, minlength=M) for m in (left, right, left | right)]
+            ok = (box_hi[:, d] > box_lo[:, d]) & (sides[0] > 0) & (sides[1] > 0) & (sides[2] == count)
+            ok &= (dim < 0) & ~done
+            dim[ok], mid[ok] = d, at[ok]
+        if ((dim < 0) & ~done).any():
+            open_ = int(count[(dim < 0) & ~done].sum())
+            raise ValueError(f"{open_} leaf box(es) do not tile their box by bisections")
+        cut = np.flatnonzero(dim >= 0)
+        first = np.full(M, -1)
+        first[cut] = 2 * np.arange(len(cut))  # the left child's index in the next level
+        kids = []
+        for node, is_leaf, d, at in zip(nodes, done.tolist(), dim.tolist(), mid.tolist(), strict=True):
+            if is_leaf:
+                node["leaf"] = {}
+            else:
+                pair = [{}, {}]
+                node["input"], node["children"] = {"dim": d, "at": [at]}, pair
+                kids += pair
+        keep = ~done[owner]
+        go_right = leaf_hi[np.arange(len(owner)), np.maximum(dim[owner], 0)] > mid[owner]
+        owner = first[owner][keep] + go_right[keep]
+        leaf_lo, leaf_hi = leaf_lo[keep], leaf_hi[keep]
+        box_lo, box_hi = np.repeat(box_lo[cut], 2, axis=0), np.repeat(box_hi[cut], 2, axis=0)
+        pairs = 2 * np.arange(len(cut))
+        box_hi[pairs, dim[cut]] = mid[cut]
+        box_lo[pairs + 1, dim[cut]] = mid[cut]
+        nodes = kids
+    return root
 
 
 def phase_tree(histories: list[tuple[tuple[int, int, int], ...]], evidence: dict | None = None) -> dict:

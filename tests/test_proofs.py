@@ -34,6 +34,44 @@ def test_bisections_are_rebuilt_from_the_leaf_boxes_and_a_gap_is_no_tree():
         proofs.input_tree(np.zeros(2), np.ones(2), leaves[:2])
 
 
+def _bisected(n_leaves: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A box of 4 inputs (one fixed) bisected at random at float32 midpoints into ``n_leaves`` boxes."""
+    rng = np.random.default_rng(seed)
+    lo = rng.normal(size=4).astype(np.float32)
+    hi = (lo + rng.uniform(0.1, 2.0, 4)).astype(np.float32)
+    hi[2] = lo[2]
+    boxes = [(lo, hi)]
+    while len(boxes) < n_leaves:
+        l, h = boxes.pop(int(rng.integers(len(boxes))))
+        d = int(rng.choice(np.flatnonzero(h > l)))
+        h2, l2 = h.copy(), l.copy()
+        h2[d] = l2[d] = (l[d] + h[d]) / np.float32(2)
+        boxes += [(l, h2), (l2, h)]
+    return lo, hi, np.stack([np.stack(b) for b in boxes])[rng.permutation(n_leaves)]
+
+
+def _leaf_boxes(node: dict, lo: np.ndarray, hi: np.ndarray) -> list[tuple]:
+    if "leaf" in node:
+        return [(tuple(lo.tolist()), tuple(hi.tolist()))]
+    d, at = node["input"]["dim"], node["input"]["at"][0]
+    left_hi, right_lo = hi.copy(), lo.copy()
+    left_hi[d] = right_lo[d] = at
+    return _leaf_boxes(node["children"][0], lo, left_hi) + _leaf_boxes(node["children"][1], right_lo, hi)
+
+
+@pytest.mark.parametrize("n_leaves", [1, 2, 9, 3000])
+def test_random_bisections_are_rebuilt_with_every_leaf_once(n_leaves):
+    """Random bisections (uneven depths, an input of width 0) rebuilt level by level: the tree's leaves
+    are exactly the boxes given, each once; one box missing is no tree."""
+    lo, hi, leaves = _bisected(n_leaves, seed=n_leaves)
+    tree = proofs.input_tree(lo, hi, leaves)
+    got = _leaf_boxes(tree, lo.astype(np.float64), hi.astype(np.float64))
+    assert sorted(got) == sorted((tuple(a.tolist()), tuple(b.tolist())) for a, b in leaves.astype(np.float64))
+    if n_leaves > 1:
+        with pytest.raises(ValueError, match="do not tile"):
+            proofs.input_tree(lo, hi, leaves[1:])
+
+
 def test_phase_splits_are_rebuilt_from_the_histories_and_a_missing_side_is_no_tree():
     histories = [((0, 3, -1),), ((0, 3, 1), (1, 0, -1)), ((0, 3, 1), (1, 0, 1))]
     tree = proofs.phase_tree(histories)
