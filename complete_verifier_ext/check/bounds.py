@@ -196,13 +196,16 @@ def _relu_step(node: Relu, k: int, a: np.ndarray, bnd: Bounds, batch: Batch | No
         unstable = (bnd.lower[z] < 0) & (bnd.upper[z] > 0)
         al = np.where(unstable & ~np.isnan(batch.alpha[k]), np.clip(batch.alpha[k], 0.0, 1.0), al)
     neg = np.minimum(a, 0.0)
-    p = np.where(a >= 0, a * al[:, None, :], a * s[:, None, :])
+    p = a * np.where(a >= 0, al[:, None, :], s[:, None, :])
     q = p  # then β z_j where z_j <= 0, -β z_j where z_j >= 0
     if batch is not None and k in batch.beta and k in batch.phase:
         q = p - (batch.beta[k] * batch.phase[k])[:, None, :]
-    n = a.shape[2]
-    step = up(err(_mv(-neg, t), n) + err(_mv(np.abs(p) + np.abs(q), bnd.mag(z)), n))
-    return q, _mv(neg, t), step
+        size = _mv(np.abs(p) + np.abs(q), bnd.mag(z))  # the products' |p| + |q| per unit of |z|
+    else:
+        size = 2.0 * _mv(np.abs(p), bnd.mag(z))
+    n, neg_t = a.shape[2], _mv(neg, t)
+    step = up(err(-neg_t, n) + err(size, n))
+    return q, neg_t, step
 
 
 def objective(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
