@@ -202,7 +202,8 @@ def discharge(
 ) -> list[tuple]:
     """``(obligation, leaf index, kind, why)`` per leaf: closed by the bound pass (kind ``"bounds"``), by
     the LP fallback (``"lp"``), or not (``""``, why); ``verified``: the bounds nodes' verified claims
-    (``None``: the leaves' own bounds and evidence alone, no claims and no LP)."""
+    (``None``: the leaves' own bounds and evidence alone, no claims and no LP). With claims, it stops
+    at the first leaf refuted (the leaves come in order: that is the first refuted among them)."""
     out = []
     width = max(net.sizes)
     size = max(1, min(LEAF_BATCH, _BATCH_FLOATS // (2 * width * width)))
@@ -232,6 +233,8 @@ def discharge(
                     value, status = deeper
                     why += f", {value:.6g} by the LP over LP bounds ({status})"
                 out.append((k, leaf.index, "lp" if value > 0 else _failed(status), why))
+                if not out[-1][2]:  # refuted: the proof is invalid; the later leaves cannot be the first
+                    return out
     return out
 
 
