@@ -363,6 +363,21 @@ def relu_layers(onnx_path: str, sizes: list[int]) -> list[dict]:
     return out
 
 
+# Values in a network (the input and every node's output) up to which a proof's input-split leaves
+# may be bounded as in a search without a proof, in batches: the checker closes a leaf whose
+# intermediate bounds its own pass does not reproduce by LPs over LP bounds (``check.by_lp_bounds``,
+# within ``check.LP_BOUNDS_MAX``: 5000 values, 2000 unstable neurons; half of it here, since the
+# checker counts the ONNX graph's nodes, which may be more than the engine's).
+BATCHED_LEAVES_MAX = 2500
+
+
+def leaves_bounded_alone(graph) -> bool:
+    """Whether a search that records a proof bounds each input-split box as if alone (as the checker's
+    bound pass does; ``crown(per_box=True)``, α-CROWN on the output's slopes only): on networks beyond
+    :data:`BATCHED_LEAVES_MAX`, where the checker's LP over LP bounds does not reach."""
+    return sum(int(np.prod(n.shape)) for n in graph.nodes) > BATCHED_LEAVES_MAX
+
+
 def graph_relu_sizes(graph) -> list[int]:
     """The sizes of the native graph's ReLUs, in order (its ReLU nodes are the ONNX graph's, in order)."""
     return [int(np.prod(graph.nodes[j].shape)) for j in graph.relu_nodes()]

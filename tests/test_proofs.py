@@ -239,8 +239,9 @@ LEAF_1_3 = (
 def test_a_proofs_leaf_is_bounded_as_if_alone_whatever_its_batch():
     """CROWN refines the neurons some box of the batch has unstable; beside a wider box, a box's neurons
     that IBP already fixes get CROWN's bounds too, which moves the box's own bound (here from -2.40 to
-    -0.21: sound either way). ``per_box`` (what a search that records a proof uses, and what the
-    checker does) bounds each box as if alone: the same bound in any batch, to float32 rounding."""
+    -0.21: sound either way). ``per_box`` (what the checker's bound pass does) bounds each box as if
+    alone: the same bound in any batch, to float32 rounding (a search that records a proof uses it on
+    networks beyond ``proofs.BATCHED_LEAVES_MAX``)."""
     import torch
 
     from complete_verifier_ext.bounds.crown import crown
@@ -262,14 +263,35 @@ def test_a_proofs_leaf_is_bounded_as_if_alone_whatever_its_batch():
 @pytest.mark.parametrize("net", ["1_3", "2_4"])
 def test_acasxu_input_split_proofs_whose_leaves_batches_moved_are_valid(tmp_path, net):
     """ACAS Xu 1_3 and 2_4 property 1, whose proofs were invalid while a leaf's bound depended on its
-    batch (in the search, and in the checker's batch of leaves): valid, every leaf closed by its bounds."""
+    batch and the checker had only its own pass and the leaf's LP: valid. The search bounds its boxes in
+    batches, as without a proof (the net is within ``proofs.BATCHED_LEAVES_MAX``); the leaves whose
+    bounds a batch moved close by the checker's LP over LP bounds."""
     from complete_verifier_ext import solver_cli
 
     spec, onnx = ACAS / "vnnlib" / "prop_1.vnnlib", ACAS / "onnx" / f"ACASXU_run2a_{net}_batch_2000.onnx"
     proof = tmp_path / "p.json"
     assert solver_cli.main(["verify", str(spec), "--network", f"N={onnx}", "--proof", str(proof)]) == 0
     result = check_proof(str(spec), {"N": str(onnx)}, str(proof))
-    assert result.line() == "valid" and result.by_lp == 0, result
+    assert result.line() == "valid" and result.by_lp < result.leaves / 10, result
+
+
+def test_input_split_leaves_are_batched_only_where_the_checkers_lp_over_lp_bounds_reaches():
+    """The engine's limit for batched leaves stays within the checker's (``check.LP_BOUNDS_MAX``), with
+    room for an ONNX graph of more nodes than the engine's; an ACAS Xu net is within it, a conv net not."""
+    import torch
+
+    from complete_verifier_ext.bounds.graph import Graph
+    from complete_verifier_ext.check import LP_BOUNDS_MAX
+    from complete_verifier_ext.model.torch_loader import from_sequential
+    from complete_verifier_ext.proofs import BATCHED_LEAVES_MAX, leaves_bounded_alone
+
+    assert 2 * BATCHED_LEAVES_MAX <= LP_BOUNDS_MAX[1] and BATCHED_LEAVES_MAX // 2 <= LP_BOUNDS_MAX[0]
+    acas = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(50, 50), torch.nn.ReLU())])
+    acas[0] = torch.nn.Linear(5, 50)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Flatten())
+    assert isinstance(from_sequential(acas, (5,)), Graph)
+    assert not leaves_bounded_alone(from_sequential(acas, (5,)))
+    assert leaves_bounded_alone(from_sequential(conv, (1, 28, 28)))
 
 
 @pytest.mark.skipif(not ACAS.is_dir(), reason=f"{ACAS} is absent")

@@ -58,6 +58,7 @@ from ..bounds.crown import CrownState, crown
 from ..bounds.graph import Graph
 from ..bounds.walk import back_substitute
 from ..parallel import comm, oom
+from ..proofs import leaves_bounded_alone
 from ..spec import Clauses
 from .common import BabOptions, BabResult, spread_positions
 from .search import run_search
@@ -167,16 +168,18 @@ def bound_batch(
 
     ``alpha-crown``: ``opts.iteration`` Adam steps with ``opts.lr_alpha`` / ``opts.lr_decay`` from the
     CROWN slopes (early stop once every row of every box is positive); never below CROWN. With a proof
-    asked for (``opts.record``) every box is bounded as if alone and α-CROWN optimises the output's
-    slopes only, over those intermediate bounds: what the checker re-derives per leaf (its LP over the
-    same intermediate bounds is at least as tight as any slopes).
+    asked for (``opts.record``) on a network where the checker's LP over LP bounds does not reach
+    (:func:`proofs.leaves_bounded_alone`), every box is bounded as if alone and α-CROWN optimises the
+    output's slopes only, over those intermediate bounds: what the checker re-derives per leaf (its LP
+    over the same intermediate bounds is at least as tight as any slopes).
     """
     shape = (lo.shape[0], *graph.input_shape)
     box = (lo.reshape(shape), hi.reshape(shape))
-    lb, state = crown(graph, box, problem.C, per_box=opts.record)  # a proof's leaf: bounded as if alone
+    alone = opts.record and leaves_bounded_alone(graph)
+    lb, state = crown(graph, box, problem.C, per_box=alone)
     if method == "alpha-crown":
         a_opts = AlphaOptions(iteration=opts.iteration, lr_alpha=opts.lr_alpha, lr_decay=opts.lr_decay,
-                              output_only=opts.record)  # fmt: skip
+                              output_only=alone)  # fmt: skip
         with torch.enable_grad():
             lb_alpha, state = alpha_crown(graph, box, problem.C, state, a_opts)
         lb = torch.maximum(lb, lb_alpha.detach())
