@@ -234,7 +234,7 @@ def test_an_lp_stopped_at_its_time_limit_is_undecided_not_invalid(tmp_path, monk
 
     split = {"relu": {"layer": 0, "neuron": 0}, "children": [{"leaf": {}}, {"leaf": {}}]}
     doc, q, n = abs_instance(tmp_path, node=split)
-    monkeypatch.setattr(lp.Solver.__init__, "__defaults__", (0.0,))
+    monkeypatch.setattr(lp.Solver.__init__, "__defaults__", (0.0, False))
     r = check(tmp_path, doc, q, n)
     assert (
         r.status == "undecided" and r.message.startswith("obligation 0 leaf 1:") and "time limit" in r.message
@@ -243,6 +243,46 @@ def test_an_lp_stopped_at_its_time_limit_is_undecided_not_invalid(tmp_path, monk
         solver_cli.main(["check", str(q), "--network", f"N={n}", "--proof", str(tmp_path / "proof.json")])
         == 2
     )
+
+
+def _random_lp(n: int, m: int, seed: int):
+    """A feasible LP ``lo <= A v <= hi`` over the box ``[-1, 1]^n``: rows around a point of the box."""
+    import scipy.sparse as sp
+
+    from complete_verifier_ext.check import lp
+
+    rng = np.random.default_rng(seed)
+    A = sp.random(m, n, density=4 / n, random_state=seed, format="csr") + sp.eye(m, n, format="csr")
+    mid = A @ rng.uniform(-0.5, 0.5, n)
+    lo, hi = np.full(n, -1.0), np.full(n, 1.0)
+    return lp.Lp(A, None, mid - 0.1, mid + 0.1, lo, hi, np.zeros(n))
+
+
+def test_the_lp_time_limit_is_per_objective():
+    """HiGHS's own time limit counts every run of an instance: 400 objectives of a small LP, each well
+    within 0.2 s but more than that together, are all solved."""
+    from complete_verifier_ext.check import lp
+
+    solver = lp.Solver(_random_lp(200, 100, 0), time_limit=0.2)
+    rng = np.random.default_rng(1)
+    statuses = {solver.minimum(rng.normal(size=200))[1] for _ in range(400)}
+    assert statuses == {"optimal"}
+
+
+def test_a_conv_sized_lp_re_solved_warm_gives_the_interior_point_bounds():
+    """An LP of over 5000 variables with ``many`` objectives: crossed over once, then re-solved by the
+    dual simplex from that basis; each rigorous bound is the IPM's (the same optimum, to its tolerance)."""
+    from complete_verifier_ext.check import lp
+
+    prob = _random_lp(5100, 1000, 2)
+    cold, warm = lp.Solver(prob), lp.Solver(prob, many=True)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        c = np.zeros(5100)
+        c[rng.integers(0, 5100, 20)] = rng.normal(size=20)
+        (a, sa), (b, sb) = cold.minimum(c), warm.minimum(c)
+        assert sa == sb == "optimal" and abs(a - b) <= 1e-5 * (1 + abs(a)), (a, b)
+    assert warm.basis is not None and warm.warm
 
 
 def test_bounds_nodes_are_verified_then_used(tmp_path):

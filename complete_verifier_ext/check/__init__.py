@@ -266,7 +266,7 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
         if not len(unstable):
             continue
         bnd.own[z] = (lo, hi)
-        solver, at = lp.Solver(lp.build(net, bnd, 0, top=z)), sum(net.sizes[:z])
+        solver, at = lp.Solver(lp.build(net, bnd, 0, top=z), many=True), sum(net.sizes[:z])
         for j, sign in ((j, s) for j in unstable for s in (1.0, -1.0)):
             c = np.zeros(len(solver.lp.lo))
             c[at + j] = sign
@@ -325,7 +325,7 @@ def _layer_claims(net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, i
     own, used = bnd.own[z], (bnd.lower[z][0], bnd.upper[z][0])
     need = [(j, 1.0) for j in np.flatnonzero(~(own[0][0] >= used[0]))]
     need += [(j, -1.0) for j in np.flatnonzero(~(own[1][0] <= used[1]))]
-    solver = lp.Solver(lp.build(net, bnd, 0, top=z)) if need else None
+    solver = lp.Solver(lp.build(net, bnd, 0, top=z), many=True) if need else None
     changed = False
     for j, sign in need:
         c = np.zeros(len(solver.lp.lo))
