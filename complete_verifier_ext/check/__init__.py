@@ -268,9 +268,7 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
         bnd.own[z] = (lo, hi)
         solver, at = lp.Solver(lp.build(net, bnd, 0, top=z), many=True), sum(net.sizes[:z])
         for j, sign in ((j, s) for j in unstable for s in (1.0, -1.0)):
-            c = np.zeros(len(solver.lp.lo))
-            c[at + j] = sign
-            value, status = solver.minimum(c)
+            value, status = _neuron_minimum(solver, at + j, sign)
             if status == "infeasible" and value == np.inf:
                 return np.inf, "infeasible"
             if status != "optimal":
@@ -328,9 +326,7 @@ def _layer_claims(net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, i
     solver = lp.Solver(lp.build(net, bnd, 0, top=z), many=True) if need else None
     changed = False
     for j, sign in need:
-        c = np.zeros(len(solver.lp.lo))
-        c[sum(net.sizes[:z]) + j] = sign
-        value, status = solver.minimum(c)
+        value, status = _neuron_minimum(solver, sum(net.sizes[:z]) + j, sign)
         if status == lp.TIME_LIMIT:
             side = "lower" if sign > 0 else "upper"
             why = f"at {item.path}: the LP of the {side} bound of {name} neuron {j} stopped at its time limit"
@@ -342,6 +338,14 @@ def _layer_claims(net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, i
             else:
                 claim[1][0, j] = min(own[1][0][j], -value)
     return changed, None
+
+
+def _neuron_minimum(solver: lp.Solver, column: int, sign: float) -> tuple[float, str]:
+    """A rigorous lower bound of ``sign`` times the LP's variable ``column`` (a neuron's value), and
+    the LP's status."""
+    c = np.zeros(len(solver.lp.lo))
+    c[column] = sign
+    return solver.minimum(c)
 
 
 def _failed(lp_status: str) -> str:
