@@ -153,7 +153,8 @@ class Solver:
     solution is crossed over to a basis, from which the dual simplex re-solves each next objective in a
     few pivots where the IPM starts over (oval21's base net, 197 claim LPs: 5 s instead of 47 s); a
     crossover or a re-solve that takes over ``WARM_LIMIT`` (oval21's deep net has both) gives way to
-    the IPM. ``time_limit``: seconds per objective."""
+    the IPM. An LP that HiGHS's presolve calls infeasible is solved again without it (on oval21's deep
+    net presolve called a feasible LP infeasible). ``time_limit``: seconds per objective."""
 
     def __init__(self, lp: Lp, time_limit: float = 60.0, many: bool = False) -> None:
         import highspy
@@ -161,7 +162,7 @@ class Solver:
         self.lp, self.h, self.time_limit = lp, _highs(), float(time_limit)
         self.h.setOptionValue("output_flag", False)
         self.solver = "ipm" if lp.A.shape[1] > 5000 else "simplex"
-        self.warm, self.basis = many and self.solver == "ipm", None
+        self.warm, self.basis, self.presolve = many and self.solver == "ipm", None, True
         A = lp.A.tocsc()
         model = highspy.HighsLp()
         model.num_col_, model.num_row_ = A.shape[1], A.shape[0]
@@ -171,11 +172,11 @@ class Solver:
         model.a_matrix_.start_, model.a_matrix_.index_, model.a_matrix_.value_ = A.indptr, A.indices, A.data
         self.h.passModel(model)
 
-    def _run(self, solver: str, seconds: float, crossover: bool = False, presolve: bool = True):
+    def _run(self, solver: str, seconds: float, crossover: bool = False):
         """One HiGHS run within ``seconds`` (its own limit counts every run of the instance)."""
         self.h.setOptionValue("solver", solver)
         self.h.setOptionValue("run_crossover", "on" if crossover else "off")
-        self.h.setOptionValue("presolve", "on" if presolve else "off")
+        self.h.setOptionValue("presolve", "on" if self.presolve else "off")
         self.h.setOptionValue("time_limit", self.h.getRunTime() + seconds)
         self.h.run()
         return self.h.getModelStatus()
@@ -200,10 +201,14 @@ class Solver:
                 self.warm, status = self.basis is not None, None  # no basis in time: the IPM from now on
         if status is None:
             status = self._run(self.solver, self.time_limit)
+        if status == kind.kInfeasible and self.presolve:  # presolve's verdict: wrong at times, so without it
+            self.presolve = False
+            status = self._run(self.solver, self.time_limit)
         if status == kind.kOptimal:
             return lagrangian(self.lp, np.asarray(self.h.getSolution().row_dual), c), "optimal"
         if status == kind.kInfeasible:
-            self._run("simplex", self.time_limit, presolve=False)  # for a dual ray
+            if self.solver != "simplex":
+                self._run("simplex", self.time_limit)  # for a dual ray
             _, has_ray, ray = self.h.getDualRay()
             if has_ray:
                 zero = np.zeros_like(c)
