@@ -322,6 +322,33 @@ def test_bounds_nodes_are_verified_then_used(tmp_path):
     assert bnd.lower[1].tolist() == [[0.5, -2.0]] and bnd.upper[1].tolist() == [[1.5, -0.5]]
 
 
+def test_alike_bounds_nodes_are_verified_once(tmp_path, monkeypatch):
+    """Two obligations whose trees hold the same bounds nodes over the same box (a query's clauses, each
+    proved under the root's bounds) have them verified once; a node whose claims differ by one value is
+    verified on its own."""
+    from complete_verifier_ext import check as checker
+
+    real, calls = checker.verify, []
+    monkeypatch.setattr(
+        checker, "verify", lambda net, item, above: calls.append(item.key) or real(net, item, above)
+    )
+    e = 1e-9
+
+    def split(low: float) -> dict:
+        inactive = {"bounds": {"0": {"lower": [-1 - e, -e], "upper": [e, 1 + e]}}, "children": [{"leaf": {}}]}
+        active = {"bounds": {"0": {"lower": [low, -2 - e], "upper": [2 + e, e]}}, "children": [{"leaf": {}}]}
+        return {"relu": {"layer": 0, "neuron": 0}, "children": [inactive, active]}
+
+    doc, q, n = abs_instance(tmp_path, node=split(-e))
+    doc["obligations"].append(obligation([-1.0], [2.0], [([1.0], -0.25)], split(-e)))
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, len(calls)) == ("valid", 4, 1), (r, calls)  # the active ones
+    calls.clear()
+    doc["obligations"][1]["tree"] = split(-2 * e)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, len(calls)) == ("valid", 4, 2), (r, calls)
+
+
 def test_regions_are_within_the_query_box(tmp_path):
     """A proof box wider than the query's (``[-1.5, 2.5]`` for ``[-1, 2]``): the tree is validated on it,
     the regions are discharged within the query's box, where a claim ``x >= -1`` holds."""

@@ -8,7 +8,8 @@ the files' sha256 against the proof's; the proof's ReLU layers against the netwo
 the query's disjunctive form covered by a proof obligation (its box containing the term's outward
 box, its rows among the term's rows); every tree walked (:mod:`.tree`); every leaf tried by the bound
 pass with its evidence alone; for those that stay open, the claims of the bounds nodes above them
-verified (those above first), then the leaf by the bound pass under those claims or else by the LP
+verified (those above first; bounds nodes alike in region and claims, as a query's obligations
+under the root's bounds are, once), then the leaf by the bound pass under those claims or else by the LP
 fallback (on MLPs, last, by an LP over intermediate bounds that LPs made: :func:`by_lp_bounds`). An
 APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals the bounds nodes and
 the leaves over a process pool (the leaves round-robin).
@@ -16,6 +17,7 @@ the leaves over a process pool (the leaves round-robin).
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -108,14 +110,34 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
         needed = set().union(*(x.claims for x in rest))  # the bounds nodes above them (and theirs)
         verified: dict = {}
         for depth in sorted({len(c.claims) for c in claims if c.key in needed}):  # those above it first
-            level = [c for c in claims if len(c.claims) == depth and c.key in needed]
-            done = pool.starmap(verify, [(net, c, {key: verified[key] for key in c.claims}) for c in level])
+            level: dict[bytes, list] = {}  # alike bounds nodes (every obligation's root claims) once
+            for c in (c for c in claims if len(c.claims) == depth and c.key in needed):
+                level.setdefault(_same_claims(c, verified), []).append(c)
+            alike = list(level.values())
+            done = pool.starmap(
+                verify, [(net, g[0], {key: verified[key] for key in g[0].claims}) for g in alike]
+            )
             failed = sorted(why for ok, why in done if not ok)
             if failed:
                 return len(leaves), failed[:1]
-            verified.update((c.key, v) for c, (_, v) in zip(level, done, strict=True))
+            verified.update((c.key, v) for g, (_, v) in zip(alike, done, strict=True) for c in g)
         parts = pool.starmap(discharge, [(net, rows, rest[w::workers], verified) for w in range(workers)])
     return len(leaves), closed + [o for part in parts for o in part]
+
+
+def _same_claims(item: tree.Claims, verified: dict) -> bytes:
+    """What a bounds node's verification depends on (its region, phases, claims and the verified bounds
+    above it), as a digest: nodes alike in it are verified once (a query's obligations share one box and
+    the root's bounds)."""
+    h = hashlib.sha256(repr(item.phases).encode())
+    for key in item.claims:
+        h.update(b"above")
+        for layer, (lo, hi) in sorted(verified[key].items()):
+            h.update(repr(layer).encode() + lo.tobytes() + hi.tobytes())
+    h.update(b"claimed" + item.lower.tobytes() + item.upper.tobytes())
+    for layer, (lo, hi) in sorted(item.claimed.items()):
+        h.update(repr(layer).encode() + lo.tobytes() + hi.tobytes())
+    return h.digest()
 
 
 class _InProcess:
