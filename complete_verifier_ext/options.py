@@ -40,6 +40,7 @@ def alpha_options(cfg: Config) -> AlphaOptions:
         lr_decay=a.lr_decay,
         chunk=cfg.solver.crown.batch_size,
         sparse=cfg.general.sparse_alpha,
+        claim_alpha=cfg.general.proof is not None,
     )
 
 

@@ -57,11 +57,15 @@ def leaf(**evidence: Any) -> dict:
     return {"leaf": {k: v for k, v in evidence.items() if v is not None}}
 
 
-def with_bounds(claims: dict[int, tuple[np.ndarray, np.ndarray]], child: dict) -> dict:
-    """``child`` under claimed pre-activation bounds ``{relu layer id: (lower, upper)}`` (flat)."""
+def with_bounds(
+    claims: dict[int, tuple[np.ndarray, np.ndarray]], child: dict, alpha: dict[int, dict] | None = None
+) -> dict:
+    """``child`` under claimed pre-activation bounds ``{relu layer id: (lower, upper)}`` (flat), with
+    the slopes that made them (``alpha``: layer id -> its ``alpha`` entry, docs/proofs.md)."""
     table = {
         str(k): {"lower": np.asarray(lo, dtype=np.float64).reshape(-1).tolist(),
-                 "upper": np.asarray(hi, dtype=np.float64).reshape(-1).tolist()}
+                 "upper": np.asarray(hi, dtype=np.float64).reshape(-1).tolist(),
+                 **({"alpha": alpha[k]} if alpha and k in alpha else {})}
         for k, (lo, hi) in sorted(claims.items())
     }  # fmt: skip
     return {"bounds": table, "children": [child]}
@@ -399,6 +403,36 @@ def claims(graph, state) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def claim_alpha(graph, state) -> dict[int, dict]:
+    """The α-CROWN slopes behind each claimed bound (``CrownState.claim_alpha``, one box), by ReLU
+    layer id, as the ``alpha`` entries of docs/proofs.md: for the neurons the claims leave unstable,
+    each side's slopes at the unstable neurons of every ReLU below."""
+    if not state.claim_alpha:
+        return {}
+    relu_id = {j: i for i, j in enumerate(graph.relu_nodes())}
+    layer = _layer_of(graph)
+
+    def unstable(k: int) -> np.ndarray:
+        lo, hi = (t.detach().reshape(len(t), -1).cpu().numpy() for t in state.bounds[k])
+        return (lo[0] < 0) & (hi[0] > 0) if len(lo) == 1 else np.zeros(lo.shape[1], dtype=bool)
+
+    out = {}
+    for k, per_relu in state.claim_alpha.items():
+        idx = state.rows[k].cpu().numpy()
+        rows = np.arange(len(idx))  # every neuron α-CROWN bounded (a claim may make one stable)
+        if k not in layer or not len(rows):
+            continue
+        entry: dict = {"neurons": idx[rows].tolist(), "lower": {}, "upper": {}}
+        for j, sides in sorted(per_relu.items()):
+            cols_all = sides[0].index.cpu().numpy()
+            cols = np.flatnonzero(unstable(graph.nodes[j].inputs[0])[cols_all])
+            for side, slopes in zip(("lower", "upper"), sides, strict=True):
+                values = slopes.values[:, 0].detach().double().cpu().numpy()[np.ix_(rows, cols)]
+                entry[side][str(relu_id[j])] = {"index": cols_all[cols].tolist(), "values": values.tolist()}
+        out[layer[k]] = entry
+    return out
+
+
 def widened(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Float32 intermediate bounds as claims: moved out by the rounding of the sums that made them
     (``spec.ROUNDING`` of their size, as the engines' margins are)."""
@@ -410,7 +444,9 @@ def widened(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def root_tree(graph, state) -> dict:
     """A clause proved by the incomplete bounds over the whole box: one leaf, under the sweep's
     intermediate bounds as claims where there is a sweep (α-CROWN may have tightened them)."""
-    return with_bounds(claims(graph, state), leaf()) if state is not None else leaf()
+    return (
+        with_bounds(claims(graph, state), leaf(), claim_alpha(graph, state)) if state is not None else leaf()
+    )
 
 
 def search_tree(graph, state, lower: np.ndarray, upper: np.ndarray, leaves: list) -> dict:
@@ -426,4 +462,6 @@ def search_tree(graph, state, lower: np.ndarray, upper: np.ndarray, leaves: list
         if ev:
             by_layer = {w: {layer[k]: v for k, v in ev[w].items()} for w in ("alpha", "beta")}
             evidence[mine] = {"lambda": ev["lambda"], **by_layer}
-    return with_bounds(claims(graph, state), phase_tree(sorted(histories), evidence))
+    return with_bounds(
+        claims(graph, state), phase_tree(sorted(histories), evidence), claim_alpha(graph, state)
+    )

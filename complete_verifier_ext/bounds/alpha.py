@@ -39,6 +39,7 @@ class AlphaOptions:
     chunk: int | None = None  # neurons per back-substitution pass of an intermediate layer (None: all)
     sparse: bool = True  # α only for the neurons unstable at the start (``general.sparse_alpha``)
     output_only: bool = False  # optimise the output's α alone: the intermediate bounds stay the state's
+    claim_alpha: bool = False  # keep each intermediate row's α of its best bound (a proof's evidence)
 
 
 def init_alphas(
@@ -99,6 +100,11 @@ def alpha_crown(
     best_alpha = {j: _param(a).detach().clone() for j, a in alphas.get(out, {}).items()}
     last = state
     ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
+    claim_best = (  # the α of each intermediate row's best bound so far (iteration 0: CROWN's slopes)
+        {k: {j: _param(a).detach().clone() for j, a in alphas[k].items()} for k in state.rows}
+        if opts.claim_alpha and not opts.output_only
+        else {}
+    )
     fits: Fits = {}  # passes that ran out of memory: their size that fitted, for the next iterations
     for it in range(opts.iteration):
         cur = state
@@ -106,7 +112,10 @@ def alpha_crown(
             cur = sweep(graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True,
                         chunk=opts.chunk, fits=fits)  # fmt: skip
             for k in state.rows:
-                ref[k] = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
+                new = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
+                if k in claim_best:
+                    _keep_improved(claim_best[k], alphas[k], state.rows[k], ref[k], new)
+                ref[k] = new
         lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), True, fits)  # (B, S), (S_r, B)
         better = lb_local.detach() > (-torch.inf if best is None else best[:, s0:s1].T)  # (S_r, B)
         best = lb.detach() if best is None else torch.maximum(best, lb.detach())
@@ -131,10 +140,40 @@ def alpha_crown(
         j: _dense_out(graph, state, j, alphas[out][j], gather_rows(a, 0, False, C.shape[0]))
         for j, a in best_alpha.items()
     }
+    claim_alpha = {
+        k: {j: _all_rows(a, len(state.rows[k]), alphas[k][j]) for j, a in per_j.items()}
+        for k, per_j in claim_best.items()
+    }
     detached = CrownState(
-        {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}, state.rows, [], out_alpha
+        {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()},
+        state.rows,
+        [],
+        out_alpha,
+        claim_alpha if opts.claim_alpha and not opts.output_only else None,
     )
     return best, detached
+
+
+def _keep_improved(best: dict, alphas: Alphas, idx: Tensor, old: Box, new: Box) -> None:
+    """``best[j]`` (this rank's ``2 r`` rows of a start node's neurons ``idx``, lower rows then upper
+    ones) takes the current α where the row's bound improved on ``old``."""
+    r0, r1 = comm.shard_range(len(idx))
+    mine = idx[r0:r1]
+    lower = new[0].flatten(1)[:, mine] > old[0].flatten(1)[:, mine]  # (B, r)
+    upper = new[1].flatten(1)[:, mine] < old[1].flatten(1)[:, mine]
+    mask = torch.cat([lower, upper], 1).T  # (2r, B)
+    for j, a in alphas.items():
+        value = _param(a).detach()
+        best[j] = torch.where(mask.view(*mask.shape, *[1] * (value.dim() - 2)), value, best[j])
+
+
+def _all_rows(local: Tensor, R: int, kept: Tensor | Slopes) -> tuple[Slopes, Slopes]:
+    """Every rank's rows of one start node's α (``2 r`` local rows, lower then upper) gathered: the
+    lower rows and the upper rows, each ``Slopes`` of values ``(R, B, n)`` (a dense α: every neuron)."""
+    r = local.shape[0] // 2
+    flat = local.flatten(2)
+    index = kept.index if isinstance(kept, Slopes) else torch.arange(flat.shape[2], device=flat.device)
+    return tuple(Slopes(gather_rows(half, 0, False, R), index) for half in (flat[:r], flat[r:]))
 
 
 def _step_in_backward(opt: torch.optim.Optimizer, p: Tensor) -> None:

@@ -42,6 +42,10 @@ class CrownState:
     # α-CROWN's best output slopes, every spec row on every rank: ReLU node -> (S, B, *shape).
     # BaB starts its root domain from them (any α in [0, 1] is sound).
     out_alpha: dict[int, Tensor] | None = None
+    # With ``AlphaOptions.claim_alpha`` (a proof's evidence): per pre-activation node k and ReLU j, the α
+    # of every row of ``rows[k]`` (all ranks') from the iteration that gave that row its best bound, as
+    # ``(lower rows, upper rows)``, each ``Slopes`` of values ``(R, B, n)``.
+    claim_alpha: dict[int, dict[int, tuple]] | None = None
 
 
 def pre_activation_nodes(graph: Graph) -> list[int]:

@@ -332,34 +332,77 @@ def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, obj
             break
         layer, z = order[done]
         done += 1
-        stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, f"layer {layer}")
+        stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, layer)
         if outcome is not None:
             return False, outcome
     return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
 
 
-def _layer_claims(net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, item: tree.Claims, name: str):
-    """One layer's claims (``claim``: its ``(lower, upper)``, (1, n)) against an LP where the own bounds
-    fall short; a claim the LP does not reach becomes the LP's bound (never looser than the own).
+def _layer_claims(net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, item: tree.Claims, layer: int):
+    """One layer's claims (``claim``: its ``(lower, upper)``, (1, n)) where the own bounds fall short:
+    by a backward pass with the claims' slopes (:func:`_by_claim_alpha`), else by an LP; a claim either
+    misses (by float32 rounding, or more) becomes the bound it proved (never looser than the own).
     ``(whether a claim changed, None)``, or ``(…, outcome)`` where an LP stopped at its time limit."""
     own, used = bnd.own[z], (bnd.lower[z][0], bnd.upper[z][0])
     need = [(j, 1.0) for j in np.flatnonzero(~(own[0][0] >= used[0]))]
     need += [(j, -1.0) for j in np.flatnonzero(~(own[1][0] <= used[1]))]
+    need, near = _by_claim_alpha(net, bnd, z, item.alpha.get(layer), need, used)
     solver = lp.Solver(lp.build(net, bnd, 0, top=z), many=True) if need else None
-    changed = False
+    missed = dict(near)
     for j, sign in need:
         value, status = _neuron_minimum(solver, sum(net.sizes[:z]) + j, sign)
         if status == lp.TIME_LIMIT:
             side = "lower" if sign > 0 else "upper"
-            why = f"at {item.path}: the LP of the {side} bound of {name} neuron {j} stopped at its time limit"
-            return changed, (item.obligation, item.index, UNDECIDED, why)
+            why = f"at {item.path}: the LP of the {side} bound of layer {layer} neuron {j} stopped at its "
+            return bool(missed), (item.obligation, item.index, UNDECIDED, why + "time limit")
         if not value >= sign * used[0 if sign > 0 else 1][j]:  # min of ±z_j does not reach ±claim
-            changed = True
-            if sign > 0:
-                claim[0][0, j] = max(own[0][0][j], value)
-            else:
-                claim[1][0, j] = min(own[1][0][j], -value)
-    return changed, None
+            missed[j, sign] = value
+    for (j, sign), value in missed.items():
+        if sign > 0:
+            claim[0][0, j] = max(own[0][0][j], value)
+        else:
+            claim[1][0, j] = min(own[1][0][j], -value)
+    return bool(missed), None
+
+
+NEAR = 2.0**-12  # a claim that its slopes miss by at most this much of its interval's size: float32 rounding
+
+
+def _by_claim_alpha(net: onnx_net.Net, bnd: bounds.Bounds, z: int, alpha, need: list, used: tuple):
+    """The claims of ``need`` (``(neuron, +1 lower | -1 upper)``) checked by one backward pass from node
+    ``z`` with the claims' slopes (``alpha``: ``Claims.alpha`` of the layer): ``(those it leaves to the LP,
+    {claim: the bound proved} where it misses by at most ``NEAR`` of the claimed interval's size, the
+    float32 rounding of the verifier's sums)``; the claims it reaches are in neither."""
+    if alpha is None:
+        return need, {}
+    neurons, sides = alpha
+    row = {(int(j), s): m for s, side in ((1.0, "lower"), (-1.0, "upper")) for m, j in enumerate(neurons)}
+    given = [(j, s) for j, s in need if (j, s) in row]
+    layers = {r.id: r.node for r in net.relu_layers if r.node >= 0}
+    done, near = set(), {}
+    step = max(1, _BATCH_FLOATS // max(net.sizes))
+    for start in range(0, len(given), step):
+        part = given[start : start + step]
+        A = np.zeros((1, len(part), net.sizes[z]))
+        A[0, np.arange(len(part)), [j for j, _ in part]] = [s for _, s in part]
+        slopes = {}
+        for layer, node in layers.items():
+            for q, (j, s) in enumerate(part):
+                a = sides["lower" if s > 0 else "upper"].get(layer)
+                if a is not None:
+                    slopes.setdefault(node, np.full((1, len(part), a.shape[1]), np.nan))[0, q] = a[
+                        row[(j, s)]
+                    ]
+        batch = bounds.Batch(bnd.lower[0], bnd.upper[0], {}, slopes, {}, A)
+        with np.errstate(all="ignore"):
+            res = bounds.backward(net.nodes, bnd, z, A, batch)[0]
+        for (j, s), value in zip(part, res, strict=True):
+            lo, hi = used[0][j], used[1][j]
+            if value >= s * (lo if s > 0 else hi):
+                done.add((j, s))
+            elif np.isfinite(hi - lo) and value >= s * (lo if s > 0 else hi) - NEAR * (abs(lo) + abs(hi)):
+                near[j, s] = value  # (a NaN is neither)
+    return [x for x in need if x not in done and x not in near], near
 
 
 def _neuron_minimum(solver: lp.Solver, column: int, sign: float) -> tuple[float, str]:

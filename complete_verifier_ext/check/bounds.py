@@ -41,7 +41,8 @@ class Batch:
     lower: np.ndarray  # (B, n_in)
     upper: np.ndarray
     phase: dict[int, np.ndarray]  # ReLU node -> (B, n) int8: -1 z <= 0, +1 z >= 0, 0 none
-    alpha: dict[int, np.ndarray]  # ReLU node -> (B, n) lower slopes in [0, 1]; NaN: CROWN's adaptive one
+    alpha: dict[int, np.ndarray]  # ReLU node -> (B, n), or per row (B, Q, n), lower slopes in [0, 1]; NaN:
+    # CROWN's adaptive one
     beta: dict[int, np.ndarray]  # ReLU node -> (B, n) multipliers >= 0
     lam: np.ndarray  # (B, Q, k) row weightings >= 0
     claims: dict = field(default_factory=dict)  # pre-activation node -> (lower, upper) (B, n), verified
@@ -191,12 +192,13 @@ def _relu_step(node: Relu, k: int, a: np.ndarray, bnd: Bounds, batch: Batch | No
     value of ``a⁻·t`` (to add to ``const``) and the rounding to add to ``slack``: of ``a⁻·t``, of the
     products ``a_j s_j`` and of adding ``∓β_j`` (``u`` per unit of ``|p| + |q|``, ``err`` with room)."""
     al, s, t = bnd.relax[k]
-    z = node.src
+    z, al = node.src, al[:, None, :]
     if batch is not None and k in batch.alpha:
-        unstable = (bnd.lower[z] < 0) & (bnd.upper[z] > 0)
-        al = np.where(unstable & ~np.isnan(batch.alpha[k]), np.clip(batch.alpha[k], 0.0, 1.0), al)
+        given = batch.alpha[k] if batch.alpha[k].ndim == 3 else batch.alpha[k][:, None, :]
+        unstable = ((bnd.lower[z] < 0) & (bnd.upper[z] > 0))[:, None, :]
+        al = np.where(unstable & ~np.isnan(given), np.clip(given, 0.0, 1.0), al)
     neg = np.minimum(a, 0.0)
-    p = a * np.where(a >= 0, al[:, None, :], s[:, None, :])
+    p = a * np.where(a >= 0, al, s[:, None, :])
     q = p  # then β z_j where z_j <= 0, -β z_j where z_j >= 0
     if batch is not None and k in batch.beta and k in batch.phase:
         q = p - (batch.beta[k] * batch.phase[k])[:, None, :]

@@ -66,6 +66,8 @@ class Claims:
     phases: tuple[tuple[int, int, int], ...]
     claims: tuple
     claimed: dict
+    # layer id -> (claimed neurons (m,), {"lower"|"upper": {layer id: (m, n) slopes, NaN: none given}})
+    alpha: dict = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[int, str]:
@@ -170,7 +172,8 @@ def leaves(ob: ProofObligation, k: int, layers: dict[int, int], within=None) -> 
                 stack += [(kids[1], lo, hi, (*phases, (*split, 1)), known, f"{path}/1")]
                 stack += [(kids[0], lo, hi, (*phases, (*split, -1)), known, f"{path}/0")]
             elif "bounds" in node:
-                yield Claims(k, count, path, r_lo, r_hi, phases, known, _claims(node["bounds"], kids, layers))
+                claimed, alpha = _claims(node["bounds"], kids, layers)
+                yield Claims(k, count, path, r_lo, r_hi, phases, known, claimed, alpha)
                 stack.append((kids[0], lo, hi, phases, (*known, (k, path)), f"{path}/0"))
             else:
                 raise Invalid("a node that is none of leaf, input, clip, relu, bounds")
@@ -178,10 +181,10 @@ def leaves(ob: ProofObligation, k: int, layers: dict[int, int], within=None) -> 
             raise Invalid(f"obligation {k} leaf {count}: at {path}: {e}") from None
 
 
-def _claims(spec, kids: list, layers: dict[int, int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def _claims(spec, kids: list, layers: dict[int, int]) -> tuple[dict, dict]:
     if not isinstance(spec, dict) or len(kids) != 1:
         raise Invalid("a bounds node needs claims {layer id: {lower, upper}} and one child")
-    out = {}
+    out, alpha = {}, {}
     for key, value in _layer_map(spec, layers, "bounds"):
         value = value if isinstance(value, dict) else {}
         n = layers[key]
@@ -189,7 +192,32 @@ def _claims(spec, kids: list, layers: dict[int, int]) -> dict[int, tuple[np.ndar
             numbers(value.get("lower"), n, f"bounds of layer {key}"),
             numbers(value.get("upper"), n, f"bounds of layer {key}"),
         )
-    return out
+        if value.get("alpha") is not None:
+            alpha[key] = _claim_alpha(value["alpha"], n, layers, f"alpha of the bounds of layer {key}")
+    return out, alpha
+
+
+def _claim_alpha(obj, n: int, layers: dict[int, int], what: str) -> tuple:
+    """A claim's slopes: ``{"neurons": [j…], "lower"|"upper": {layer id: {"index": [i…], "values":
+    [[α per index] per neuron]}}}`` as ``(neurons, {side: {layer id: (m, size) slopes, NaN elsewhere}})``."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("neurons"), list):
+        raise Invalid(f"{what}: expected an object with a list of neurons")
+    neurons = np.array([integer(j, 0, n, f"{what}: neuron") for j in obj["neurons"]], dtype=np.int64)
+    sides = {}
+    for side in ("lower", "upper"):
+        sides[side] = {}
+        for key, value in _layer_map(obj.get(side), layers, f"{what}: {side}"):
+            index = value.get("index") if isinstance(value, dict) else None
+            if not isinstance(index, list):
+                raise Invalid(f"{what}: {side} of layer {key}: expected an index and values")
+            cols = np.array([integer(i, 0, layers[key], f"{what}: index") for i in index], dtype=np.int64)
+            rows = value.get("values")
+            if not isinstance(rows, list) or len(rows) != len(neurons):
+                raise Invalid(f"{what}: {side} of layer {key}: expected one row of values per neuron")
+            a = np.full((len(neurons), layers[key]), np.nan)
+            a[:, cols] = [numbers(row, len(cols), f"{what}: values") for row in rows] if len(rows) else 0.0
+            sides[side][key] = np.clip(a, 0.0, 1.0)
+    return neurons, sides
 
 
 def _children(node) -> list:
