@@ -349,6 +349,41 @@ def test_alike_bounds_nodes_are_verified_once(tmp_path, monkeypatch):
     assert (r.status, r.leaves, len(calls)) == ("valid", 4, 2), (r, calls)
 
 
+def test_claims_are_verified_by_their_slopes_an_lp_only_where_they_fall_short(tmp_path, monkeypatch):
+    """``x`` in ``[-1, 2]``, ``h = relu(x, -x, x + 1)``, ``z = h_0 + h_1 - h_2 / 2 = |x| - (x + 1) / 2``,
+    whose minimum is -0.5 (at 0). CROWN's adaptive slopes (1, 0) give ``z >= x / 2 - 1/2 >= -1``; the
+    slopes (1, 1/2) give ``z >= -1/2``: a claim ``z >= -0.5 - e`` with them needs no LP; with slopes
+    that fall short by more than rounding, or none, the LP decides; a false claim becomes what the
+    slopes or the LP prove, never itself (``-0.4``: the LP's -0.5; ``-0.5 + 1e-5``, a miss within
+    ``NEAR``, the slopes' -0.5 and no LP)."""
+    from complete_verifier_ext import check as checker
+
+    layers = [(np.array([[1.0], [-1.0], [1.0]]), np.array([0.0, 0.0, 1.0])),
+              (np.array([[1.0, 1.0, -0.5]]), np.zeros(1)), (np.array([[1.0]]), np.zeros(1))]  # fmt: skip
+    net = onnx_net.parse(read_bytes(str(save_net(tmp_path / "n.onnx", layers))), "n")
+    real, lps = checker._neuron_minimum, []
+    monkeypatch.setattr(checker, "_neuron_minimum", lambda *a: lps.append(a[1:]) or real(*a))
+
+    def lower(claim: float, slopes) -> float:
+        alpha = (
+            {} if slopes is None else {1: (np.array([0]), {"lower": {0: np.array([slopes])}, "upper": {}})}
+        )
+        claimed = {1: (np.array([claim]), np.array([3.0]))}
+        item = tree.Claims(0, 0, "root", np.array([-1.0]), np.array([2.0]), (), (), claimed, alpha)
+        ok, proved = checker.verify(net, item, {})
+        assert ok
+        return float(proved[1][0][0])
+
+    e = 1e-9
+    assert lower(-0.5 - e, [1.0, 0.5, np.nan]) == -0.5 - e and not lps
+    for slopes in ([1.0, 0.45, np.nan], None):  # -0.55 by the slopes; -1 by CROWN's own
+        assert lower(-0.5 - e, slopes) == -0.5 - e and len(lps) == 1
+        lps.clear()
+    assert -0.5 - 1e-9 < lower(-0.4, [1.0, 0.5, np.nan]) <= -0.5 and len(lps) == 1
+    lps.clear()
+    assert -0.5 - 1e-9 < lower(-0.5 + 1e-5, [1.0, 0.5, np.nan]) <= -0.5 and not lps
+
+
 def test_regions_are_within_the_query_box(tmp_path):
     """A proof box wider than the query's (``[-1.5, 2.5]`` for ``[-1, 2]``): the tree is validated on it,
     the regions are discharged within the query's box, where a claim ``x >= -1`` holds."""
@@ -440,6 +475,13 @@ def unknown_layer(doc: dict) -> None:
     ob["tree"] = {"relu": {"layer": 2, "neuron": 0}, "children": [ob["tree"], ob["tree"]]}
 
 
+def claim_slopes_short(doc: dict) -> None:
+    ob = doc["obligations"][0]
+    alpha = {"neurons": [0], "lower": {"0": {"index": [0, 1], "values": [[0.5]]}}}
+    claims = {"1": {"lower": [-1e9] * 8, "upper": [1e9] * 8, "alpha": alpha}}
+    ob["tree"] = {"bounds": claims, "children": [ob["tree"]]}
+
+
 def other_format(doc: dict) -> None:
     doc["format"] = "cve-proof-0"
 
@@ -459,6 +501,10 @@ def other_format(doc: dict) -> None:
         (split_twice, r"obligation 0 leaf \d+: at root/1: layer 0 neuron 2 is split twice on one path"),
         (unknown_layer, r"obligation 0 leaf 0: at root: phase split of layer 2: no such ReLU layer"),
         (other_format, r"format 'cve-proof-0', not cve-proof-1"),
+        (
+            claim_slopes_short,
+            r"obligation 0 leaf 0: at root: alpha of the bounds of layer 1: values: expected a list of 2 num",
+        ),
     ],
 )
 def test_a_broken_proof_is_invalid(tmp_path, mutate, expected):

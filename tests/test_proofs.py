@@ -175,10 +175,15 @@ def test_a_proof_folder_takes_a_new_file_per_unsat(tmp_path, monkeypatch):
 
 
 @needs_mnist
-def test_relu_split_proofs_are_valid_and_the_same_at_p1_and_p2(tmp_path):
+def test_relu_split_proofs_are_valid_and_the_same_at_p1_and_p2(tmp_path, monkeypatch):
     """mnist-net_256x2 prop_8_0.03 (β-CROWN BaB, 14 domains): the phase-split tree under α-CROWN's
     intermediate bounds is valid, and two ranks (fsdp, the domains split over them) write the same
-    tree, its claims P = 1's to α-CROWN's float32 rounding across ranks."""
+    tree, its claims P = 1's to α-CROWN's float32 rounding across ranks. The claims carry the slopes
+    that made them (every rank's rows): the checker verifies them with no LP."""
+    from complete_verifier_ext import check as checker
+
+    real, lps = checker._neuron_minimum, []
+    monkeypatch.setattr(checker, "_neuron_minimum", lambda *a: lps.append(a[1:]) or real(*a))
     onnx, spec = MNIST / "onnx" / "mnist-net_256x2.onnx", MNIST / "vnnlib" / "prop_8_0.03.vnnlib"
     config = str(REPO / "configs" / "mnist_fc.yaml")
     one = _prove(tmp_path, "p1", config, onnx, spec)
@@ -188,7 +193,11 @@ def test_relu_split_proofs_are_valid_and_the_same_at_p1_and_p2(tmp_path):
     for a, b in zip(_claims(one), _claims(two), strict=True):
         assert np.allclose(a, b, rtol=1e-4, atol=1e-4)
     assert two["producer"]["world_size"] == 2
-    assert _check(tmp_path, two, spec, onnx) == "valid"
+    for doc in (one, two):
+        tables = [t for o in doc["obligations"] for t in o["tree"].get("bounds", {}).values()]
+        slopes = [t["alpha"] for t in tables if "alpha" in t]  # not the first layer's: exact by IBP
+        assert slopes and all(a["lower"] and a["upper"] for a in slopes)
+    assert _check(tmp_path, two, spec, onnx) == "valid" and not lps, len(lps)
     # every leaf carries its evidence (row, slopes, β of its splits): closed without the LP fallback
     bab = [o["tree"] for o in one["obligations"] if "relu" in json.dumps(o["tree"])]
     leaves = [node["leaf"] for tree in bab for node in _leaves(tree)]
