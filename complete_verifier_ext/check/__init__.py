@@ -6,11 +6,12 @@ A second implementation of the semantics, sharing no code with the verifier: its
 outward (:mod:`.bounds`, :mod:`.rounding`) and LP fallback with a dual bound (:mod:`.lp`). The steps:
 the files' sha256 against the proof's; the proof's ReLU layers against the network's; every term of
 the query's disjunctive form covered by a proof obligation (its box containing the term's outward
-box, its rows among the term's rows); every tree walked (:mod:`.tree`); every leaf tried by the bound
-pass with its evidence alone; for those that stay open, the claims of the bounds nodes above them
-verified (those above first; bounds nodes alike in region and claims, as a query's obligations
-under the root's bounds are, once), then the leaf by the bound pass under those claims or else by the LP
-fallback (on MLPs, last, by an LP over intermediate bounds that LPs made: :func:`by_lp_bounds`). An
+box, its rows among the term's rows); every tree walked (:mod:`.tree`); a leaf under no bounds node
+tried by the bound pass with its evidence alone; the claims of the bounds nodes above the other
+leaves and those still open verified (those above first; bounds nodes alike in region and claims, as
+a query's obligations under the root's bounds are, once), then each such leaf by the bound pass under
+those claims (first without back-substitution where a claim is) or else by the LP fallback (on MLPs,
+last, by an LP over intermediate bounds that LPs made: :func:`by_lp_bounds`). An
 APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals the bounds nodes and
 the leaves over a process pool (the leaves round-robin).
 """
@@ -102,8 +103,9 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ctx.Pool(workers) if workers > 1 else _InProcess() as pool:
-        # every leaf first by its own bounds and evidence alone: one that closes so needs no claim
-        parts = pool.starmap(discharge, [(net, rows, leaves[w::workers], None) for w in range(workers)])
+        # a leaf under no bounds node first by its own bounds and evidence alone (no LP yet)
+        alone = [x for x in leaves if not x.claims]
+        parts = pool.starmap(discharge, [(net, rows, alone[w::workers], None) for w in range(workers)])
         closed = [o for part in parts for o in part if o[2]]
         done_ = {o[:2] for o in closed}
         rest = [x for x in leaves if (x.obligation, x.index) not in done_]
@@ -235,8 +237,11 @@ def discharge(
             chunk = group[start : start + size]
             batch = _batch(net, chunk, len(rows[k].d), verified)
             with np.errstate(all="ignore"):  # an overflow is a bound that is not finite: nothing proved
-                bnd = bounds.node_bounds(net, batch)
+                bnd = bounds.node_bounds(net, batch, claimed_crown=not batch.claims)
                 best = bounds.objective(net, rows[k], bnd, batch)
+                if batch.claims and not (best > 0).all():  # the claims alone fall short: CROWN too
+                    bnd = bounds.node_bounds(net, batch)
+                    best = np.fmax(best, bounds.objective(net, rows[k], bnd, batch))
             for b, leaf in enumerate(chunk):
                 if best[b] > 0 or verified is None:
                     out.append((k, leaf.index, "bounds" if best[b] > 0 else "", "by its own bounds alone"))

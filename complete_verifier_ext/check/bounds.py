@@ -74,8 +74,10 @@ def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
     return a @ v if v.ndim == 1 else (a @ v[:, :, None])[..., 0]
 
 
-def node_bounds(net: Net, batch: Batch) -> Bounds:
-    """Step 1 of the module docstring."""
+def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True) -> Bounds:
+    """Step 1 of the module docstring; ``claimed_crown=False``: no back-substitution at a node with a
+    verified claim (its bounds: interval propagation, the claim and the phases, as a verifier's BaB
+    keeps the root's bounds below it; much less work on a conv net)."""
     B, N = len(batch.lower), len(net.nodes)
     bnd = Bounds([None] * N, [None] * N, {}, {}, np.zeros(B, dtype=bool), np.ones(B, dtype=bool))
     clamps = {
@@ -87,7 +89,7 @@ def node_bounds(net: Net, batch: Batch) -> Bounds:
         bnd.lower[k], bnd.upper[k] = _interval(node, k, bnd, batch)
         phases = [batch.phase.get(r) for r in clamps[k]]
         _restrict(bnd, k, phases, batch.claims.get(k))
-        if clamps[k] and any(deep[s] for s in sources(node)):
+        if clamps[k] and any(deep[s] for s in sources(node)) and (claimed_crown or k not in batch.claims):
             _crown(net, bnd, k)
             _restrict(bnd, k, phases, None)
         if k in batch.checking:  # claims used (and to verify) only where the own bounds are unstable
@@ -129,7 +131,7 @@ def _interval(node, k: int, bnd: Bounds, batch: Batch) -> tuple[np.ndarray, np.n
     if isinstance(node, Affine):
         l, u, n = bnd.lower[node.src], bnd.upper[node.src], node.W.shape[1]
         bnd.em[k] = up(sum_up(bnd.mag(node.src) @ node.E.T, n) + node.eb)
-        Wp, Wn = np.maximum(node.W, 0.0).T, np.minimum(node.W, 0.0).T
+        Wp, Wn = node.Wp, node.Wn
         return down(l @ Wp + u @ Wn + node.b - bnd.em[k]), up(u @ Wp + l @ Wn + node.b + bnd.em[k])
     la, ua, lb, ub = bnd.lower[node.a], bnd.upper[node.a], bnd.lower[node.b], bnd.upper[node.b]
     if node.sign > 0:

@@ -72,6 +72,18 @@ class _Rows:
         self.hi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), m))
         self.n += m
 
+    def add_sparse(self, m: int, *terms: tuple, lo=None, hi=None) -> None:
+        """``m`` rows ``lo <= Σ val · v[col] <= hi`` from ``terms`` ``(row among the m, col, val, rad)``."""
+        for row, col, val, rad in terms:
+            col = np.asarray(col)
+            self.r.append(self.n + np.broadcast_to(row, col.shape))
+            self.c.append(col)
+            self.v.append(np.broadcast_to(np.asarray(val, dtype=np.float64), col.shape))
+            self.rad.append(np.broadcast_to(np.asarray(rad, dtype=np.float64), col.shape))
+        self.lo.append(np.broadcast_to(np.asarray(lo, dtype=np.float64), m))
+        self.hi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), m))
+        self.n += m
+
 
 def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | None = None) -> Lp:
     """The LP of leaf ``b`` of a batch whose bounds are ``bnd``: with ``rows``, over every node, the
@@ -84,10 +96,16 @@ def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | No
     for k, node in enumerate(net.nodes[: top + 1]):
         me = off[k] + np.arange(net.sizes[k])
         if isinstance(node, Affine):
-            W_rad = 0.0 if node.W_rad is None else node.W_rad
+            W_rad = np.zeros_like(node.W) if node.W_rad is None else node.W_rad
             b_rad = 0.0 if node.b_rad is None else node.b_rad
-            cols = off[node.src] + np.arange(node.W.shape[1])[None, :]
-            R.add([me, cols], [1.0, -node.W], [0.0, W_rad], down(node.b - b_rad), up(node.b + b_rad))
+            i, j = np.nonzero((node.W != 0) | (W_rad != 0))  # a conv layer's dense matrix: mostly zeros
+            R.add_sparse(
+                len(me),
+                (np.arange(len(me)), me, 1.0, 0.0),
+                (i, off[node.src] + j, -node.W[i, j], W_rad[i, j]),
+                lo=down(node.b - b_rad),
+                hi=up(node.b + b_rad),
+            )
         elif isinstance(node, Relu):
             z, (_, s, t) = off[node.src] + np.arange(net.sizes[k]), (x[b] for x in bnd.relax[k])
             l, u = bnd.lower[node.src][b], bnd.upper[node.src][b]

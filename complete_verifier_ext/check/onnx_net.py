@@ -53,6 +53,8 @@ class Affine:
     b_rad: np.ndarray | None
     E: np.ndarray
     eb: np.ndarray
+    Wp: np.ndarray  # max(W, 0)^T and min(W, 0)^T: interval propagation's
+    Wn: np.ndarray
 
 
 def affine(src: int, W, b, W_rad=None, b_rad=None) -> Affine:
@@ -60,7 +62,8 @@ def affine(src: int, W, b, W_rad=None, b_rad=None) -> Affine:
     g = gamma(2 * W.shape[1] + W.shape[0] + 2)
     E, eb = g * np.abs(W), g * np.abs(b)
     E, eb = (up(E + W_rad) if W_rad is not None else E), (up(eb + b_rad) if b_rad is not None else eb)
-    return Affine(src, W, b, W_rad, b_rad, E, eb)
+    Wp, Wn = np.ascontiguousarray(np.maximum(W, 0.0).T), np.ascontiguousarray(np.minimum(W, 0.0).T)
+    return Affine(src, W, b, W_rad, b_rad, E, eb, Wp, Wn)
 
 
 @dataclass(frozen=True)
