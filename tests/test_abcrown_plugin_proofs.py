@@ -70,10 +70,17 @@ def _kinds(node: dict) -> set[str]:
 
 
 def _shape(node: dict) -> dict:
-    """A tree without its claims' values (α-CROWN's bounds at P = 2 are P = 1's to float32 rounding)."""
+    """A tree without its claims' values and its leaves' slopes and multipliers (α-CROWN's bounds at P = 2
+    are P = 1's to float32 rounding, and so are the slopes)."""
     if "bounds" in node:
         return {"bounds": sorted(node["bounds"]), "children": [_shape(c) for c in node["children"]]}
+    if "leaf" in node:
+        return {"leaf": sorted(node["leaf"])}
     return {**node, "children": [_shape(c) for c in node["children"]]} if "children" in node else node
+
+
+def _leaves(node: dict) -> list[dict]:
+    return [node["leaf"]] if "leaf" in node else [x for c in node.get("children", []) for x in _leaves(c)]
 
 
 @needs_abcrown
@@ -88,10 +95,18 @@ def test_an_unsat_alpha_crown_proves_has_a_valid_proof(tmp_path):
 @needs_abcrown
 def test_activation_bab_proofs_at_one_and_two_ranks_are_one_tree(tmp_path):
     """256x2 prop_9_0.05 with ``BAB_YAML``: the clauses α-CROWN leaves open are proved by β-CROWN BaB
-    (16 domains); at P = 1 and P = 2 (fsdp) the checker says valid and the trees are the same. With a
-    leaf removed (a phase split left with one child) the proof is invalid."""
+    (16 domains); at P = 1 and P = 2 (fsdp) the checker says valid and the trees are the same. Every
+    BaB leaf carries its proving row, slopes and multipliers: none needs the LP (the leaves α-CROWN
+    proved carry none: some do). With a leaf removed (a phase split left with one child) the proof is
+    invalid."""
     vnnlib = MNIST / "vnnlib" / "prop_9_0.05.vnnlib"
     docs = [_proved(tmp_path, BAB_YAML, NET, vnnlib, f"bab{P}", P=P) for P in (1, 2)]
+    for P, doc in zip((1, 2), docs, strict=True):
+        bab = [leaf for o in doc["obligations"] if "relu" in _kinds(o["tree"]) for leaf in _leaves(o["tree"])]
+        assert bab and all(ev["lambda"] and ev["alpha"] and ev["beta"] for ev in bab), bab[:1]
+        (tmp_path / "doc.json").write_text(json.dumps(doc))
+        r = check_proof(str(vnnlib), {"net": str(NET)}, str(tmp_path / "doc.json"))
+        assert r.status == "valid" and r.by_lp <= r.leaves - len(bab), (P, r)
     assert docs[1]["producer"] == {
         "engine": "abcrown",
         "world_size": 2,
@@ -152,13 +167,9 @@ def test_phase_tree_from_histories_in_any_order():
     assert [c["relu"] for c in tree["children"]] == [{"layer": 1, "neuron": 4}, {"layer": 1, "neuron": 2}]
     shuffled = [h[::-1] for h in ordered[::-1]]
     unordered = proofs.phase_tree(shuffled)
-    assert unordered["relu"] == {"layer": 0, "neuron": 1} and _leaves(unordered) == 4
+    assert unordered["relu"] == {"layer": 0, "neuron": 1} and len(_leaves(unordered)) == 4
     with pytest.raises(ValueError):
         proofs.phase_tree(shuffled[1:])
-
-
-def _leaves(node: dict) -> int:
-    return 1 if "leaf" in node else sum(_leaves(c) for c in node["children"])
 
 
 def test_tiling_tree_cuts_a_box_into_its_parts():
@@ -168,7 +179,7 @@ def test_tiling_tree_cuts_a_box_into_its_parts():
     )
     leaves = [proofs.leaf(bound={"const": k}) for k in range(5)]
     tree = proofs.tiling_tree(np.zeros(2), np.array([3.0, 2.0]), parts, leaves)
-    assert tree["input"] == {"dim": 0, "at": [1.0]} and _leaves(tree) == 5
+    assert tree["input"] == {"dim": 0, "at": [1.0]} and len(_leaves(tree)) == 5
     gap = parts.copy()
     gap[4, 0, 0] = 2.5
     with pytest.raises(ValueError):

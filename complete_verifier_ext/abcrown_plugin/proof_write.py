@@ -30,7 +30,7 @@ import numpy as np
 from .. import proofs
 from ..parallel import comm
 from .inputs import short
-from .proofs import clause
+from .proofs import clause, row_key
 from .run import Bounded, Proofs, Run
 
 METHODS = ("incomplete", "activation-bab", "input-split")
@@ -48,13 +48,15 @@ class Share:
     bab_specs: set = field(default_factory=set)
     roots_closed: set = field(default_factory=set)
     phase_leaves: set = field(default_factory=set)
+    phase_evidence: dict = field(default_factory=dict)
     splits: dict = field(default_factory=dict)
     clips: dict = field(default_factory=dict)
     verified: set = field(default_factory=set)
 
     @classmethod
     def of(cls, p: Proofs) -> Share:
-        return cls(p.refused, p.bab_specs, p.roots_closed, p.phase_leaves, p.splits, p.clips, p.verified)
+        return cls(p.refused, p.bab_specs, p.roots_closed, p.phase_leaves, p.phase_evidence, p.splits,
+                   p.clips, p.verified)  # fmt: skip
 
     def join(self, other: Share) -> None:
         """Add another rank's share (a box split or clipped two ways: no proof)."""
@@ -66,6 +68,7 @@ class Share:
         self.bab_specs |= other.bab_specs
         self.roots_closed |= other.roots_closed
         self.phase_leaves |= other.phase_leaves
+        self.phase_evidence.update(other.phase_evidence)
         self.verified |= other.verified
 
 
@@ -167,7 +170,10 @@ def _clause_tree(proof: Proofs, share: Share, region, single: bool, cl, where: s
             if name in share.roots_closed:
                 return _under(proof.bab_claims, proofs.leaf()), "activation-bab"
             histories = [h for n, h in share.phase_leaves if n == name]
-            return _under(proof.bab_claims, proofs.phase_tree(histories)), "activation-bab"
+            evidence = {
+                h: _evidence(share.phase_evidence[n, h], cl) for n, h in share.phase_evidence if n == name
+            }
+            return _under(proof.bab_claims, proofs.phase_tree(histories, evidence)), "activation-bab"
         log = proofs.BoxLog(share.splits, share.clips, frozenset(share.verified))
         for root in proof.input_roots:
             if root[0] == name and (single or _near(*proofs.box_of(root), region)):
@@ -175,6 +181,12 @@ def _clause_tree(proof: Proofs, share: Share, region, single: bool, cl, where: s
     except ValueError as e:
         raise NoProof(f"{where}: the search's records are no proof ({e})") from None
     raise NoProof(f"{where} was proved by a step that records none (such as MIP)")
+
+
+def _evidence(recorded: dict, cl) -> dict:
+    """A leaf's recorded evidence with its proving row (a row key) as ``lambda`` over the clause's rows."""
+    lam = [1.0 if row_key(c, d) == recorded["row"] else 0.0 for c, d in zip(cl.C, cl.d, strict=True)]
+    return {"lambda": lam if any(lam) else None, "alpha": recorded["alpha"], "beta": recorded["beta"]}
 
 
 def _near(lower: np.ndarray, upper: np.ndarray, region) -> bool:

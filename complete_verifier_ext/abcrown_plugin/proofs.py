@@ -221,6 +221,7 @@ def _bab_start(proof: Proofs, net, x, c, rhs, reference: dict | None) -> None:
     if not (boxes == boxes[0]).all():
         raise Refused("activation BaB over several input boxes")
     proof.split_relu = _split_relus(net.net)
+    proof.bab_relus = list(net.net.relus)
     proof.bab_specs.update(_clauses(proof, c, rhs))
     proof.bab_claims = proof.builds[-1] if proof.builds else None
     if reference and reference.get("lower_bounds") and proof.bab_claims is not None:
@@ -283,7 +284,51 @@ def _record_domains(proof: Proofs, dl, bounds: dict, d: dict, check_infeasibilit
         raise Refused("BaB dropped a domain whose lower bound is not a number")
     names = _clauses(proof, bounds["c"][: len(lb)], thr)
     for j in proven.nonzero().view(-1).tolist():
-        proof.phase_leaves.add((names[j], _splits(d["history"][j], proof.split_relu)))
+        leaf = (names[j], _splits(d["history"][j], proof.split_relu))
+        proof.phase_leaves.add(leaf)
+        row = int((lb[j] - thr[j]).argmax())
+        if lb[j, row] > thr[j, row]:  # (an infeasible domain has no proving row)
+            C = bounds["c"][j, row].detach().cpu().double().numpy()
+            key = row_key(C, float(thr[j, row]))
+            proof.phase_evidence[leaf] = _leaf_evidence(proof, dl.final_name, bounds, d, j, row, key)
+
+
+def _leaf_evidence(proof: Proofs, final: str, bounds: dict, d: dict, j: int, row: int, key: bytes) -> dict:
+    """Domain ``j``'s evidence (docs/proofs.md; ``bounds``: what its round returned, ``d``: the domains it
+    bounded): its proving row (by key), that row's lower slopes at the neurons the domain has unstable
+    (of the α its round kept, half precision in α,β-CROWN's domains) and the β of its splits; layers
+    whose α or β is not laid out as expected are left out (the checker takes its own slopes there, its
+    LP where they fall short)."""
+    alpha: dict[int, dict[int, float]] = {}
+    for i, relu in enumerate(proof.bab_relus):
+        slopes = bounds["alphas"].get(relu.name, {}).get(final)
+        z = relu.inputs[0].name
+        lower, upper = d.get("lower_bounds") or {}, d.get("upper_bounds") or {}
+        if slopes is None or z not in lower or z not in upper:
+            continue
+        lo, hi = _flat(lower[z][j : j + 1])[0], _flat(upper[z][j : j + 1])[0]
+        values = slopes[0, row, j].detach().reshape(-1).cpu().double().numpy()
+        index = relu.alpha_indices
+        if index is None:
+            flat = np.arange(len(lo))
+        else:
+            shape = tuple(relu.inputs[0].output_shape[1:])
+            flat = np.ravel_multi_index(tuple(t.cpu().numpy() for t in index), shape)
+        if len(flat) != len(values):
+            continue
+        unstable = (lo[flat] < 0) & (hi[flat] > 0)
+        alpha[i] = dict(zip(flat[unstable].tolist(), values[unstable].tolist(), strict=True))
+    beta: dict[int, dict[int, float]] = {}
+    betas = bounds["betas"][j] if bounds.get("betas") else {}
+    for name, entry in d["history"][j].items():
+        value = betas.get(name) if isinstance(betas, dict) else None
+        neurons = _as_list(entry[0])
+        if name not in proof.split_relu or value is None or not hasattr(value, "reshape"):
+            continue
+        value = value.detach().reshape(-1).cpu().double().numpy()
+        if len(value) == len(neurons) and neurons:
+            beta[proof.split_relu[name]] = dict(zip(map(int, neurons), value.tolist(), strict=True))
+    return {"row": key, "alpha": alpha, "beta": beta}
 
 
 def _splits(history: dict | None, split_relu: dict[str, int]) -> tuple[tuple[int, int, int], ...]:

@@ -149,6 +149,8 @@ class Proofs:
     bab_specs: set[frozenset] = field(default_factory=set)  # clauses activation BaB searched
     roots_closed: set[frozenset] = field(default_factory=set)  # ... and proved at its root, unsplit
     phase_leaves: set[tuple] = field(default_factory=set)  # (clause, ((relu, neuron, ±1), ...)) verified
+    phase_evidence: dict[tuple, dict] = field(default_factory=dict)  # such a leaf -> its evidence
+    bab_relus: list = field(default_factory=list)  # activation BaB: α,β-CROWN's ReLU nodes, in order
     input_roots: list[tuple] = field(default_factory=list)  # input split: each clause's root box (Key)
     splits: dict[tuple, tuple] = field(default_factory=dict)  # input split: box -> the boxes it was cut into
     clips: dict[tuple, tuple | None] = field(default_factory=dict)  # box -> its clipped box (None: nothing)
