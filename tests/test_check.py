@@ -583,6 +583,8 @@ def test_a_margin_only_naive_rounding_finds_positive(tmp_path):
 def test_bounds_that_overflow_prove_nothing(tmp_path):
     """Weights of 1e300 on a box of ±1e10: every bound overflows; whatever the rows, nothing is proved
     (a relaxation built from infinite bounds means nothing), and nothing crashes."""
+    from complete_verifier_ext import check as checker
+
     layers = [(np.array([[1e300], [-1e300]]), np.zeros(2)), (np.array([[1e300, 1e300]]), np.zeros(1))]
     lo, hi = np.array([-1e10]), np.array([1e10])
     for c, d in (([1.0], -1.0), ([-1.0], 1.0)):  # y <= -1 (unsat), -y <= 1 (sat)
@@ -590,6 +592,10 @@ def test_bounds_that_overflow_prove_nothing(tmp_path):
         q, n = save_query(tmp_path / "q.vnnlib", lo, hi, rows), save_net(tmp_path / "net.onnx", layers)
         r = check(tmp_path, proof(q, n, layers, [obligation(lo, hi, rows, {"leaf": {}})]), q, n)
         assert r.status == "invalid" and "not finite" in r.message, r
+        # the last fallback too: its LPs over infinite bounds prove nothing
+        net, term = onnx_net.parse(read_bytes(str(n)), "net"), query.parse(read_bytes(str(q))).obligations[0]
+        leaf = tree.Leaf(0, 0, "root", lo, hi, (), tree.Evidence())
+        assert checker.by_lp_bounds(net, term.rows, leaf, {}) == (-np.inf, checker.NOT_FINITE)
 
 
 # ------------------------------------------------------------------------------------------------------
