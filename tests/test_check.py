@@ -269,6 +269,29 @@ def test_the_lp_time_limit_is_per_objective():
     assert statuses == {"optimal"}
 
 
+def test_an_lp_that_presolve_calls_infeasible_is_solved_again_without_it(monkeypatch):
+    """HiGHS's presolve called a feasible LP of oval21's deep net infeasible: with presolve made to say
+    so here (a fault injected into every run with it on), the LP is solved again without presolve, and
+    its bound is the one of a solver left alone; from then on presolve stays off."""
+    import highspy
+
+    from complete_verifier_ext.check import lp
+
+    prob, c = _random_lp(200, 100, 4), np.random.default_rng(5).normal(size=200)
+    expected = lp.Solver(prob).minimum(c)
+    real = lp.Solver._run
+
+    def wrong(self, solver: str, seconds: float, crossover: bool = False):
+        status = real(self, solver, seconds, crossover)
+        return highspy.HighsModelStatus.kInfeasible if self.presolve else status
+
+    monkeypatch.setattr(lp.Solver, "_run", wrong)
+    solver = lp.Solver(prob)
+    value, status = solver.minimum(c)
+    assert (status, expected[1], solver.presolve) == ("optimal", "optimal", False)
+    assert abs(value - expected[0]) <= 1e-7 * (1 + abs(value)), (value, expected)
+
+
 def test_a_conv_sized_lp_re_solved_warm_gives_the_interior_point_bounds():
     """An LP of over 5000 variables with ``many`` objectives: crossed over once, then re-solved by the
     dual simplex from that basis; each rigorous bound is the IPM's (the same optimum, to its tolerance)."""
