@@ -298,8 +298,8 @@ def test_input_split_leaves_are_batched_only_where_the_checkers_lp_over_lp_bound
     acas = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(50, 50), torch.nn.ReLU())])
     acas[0] = torch.nn.Linear(5, 50)
     conv = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Flatten())
-    assert isinstance(from_sequential(acas, (5,)), Graph)
-    assert not leaves_bounded_alone(from_sequential(acas, (5,)))
+    graph = from_sequential(acas, (5,))
+    assert isinstance(graph, Graph) and not leaves_bounded_alone(graph)
     assert leaves_bounded_alone(from_sequential(conv, (1, 28, 28)))
 
 
