@@ -439,6 +439,19 @@ def test_a_bisection_proof_is_valid_sharded_or_not(tmp_path):
     assert (r2.status, r2.leaves, r2.by_bounds) == ("valid", leaves, leaves), r2
 
 
+def test_the_checkers_workers_keep_the_order_and_raise_what_one_raised():
+    """``--workers``: tasks dealt over forked processes (the network reaches them by the fork, unpickled)
+    come back in order; an exception in a worker is raised in the checker."""
+    from complete_verifier_ext.check import _Pool
+
+    pool = _Pool("net", 2)
+    assert pool.map(lambda net, x: (net, x * x), [(i,) for i in range(5)]) == [
+        ("net", i * i) for i in range(5)
+    ]
+    with pytest.raises(ZeroDivisionError):
+        pool.map(lambda net, x: 1 / x, [(1,), (0,), (2,)])
+
+
 def test_gzipped_files(tmp_path):
     doc, q, n, _ = bisection_instance(tmp_path, seed=3, suffix=".gz")
     p = tmp_path / "proof.json.gz"

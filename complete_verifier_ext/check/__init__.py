@@ -13,7 +13,7 @@ a query's obligations under the root's bounds are, once), then each such leaf by
 those claims (first without back-substitution where a claim is) or else by the LP fallback (on MLPs,
 last, by an LP over intermediate bounds that LPs made: :func:`by_lp_bounds`). An
 APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals the bounds nodes and
-the leaves over a process pool (the leaves round-robin).
+the leaves over forked processes (the leaves round-robin; the network reaches them by the fork).
 """
 
 from __future__ import annotations
@@ -100,30 +100,26 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
     items = [x for k, (ob, _, box) in enumerate(obligations) for x in tree.leaves(ob, k, layers, box)]
     leaves, rows = [x for x in items if isinstance(x, Leaf)], [r for _, r, _ in obligations]
     claims = [x for x in items if isinstance(x, tree.Claims)]
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ctx.Pool(workers) if workers > 1 else _InProcess() as pool:
-        # a leaf under no bounds node first by its own bounds and evidence alone (no LP yet)
-        alone = [x for x in leaves if not x.claims]
-        parts = pool.starmap(discharge, [(net, rows, alone[w::workers], None) for w in range(workers)])
-        closed = [o for part in parts for o in part if o[2]]
-        done_ = {o[:2] for o in closed}
-        rest = [x for x in leaves if (x.obligation, x.index) not in done_]
-        needed = set().union(*(x.claims for x in rest))  # the bounds nodes above them (and theirs)
-        verified: dict = {}
-        for depth in sorted({len(c.claims) for c in claims if c.key in needed}):  # those above it first
-            level: dict[bytes, list] = {}  # alike bounds nodes (every obligation's root claims) once
-            for c in (c for c in claims if len(c.claims) == depth and c.key in needed):
-                level.setdefault(_same_claims(c, verified), []).append(c)
-            alike = list(level.values())
-            done = pool.starmap(
-                verify, [(net, g[0], {key: verified[key] for key in g[0].claims}) for g in alike]
-            )
-            failed = sorted(why for ok, why in done if not ok)
-            if failed:
-                return len(leaves), failed[:1]
-            verified.update((c.key, v) for g, (_, v) in zip(alike, done, strict=True) for c in g)
-        parts = pool.starmap(discharge, [(net, rows, rest[w::workers], verified) for w in range(workers)])
+    pool = _Pool(net, workers)
+    # a leaf under no bounds node first by its own bounds and evidence alone (no LP yet)
+    alone = [x for x in leaves if not x.claims]
+    parts = pool.map(discharge, [(rows, alone[w::workers], None) for w in range(workers)])
+    closed = [o for part in parts for o in part if o[2]]
+    done_ = {o[:2] for o in closed}
+    rest = [x for x in leaves if (x.obligation, x.index) not in done_]
+    needed = set().union(*(x.claims for x in rest))  # the bounds nodes above them (and theirs)
+    verified: dict = {}
+    for depth in sorted({len(c.claims) for c in claims if c.key in needed}):  # those above it first
+        level: dict[bytes, list] = {}  # alike bounds nodes (every obligation's root claims) once
+        for c in (c for c in claims if len(c.claims) == depth and c.key in needed):
+            level.setdefault(_same_claims(c, verified), []).append(c)
+        alike = list(level.values())
+        done = pool.map(verify, [(g[0], {key: verified[key] for key in g[0].claims}) for g in alike])
+        failed = sorted(why for ok, why in done if not ok)
+        if failed:
+            return len(leaves), failed[:1]
+        verified.update((c.key, v) for g, (_, v) in zip(alike, done, strict=True) for c in g)
+    parts = pool.map(discharge, [(rows, rest[w::workers], verified) for w in range(workers)])
     return len(leaves), closed + [o for part in parts for o in part]
 
 
@@ -142,17 +138,44 @@ def _same_claims(item: tree.Claims, verified: dict) -> bytes:
     return h.digest()
 
 
-class _InProcess:
-    """``Pool.starmap`` in this process (one worker)."""
+class _Pool:
+    """``map(fn, args)``: ``fn(net, *a)`` for each ``a`` of ``args``, dealt over ``workers`` forked
+    processes (the network reaches them by the fork: a conv net's dense matrices are hundreds of MB, too
+    many to pickle with each task; the results come back pickled), or in this process (one worker, or
+    a platform that cannot fork)."""
 
-    def __enter__(self) -> _InProcess:
-        return self
+    def __init__(self, net: onnx_net.Net, workers: int) -> None:
+        forks = "fork" in multiprocessing.get_all_start_methods()
+        self.net, self.workers = net, workers if forks else 1
 
-    def __exit__(self, *exc) -> None:
-        return None
+    def map(self, fn, args: list) -> list:
+        if self.workers == 1 or len(args) < 2:
+            return [fn(self.net, *a) for a in args]
+        ctx, shares = multiprocessing.get_context("fork"), []
+        for w in range(min(self.workers, len(args))):
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_serve, args=(send, fn, self.net, args[w :: self.workers]), daemon=True)
+            proc.start()
+            send.close()
+            shares.append((recv, proc))
+        out: list = [None] * len(args)
+        for w, (recv, proc) in enumerate(shares):
+            ok, part = recv.recv()
+            proc.join()
+            if not ok:
+                raise part
+            out[w :: self.workers] = part
+        return out
 
-    def starmap(self, fn, args: list) -> list:
-        return [fn(*a) for a in args]
+
+def _serve(conn, fn, net: onnx_net.Net, items: list) -> None:
+    """A forked worker: ``fn(net, *a)`` for its items, sent back (or the exception that stopped it)."""
+    try:
+        conn.send((True, [fn(net, *a) for a in items]))
+    except BaseException as e:  # the parent raises it
+        conn.send((False, e))
+    finally:
+        conn.close()
 
 
 def _header(doc: dict, q_sha: str, n_sha: str, net: onnx_net.Net) -> dict[int, int]:
