@@ -162,9 +162,9 @@ def _keep_improved(best: dict, alphas: Alphas, idx: Tensor, old: Box, new: Box) 
     lower = new[0].flatten(1)[:, mine] > old[0].flatten(1)[:, mine]  # (B, r)
     upper = new[1].flatten(1)[:, mine] < old[1].flatten(1)[:, mine]
     mask = torch.cat([lower, upper], 1).T  # (2r, B)
-    for j, a in alphas.items():
-        value = _param(a).detach()
-        best[j] = torch.where(mask.view(*mask.shape, *[1] * (value.dim() - 2)), value, best[j])
+    if bool(mask.any()):
+        for j, a in alphas.items():
+            best[j][mask] = _param(a).detach()[mask]  # the improved rows only
 
 
 def _all_rows(local: Tensor, R: int, kept: Tensor | Slopes) -> tuple[Slopes, Slopes]:
