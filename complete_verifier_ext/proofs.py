@@ -140,6 +140,12 @@ def _case_split(leaves: list[tuple[tuple, tuple]], evidence: dict) -> dict:
         return leaf(**evidence.get(leaves[0][1], {}))
     if not leaves or any(not h for h, _ in leaves):
         raise ValueError("the split histories are not a case split (a domain inside another, or none)")
+    first = leaves[0][0][0][:2]
+    if all(h[0][:2] == first for h, _ in leaves) and {h[0][2] for h, _ in leaves} == {-1, 1}:
+        # every history splits this neuron first (ordered histories: at every node): no search
+        sides = [[(h[1:], whole) for h, whole in leaves if h[0][2] == sign] for sign in (-1, 1)]
+        kids = [_case_split(s, evidence) for s in sides]
+        return {"relu": {"layer": first[0], "neuron": first[1]}, "children": kids}
     where = [{(layer, n): (k, sign) for k, (layer, n, sign) in enumerate(h)} for h, _ in leaves]
     common = set(where[0]).intersection(*where[1:])
     both = [s for s in common if {w[s][1] for w in where} == {-1, 1}]
@@ -405,8 +411,8 @@ def claims(graph, state) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 def claim_alpha(graph, state) -> dict[int, dict]:
     """The α-CROWN slopes behind each claimed bound (``CrownState.claim_alpha``, one box), by ReLU
-    layer id, as the ``alpha`` entries of docs/proofs.md: for the neurons the claims leave unstable,
-    each side's slopes at the unstable neurons of every ReLU below."""
+    layer id, as the ``alpha`` entries of docs/proofs.md: for every neuron α-CROWN bounded (a claim may
+    make one stable), each side's slopes at the neurons the claims leave unstable in every ReLU below."""
     if not state.claim_alpha:
         return {}
     relu_id = {j: i for i, j in enumerate(graph.relu_nodes())}
@@ -419,15 +425,14 @@ def claim_alpha(graph, state) -> dict[int, dict]:
     out = {}
     for k, per_relu in state.claim_alpha.items():
         idx = state.rows[k].cpu().numpy()
-        rows = np.arange(len(idx))  # every neuron α-CROWN bounded (a claim may make one stable)
-        if k not in layer or not len(rows):
+        if k not in layer or not len(idx):
             continue
-        entry: dict = {"neurons": idx[rows].tolist(), "lower": {}, "upper": {}}
+        entry: dict = {"neurons": idx.tolist(), "lower": {}, "upper": {}}
         for j, sides in sorted(per_relu.items()):
             cols_all = sides[0].index.cpu().numpy()
             cols = np.flatnonzero(unstable(graph.nodes[j].inputs[0])[cols_all])
             for side, slopes in zip(("lower", "upper"), sides, strict=True):
-                values = slopes.values[:, 0].detach().double().cpu().numpy()[np.ix_(rows, cols)]
+                values = slopes.values[:, 0].detach().double().cpu().numpy()[:, cols]
                 entry[side][str(relu_id[j])] = {"index": cols_all[cols].tolist(), "values": values.tolist()}
         out[layer[k]] = entry
     return out

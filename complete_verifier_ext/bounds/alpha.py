@@ -100,29 +100,18 @@ def alpha_crown(
     best_alpha = {j: _param(a).detach().clone() for j, a in alphas.get(out, {}).items()}
     last = state
     ref = dict(state.bounds)  # best intermediate bounds so far, (lo, hi) per node
-    claim_best = (  # the α of each intermediate row's best bound so far (iteration 0: CROWN's slopes)
-        {k: {j: _param(a).detach().clone() for j, a in alphas[k].items()} for k in state.rows}
-        if opts.claim_alpha and not opts.output_only
-        else {}
-    )
+    claim_best = _claims_start(alphas, state, opts)
     fits: Fits = {}  # passes that ran out of memory: their size that fitted, for the next iterations
     for it in range(opts.iteration):
         cur = state
         if not opts.output_only:
             cur = sweep(graph, box, reference=ref, rows=state.rows, alphas=alphas, grad=True,
                         chunk=opts.chunk, fits=fits)  # fmt: skip
-            for k in state.rows:
-                new = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
-                if k in claim_best:
-                    _keep_improved(claim_best[k], alphas[k], state.rows[k], ref[k], new)
-                ref[k] = new
+            _tighten_reference(ref, cur, state, alphas, claim_best)
         lb, lb_local = final_bounds(graph, cur, box, C, alphas.get(out), True, fits)  # (B, S), (S_r, B)
         better = lb_local.detach() > (-torch.inf if best is None else best[:, s0:s1].T)  # (S_r, B)
         best = lb.detach() if best is None else torch.maximum(best, lb.detach())
-        for j, a in alphas.get(out, {}).items():
-            a = _param(a)
-            mask = better.view(*better.shape, *[1] * (a.dim() - 2))
-            best_alpha[j] = torch.where(mask, a.detach(), best_alpha[j])
+        _keep_better(best_alpha, alphas.get(out, {}), better)
         last = cur
         if on_step is not None:
             on_step(it, best)
@@ -144,14 +133,34 @@ def alpha_crown(
         k: {j: _all_rows(a, len(state.rows[k]), alphas[k][j]) for j, a in per_j.items()}
         for k, per_j in claim_best.items()
     }
-    detached = CrownState(
-        {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()},
-        state.rows,
-        [],
-        out_alpha,
-        claim_alpha if opts.claim_alpha and not opts.output_only else None,
-    )
-    return best, detached
+    bounds = {k: (lo.detach(), hi.detach()) for k, (lo, hi) in last.bounds.items()}
+    return best, CrownState(bounds, state.rows, [], out_alpha, claim_alpha if claim_best else None)
+
+
+def _keep_better(best_alpha: dict, alphas: Alphas, better: Tensor) -> None:
+    """The output rows' best α take the current one where ``better`` (S_r, B): their bound improved."""
+    for j, a in alphas.items():
+        a = _param(a)
+        mask = better.view(*better.shape, *[1] * (a.dim() - 2))
+        best_alpha[j] = torch.where(mask, a.detach(), best_alpha[j])
+
+
+def _claims_start(alphas: dict[int, Alphas], state: CrownState, opts: AlphaOptions) -> dict:
+    """With ``opts.claim_alpha``: a copy of every intermediate start node's α (iteration 0's: CROWN's
+    slopes), which :func:`_keep_improved` keeps at each row's best bound; else nothing."""
+    if not opts.claim_alpha or opts.output_only:
+        return {}
+    return {k: {j: _param(a).detach().clone() for j, a in alphas[k].items()} for k in state.rows}
+
+
+def _tighten_reference(ref: dict, cur: CrownState, state: CrownState, alphas: dict, claim_best: dict) -> None:
+    """The best intermediate bounds so far (``ref``) become this sweep's (intersected with them already),
+    and ``claim_best`` takes the α of the rows they improved."""
+    for k in state.rows:
+        new = (cur.bounds[k][0].detach(), cur.bounds[k][1].detach())
+        if k in claim_best:
+            _keep_improved(claim_best[k], alphas[k], state.rows[k], ref[k], new)
+        ref[k] = new
 
 
 def _keep_improved(best: dict, alphas: Alphas, idx: Tensor, old: Box, new: Box) -> None:
