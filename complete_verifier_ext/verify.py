@@ -156,8 +156,10 @@ class RegionRun:
         every clause it proved that was open ``before``."""
         self.bounds.setdefault(method, []).extend(self.cb.tolist())
         if self.cfg.general.proof is not None and before is not None:
-            for i in np.nonzero((self.cb > 0) & (before <= 0))[0]:
-                self.proof[int(i)] = proofs.root_tree(self.graph, self.state)
+            proved = np.nonzero((self.cb > 0) & (before <= 0))[0]
+            tree = proofs.root_tree(self.graph, self.state) if len(proved) else None  # one for them all
+            for i in proved:
+                self.proof[int(i)] = tree
 
 
 def bound_region(run: RegionRun) -> bool:

@@ -16,6 +16,7 @@ import re
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -405,6 +406,22 @@ def test_claims_are_verified_by_their_slopes_an_lp_only_where_they_fall_short(tm
     assert -0.5 - 1e-9 < lower(-0.4, [1.0, 0.5, np.nan]) <= -0.5 and len(lps) == 1
     lps.clear()
     assert -0.5 - 1e-9 < lower(-0.5 + 1e-5, [1.0, 0.5, np.nan]) <= -0.5 and not lps
+
+
+def test_a_claim_whose_slopes_give_nan_or_inf_is_left_to_the_lp(monkeypatch):
+    """The slopes' pass proves a claim only with a number at or above it, or takes one within ``NEAR``
+    of it: a NaN or ``-inf`` bound is neither (the LP decides)."""
+    from complete_verifier_ext import check as checker
+
+    values = np.array([np.nan, -np.inf, -1.0 - 1e-9, -2.0])
+    monkeypatch.setattr(checker.bounds, "backward", lambda *a: values[None])
+    net = SimpleNamespace(sizes=[4], relu_layers=[], nodes=[])  # what the pass reads besides backward
+    bnd = bounds.Bounds([np.zeros((1, 4))], [np.zeros((1, 4))], {}, {}, np.zeros(1, bool), np.ones(1, bool))
+    need = [(j, 1.0) for j in range(4)]
+    used = (np.full(4, -1.0), np.full(4, 1.0))
+    alpha = (np.arange(4), {"lower": {}, "upper": {}})
+    rest, near = checker._by_claim_alpha(net, bnd, 0, alpha, need, used)
+    assert rest == [(0, 1.0), (1, 1.0), (3, 1.0)] and list(near) == [(2, 1.0)]
 
 
 def test_regions_are_within_the_query_box(tmp_path):
