@@ -127,36 +127,54 @@ def phase_tree(histories: list[tuple[tuple[int, int, int], ...]], evidence: dict
 
     Each node splits on a neuron that every remaining history splits, with both signs among them
     (always one where the histories are the leaves of a case-split tree: its root's neuron; splitting
-    first on any other such neuron leaves a case split on each side); of those, the one earliest in the
-    histories, so that ordered histories give back the tree that made them. Each leaf's path then
+    first on any other such neuron leaves a case split on each side); ordered histories give back the
+    tree that made them. The work is linear in the histories' total length. Each leaf's path then
     holds exactly its history: its region is the verified domain's. ``evidence``: a history -> its
     leaf's evidence (:func:`leaf`)."""
-    return _case_split([(h, h) for h in sorted(set(map(tuple, histories)))], evidence or {})
+    leaves = sorted(set(map(tuple, histories)))
+    signs = [{(layer, n): sign for layer, n, sign in h} for h in leaves]
+    if any(len(w) != len(h) for w, h in zip(signs, leaves, strict=True)):
+        raise ValueError("a split history splits one neuron twice")
+    return _case_split(_Split(leaves, signs, evidence or {}), list(range(len(leaves))), frozenset())
 
 
-def _case_split(leaves: list[tuple[tuple, tuple]], evidence: dict) -> dict:
-    """``leaves``: (what is left of a history below this node, the whole history)."""
-    if len(leaves) == 1 and not leaves[0][0]:
-        return leaf(**evidence.get(leaves[0][1], {}))
-    if not leaves or any(not h for h, _ in leaves):
-        raise ValueError("the split histories are not a case split (a domain inside another, or none)")
-    first = leaves[0][0][0][:2]
-    if all(h[0][:2] == first for h, _ in leaves) and {h[0][2] for h, _ in leaves} == {-1, 1}:
-        # every history splits this neuron first (ordered histories: at every node): no search
-        sides = [[(h[1:], whole) for h, whole in leaves if h[0][2] == sign] for sign in (-1, 1)]
-        kids = [_case_split(s, evidence) for s in sides]
-        return {"relu": {"layer": first[0], "neuron": first[1]}, "children": kids}
-    where = [{(layer, n): (k, sign) for k, (layer, n, sign) in enumerate(h)} for h, _ in leaves]
-    common = set(where[0]).intersection(*where[1:])
-    both = [s for s in common if {w[s][1] for w in where} == {-1, 1}]
-    if not both:
-        raise ValueError(f"no neuron is split both ways in all of {len(leaves)} histories: not a case split")
-    layer, neuron = min(both, key=lambda s: (max(w[s][0] for w in where), s))
-    sides = [[(tuple(x for x in h if x[:2] != (layer, neuron)), whole)
-              for (h, whole), w in zip(leaves, where, strict=True) if w[layer, neuron][1] == sign]
-             for sign in (-1, 1)]  # fmt: skip
-    kids = [_case_split(s, evidence) for s in sides]
+@dataclass(frozen=True)
+class _Split:
+    """The histories :func:`phase_tree` builds a tree over, each also as a neuron -> sign dict."""
+
+    histories: list[tuple]
+    signs: list[dict]
+    evidence: dict
+
+
+def _case_split(run: _Split, at: list[int], path: frozenset) -> dict:
+    """The tree over the histories ``at`` (indices into ``run``), below the splits on the neurons
+    ``path``. Every history at a node holds the path's neurons (each with its side's sign), so one
+    holds no other split exactly when its length is the path's."""
+    done = [i for i in at if len(run.histories[i]) == len(path)]
+    if done:
+        if len(at) > 1:
+            raise ValueError("the split histories are not a case split (a domain inside another)")
+        return leaf(**run.evidence.get(run.histories[at[0]], {}))
+    layer, neuron = _splitting(run, at, path)
+    sides = [[i for i in at if run.signs[i][layer, neuron] == sign] for sign in (-1, 1)]
+    kids = [_case_split(run, side, path | {(layer, neuron)}) for side in sides]
     return {"relu": {"layer": layer, "neuron": neuron}, "children": kids}
+
+
+def _splitting(run: _Split, at: list[int], path: frozenset) -> tuple[int, int]:
+    """A neuron off ``path`` that every history at this node splits, both ways among them: the next
+    split of the first history if that is one (ordered histories: at every node), else the first
+    such neuron of the shortest history (it holds the node's own split, in a few neurons)."""
+    if not at:
+        raise ValueError("the split histories are not a case split (none)")
+    first = run.histories[at[0]][len(path)][:2]
+    shortest = min(at, key=lambda i: len(run.histories[i]))
+    for s in [first] + [x[:2] for x in run.histories[shortest] if x[:2] not in path]:
+        seen = {run.signs[i].get(s) for i in at}
+        if seen == {-1, 1}:
+            return s
+    raise ValueError(f"no neuron is split both ways in all of {len(at)} histories: not a case split")
 
 
 Key = tuple  # an input-split box: (the clause it is searched for, lower bytes, upper bytes), float64

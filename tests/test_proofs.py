@@ -79,6 +79,15 @@ def test_phase_splits_are_rebuilt_from_the_histories_and_a_missing_side_is_no_tr
     assert tree["children"][0] == proofs.leaf() and tree["children"][1]["relu"] == {"layer": 1, "neuron": 0}
     with pytest.raises(ValueError):
         proofs.phase_tree(histories[1:])
+    bad = {
+        "inside another": histories + [((0, 3, 1),)],
+        "none": [],
+        "twice": [((0, 3, -1), (0, 3, 1)), ((0, 3, 1),)],
+        "both ways": [((0, 3, -1), (1, 0, 1)), ((0, 3, 1), (1, 1, -1))],
+    }
+    for why, hs in bad.items():
+        with pytest.raises(ValueError, match=why):
+            proofs.phase_tree(hs)
 
 
 def test_relu_layers_are_named_by_their_output_tensor_and_must_match():
