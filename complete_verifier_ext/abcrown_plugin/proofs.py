@@ -283,6 +283,7 @@ def _record_domains(proof: Proofs, dl, bounds: dict, d: dict, check_infeasibilit
     if (~kept & ~proven).any():
         raise Refused("BaB dropped a domain whose lower bound is not a number")
     names = _clauses(proof, bounds["c"][: len(lb)], thr)
+    slopes = _round_slopes(proof, dl.final_name, bounds, d) if proven.any() else []
     for j in proven.nonzero().view(-1).tolist():
         leaf = (names[j], _splits(d["history"][j], proof.split_relu))
         proof.phase_leaves.add(leaf)
@@ -290,34 +291,44 @@ def _record_domains(proof: Proofs, dl, bounds: dict, d: dict, check_infeasibilit
         if lb[j, row] > thr[j, row]:  # (an infeasible domain has no proving row)
             C = bounds["c"][j, row].detach().cpu().double().numpy()
             key = row_key(C, float(thr[j, row]))
-            proof.phase_evidence[leaf] = _leaf_evidence(proof, dl.final_name, bounds, d, j, row, key)
+            proof.phase_evidence[leaf] = _leaf_evidence(proof, slopes, bounds, d, j, row, key)
 
 
-def _leaf_evidence(proof: Proofs, final: str, bounds: dict, d: dict, j: int, row: int, key: bytes) -> dict:
-    """Domain ``j``'s evidence (docs/proofs.md; ``bounds``: what its round returned, ``d``: the domains it
-    bounded): its proving row (by key), that row's lower slopes at the neurons the domain has unstable
-    (of the α its round kept, half precision in α,β-CROWN's domains) and the β of its splits; layers
-    whose α or β is not laid out as expected are left out (the checker takes its own slopes there, its
-    LP where they fall short)."""
-    alpha: dict[int, dict[int, float]] = {}
+def _round_slopes(proof: Proofs, final: str, bounds: dict, d: dict) -> list[tuple]:
+    """Per split ReLU whose α is laid out as expected, of one round (``bounds``: what it returned,
+    ``d``: the domains it bounded): (its index, the lower slopes (rows, domains, k) of the α the round
+    kept (half precision in α,β-CROWN's domains), its k α-features' flat neurons, the domains' input
+    bounds (domains, n))."""
+    out = []
+    lower, upper = d.get("lower_bounds") or {}, d.get("upper_bounds") or {}
     for i, relu in enumerate(proof.bab_relus):
-        slopes = bounds["alphas"].get(relu.name, {}).get(final)
-        z = relu.inputs[0].name
-        lower, upper = d.get("lower_bounds") or {}, d.get("upper_bounds") or {}
+        slopes, z = bounds["alphas"].get(relu.name, {}).get(final), relu.inputs[0].name
         if slopes is None or z not in lower or z not in upper:
             continue
-        lo, hi = _flat(lower[z][j : j + 1])[0], _flat(upper[z][j : j + 1])[0]
-        values = slopes[0, row, j].detach().reshape(-1).cpu().double().numpy()
+        lo, hi = _flat(lower[z]), _flat(upper[z])
+        values = slopes[0].detach().flatten(2).cpu().double().numpy()
         index = relu.alpha_indices
         if index is None:
-            flat = np.arange(len(lo))
+            flat = np.arange(lo.shape[1])
         else:
             shape = tuple(relu.inputs[0].output_shape[1:])
             flat = np.ravel_multi_index(tuple(t.cpu().numpy() for t in index), shape)
-        if len(flat) != len(values):
-            continue
-        unstable = (lo[flat] < 0) & (hi[flat] > 0)
-        alpha[i] = dict(zip(flat[unstable].tolist(), values[unstable].tolist(), strict=True))
+        if len(flat) == values.shape[2]:
+            out.append((i, values, flat, lo, hi))
+    return out
+
+
+def _leaf_evidence(
+    proof: Proofs, slopes: list[tuple], bounds: dict, d: dict, j: int, row: int, key: bytes
+) -> dict:
+    """Domain ``j``'s evidence (docs/proofs.md): its proving row (by key), that row's lower slopes at the
+    neurons the domain has unstable (``slopes``: :func:`_round_slopes`) and the β of its splits; layers
+    whose α or β is not laid out as expected are left out (the checker takes its own slopes there, its
+    LP where they fall short)."""
+    alpha: dict[int, dict[int, float]] = {}
+    for i, values, flat, lo, hi in slopes:
+        unstable = (lo[j, flat] < 0) & (hi[j, flat] > 0)
+        alpha[i] = dict(zip(flat[unstable].tolist(), values[row, j, unstable].tolist(), strict=True))
     beta: dict[int, dict[int, float]] = {}
     betas = bounds["betas"][j] if bounds.get("betas") else {}
     for name, entry in d["history"][j].items():
