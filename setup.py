@@ -30,6 +30,7 @@ setup(
         "pyyaml",
         "scipy>=1.9",
         "highspy>=1.7",
+        "threadpoolctl",  # the proof checker's forked workers: one BLAS thread each
         "tqdm",
         # the reference VNN-LIB 2.0 parser (VNN-COMP 2026); C++ wheels for CPython 3.10-3.13
         'vnnlib>=1.0.2; python_version < "3.14"',

@@ -114,7 +114,11 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
         for c in (c for c in claims if len(c.claims) == depth and c.key in needed):
             level.setdefault(_same_claims(c, verified), []).append(c)
         alike = list(level.values())
-        done = pool.map(verify, [(g[0], {key: verified[key] for key in g[0].claims}) for g in alike])
+        args = [(g[0], {key: verified[key] for key in g[0].claims}) for g in alike]
+        if len(alike) >= pool.workers:  # a node per worker; else the nodes in turn, their LPs dealt
+            done = pool.map(verify, args)
+        else:
+            done = [verify(net, *a, pool=pool) for a in args]
         failed = sorted(why for ok, why in done if not ok)
         if failed:
             return len(leaves), failed[:1]
@@ -169,9 +173,14 @@ class _Pool:
 
 
 def _serve(conn, fn, net: onnx_net.Net, items: list) -> None:
-    """A forked worker: ``fn(net, *a)`` for its items, sent back (or the exception that stopped it)."""
+    """A forked worker: ``fn(net, *a)`` for its items, sent back (or the exception that stopped it). It
+    runs on one BLAS thread: the workers are as many as the cores, and BLAS threads beside them would
+    halve every worker's speed (oval21's leaves at ``--workers 2``: 8.4 s in each, 4.0 s on one)."""
+    from threadpoolctl import threadpool_limits
+
     try:
-        conn.send((True, [fn(net, *a) for a in items]))
+        with threadpool_limits(1):
+            conn.send((True, [fn(net, *a) for a in items]))
     except BaseException as e:  # the parent raises it
         conn.send((False, e))
     finally:
@@ -337,14 +346,17 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
     return lp.Solver(lp.build(net, bnd, 0, rows)).minimum()
 
 
-def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, object]:
+def verify(
+    net: onnx_net.Net, item: tree.Claims, above: dict, pool: _Pool | None = None
+) -> tuple[bool, object]:
     """A bounds node's claims, as hints, layer by layer over its region (``above``: the verified bounds
     of the bounds nodes above it). Where the checker's own bounds leave a neuron unstable (elsewhere a
     claim changes nothing the bounds use, and is left out) and the claim is tighter, an LP over the
     nodes up to its layer decides: the claim where the LP reaches it, else the LP's own rigorous bound
     (a float32 claim may miss the truth by its rounding; the later layers are then bounded again over
     what was proved). ``(True, {layer id: (lower, upper)})``: the bounds proved; ``(False, (obligation,
-    index, "undecided", why))`` where an LP stopped at its time limit."""
+    index, "undecided", why))`` where an LP stopped at its time limit. ``pool``: where a layer's LPs
+    are dealt (else in this process)."""
     batch = _batch(net, [item], 0, above)
     pre = {r.id: net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}
     batch.checking = {
@@ -360,37 +372,57 @@ def verify(net: onnx_net.Net, item: tree.Claims, above: dict) -> tuple[bool, obj
             break
         layer, z = order[done]
         done += 1
-        stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, layer)
+        stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, layer, pool or _Pool(net, 1))
         if outcome is not None:
             return False, outcome
     return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
 
 
-def _layer_claims(net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, item: tree.Claims, layer: int):
+def _layer_claims(
+    net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, item: tree.Claims, layer: int, pool
+):
     """One layer's claims (``claim``: its ``(lower, upper)``, (1, n)) where the own bounds fall short:
-    by a backward pass with the claims' slopes (:func:`_by_claim_alpha`), else by an LP; a claim either
-    misses (by float32 rounding, or more) becomes the bound it proved (never looser than the own).
-    ``(whether a claim changed, None)``, or ``(…, outcome)`` where an LP stopped at its time limit."""
+    by a backward pass with the claims' slopes (:func:`_by_claim_alpha`), else by an LP (dealt over
+    ``pool``); a claim either misses (by float32 rounding, or more) becomes the bound it proved (never
+    looser than the own). ``(whether a claim changed, None)``, or ``(…, outcome)`` where an LP stopped
+    at its time limit."""
     own, used = bnd.own[z], (bnd.lower[z][0], bnd.upper[z][0])
     need = [(j, 1.0) for j in np.flatnonzero(~(own[0][0] >= used[0]))]
     need += [(j, -1.0) for j in np.flatnonzero(~(own[1][0] <= used[1]))]
     need, near = _by_claim_alpha(net, bnd, z, item.alpha.get(layer), need, used)
-    solver = lp.Solver(lp.build(net, bnd, 0, top=z), many=True) if need else None
     missed = dict(near)
-    for j, sign in need:
-        value, status = _neuron_minimum(solver, sum(net.sizes[:z]) + j, sign)
-        if status == lp.TIME_LIMIT:
-            side = "lower" if sign > 0 else "upper"
-            why = f"at {item.path}: the LP of the {side} bound of layer {layer} neuron {j} stopped at its "
-            return bool(missed), (item.obligation, item.index, UNDECIDED, why + "time limit")
-        if not value >= sign * used[0 if sign > 0 else 1][j]:  # min of ±z_j does not reach ±claim
-            missed[j, sign] = value
+    if need:
+        model, first, w = lp.build(net, bnd, 0, top=z), sum(net.sizes[:z]), min(pool.workers, len(need))
+        parts = pool.map(_minima, [(model, [(first + j, s) for j, s in need[k::w]]) for k in range(w)])
+        minima = [None] * len(need)
+        for k, part in enumerate(parts):
+            minima[k::w] = part + [(None, lp.TIME_LIMIT)] * (len(minima[k::w]) - len(part))
+        for (j, sign), (value, status) in zip(need, minima, strict=True):
+            if status == lp.TIME_LIMIT:
+                side = "lower" if sign > 0 else "upper"
+                why = (
+                    f"at {item.path}: the LP of the {side} bound of layer {layer} neuron {j} stopped at its "
+                )
+                return bool(missed), (item.obligation, item.index, UNDECIDED, why + "time limit")
+            if not value >= sign * used[0 if sign > 0 else 1][j]:  # min of ±z_j does not reach ±claim
+                missed[j, sign] = value
     for (j, sign), value in missed.items():
         if sign > 0:
             claim[0][0, j] = max(own[0][0][j], value)
         else:
             claim[1][0, j] = min(own[1][0][j], -value)
     return bool(missed), None
+
+
+def _minima(net: onnx_net.Net, model: lp.Lp, columns: list) -> list[tuple[float, str]]:
+    """For each ``(column, sign)``: a rigorous lower bound of ``sign`` times the LP's variable, and the
+    LP's status; none after one that stopped at its time limit."""
+    solver, out = lp.Solver(model, many=True), []
+    for column, sign in columns:
+        out.append(_neuron_minimum(solver, column, sign))
+        if out[-1][1] == lp.TIME_LIMIT:
+            break
+    return out
 
 
 NEAR = 2.0**-12  # a claim that its slopes miss by at most this much of its interval's size: float32 rounding

@@ -240,14 +240,18 @@ class Solver:
 
 
 def _highs():
-    """A HiGHS instance; the banner its constructor prints from C goes to stderr, not our stdout."""
+    """A HiGHS instance on one thread (the checker deals its work over forked processes, which a
+    running thread pool would not survive); the banner its constructor prints from C goes to stderr,
+    not our stdout."""
     import highspy
 
     sys.stdout.flush()
     saved = os.dup(1)
     try:
         os.dup2(2, 1)
-        return highspy.Highs()
+        h = highspy.Highs()
+        h.setOptionValue("threads", 1)
+        return h
     finally:
         os.dup2(saved, 1)
         os.close(saved)
