@@ -93,20 +93,30 @@ def test_an_unsat_alpha_crown_proves_has_a_valid_proof(tmp_path):
 
 
 @needs_abcrown
-def test_activation_bab_proofs_at_one_and_two_ranks_are_one_tree(tmp_path):
+def test_activation_bab_proofs_at_one_and_two_ranks_are_one_tree(tmp_path, monkeypatch):
     """256x2 prop_9_0.05 with ``BAB_YAML``: the clauses α-CROWN leaves open are proved by β-CROWN BaB
     (16 domains); at P = 1 and P = 2 (fsdp) the checker says valid and the trees are the same. Every
     BaB leaf carries its proving row, slopes and multipliers: none needs the LP (the leaves α-CROWN
-    proved carry none: some do). With a leaf removed (a phase split left with one child) the proof is
-    invalid."""
+    proved carry none: some do). The claims carry the slopes of their best α-CROWN iteration (at P = 2
+    each rank's rows, joined): of the 42 the checker's own bounds miss, a few go to the LP. With a leaf
+    removed (a phase split left with one child) the proof is invalid."""
+    from complete_verifier_ext import check as checker
+
+    real, lps = checker._minima, []
+    monkeypatch.setattr(
+        checker, "_minima", lambda net, model, cols: lps.extend(cols) or real(net, model, cols)
+    )
     vnnlib = MNIST / "vnnlib" / "prop_9_0.05.vnnlib"
     docs = [_proved(tmp_path, BAB_YAML, NET, vnnlib, f"bab{P}", P=P) for P in (1, 2)]
     for P, doc in zip((1, 2), docs, strict=True):
         bab = [leaf for o in doc["obligations"] if "relu" in _kinds(o["tree"]) for leaf in _leaves(o["tree"])]
         assert bab and all(ev["lambda"] and ev["alpha"] and ev["beta"] for ev in bab), bab[:1]
+        assert len(doc["obligations"][0]["tree"]["bounds"]["1"]["alpha"]["neurons"]) > 40, P
         (tmp_path / "doc.json").write_text(json.dumps(doc))
+        lps.clear()
         r = check_proof(str(vnnlib), {"net": str(NET)}, str(tmp_path / "doc.json"))
         assert r.status == "valid" and r.by_lp <= r.leaves - len(bab), (P, r)
+        assert len(lps) < 10, (P, len(lps))
     assert docs[1]["producer"] == {
         "engine": "abcrown",
         "world_size": 2,

@@ -52,11 +52,12 @@ class Share:
     splits: dict = field(default_factory=dict)
     clips: dict = field(default_factory=dict)
     verified: set = field(default_factory=set)
+    build_alpha: list = field(default_factory=list)  # per build, its claims' slopes (each rank its rows)
 
     @classmethod
     def of(cls, p: Proofs) -> Share:
         return cls(p.refused, p.bab_specs, p.roots_closed, p.phase_leaves, p.phase_evidence, p.splits,
-                   p.clips, p.verified)  # fmt: skip
+                   p.clips, p.verified, [b.alpha for b in p.builds])  # fmt: skip
 
     def join(self, other: Share) -> None:
         """Add another rank's share (a box split or clipped two ways: no proof)."""
@@ -70,6 +71,35 @@ class Share:
         self.phase_leaves |= other.phase_leaves
         self.phase_evidence.update(other.phase_evidence)
         self.verified |= other.verified
+        if not self.build_alpha:
+            self.build_alpha = list(other.build_alpha)
+        elif len(self.build_alpha) == len(other.build_alpha):
+            self.build_alpha = [
+                _joined_alpha(a, b) for a, b in zip(self.build_alpha, other.build_alpha, strict=True)
+            ]
+
+
+def _joined_alpha(mine: dict, theirs: dict) -> dict:
+    """Two ranks' slopes of one build's claims (``alpha`` entries by ReLU index, each rank those of the
+    rows it bounded): a layer's rows joined where both name the same slope columns, else one rank's."""
+    out = dict(mine)
+    for k, b in theirs.items():
+        a = out.get(k)
+        same = a is not None and all(
+            {i: e["index"] for i, e in a[side].items()} == {i: e["index"] for i, e in b[side].items()}
+            for side in ("lower", "upper")
+        )
+        if a is None or not same:
+            out[k] = a or b
+            continue
+        new = [m for m, j in enumerate(b["neurons"]) if j not in set(a["neurons"])]
+        out[k] = {"neurons": a["neurons"] + [b["neurons"][m] for m in new]}
+        for side in ("lower", "upper"):
+            out[k][side] = {
+                i: {"index": e["index"], "values": e["values"] + [b[side][i]["values"][m] for m in new]}
+                for i, e in a[side].items()
+            }
+    return out
 
 
 def finish(run: Run, verdict: str) -> None:
@@ -84,6 +114,10 @@ def finish(run: Run, verdict: str) -> None:
     joined = Share()
     for share in every:
         joined.join(share)
+    for built, alpha in zip(proof.builds, joined.build_alpha, strict=False):
+        alpha = dict(alpha)  # (at P = 1, the build's own dict)
+        built.alpha.clear()
+        built.alpha.update(alpha)
     try:
         _write(run, proof, joined)
     except NoProof as e:
@@ -197,9 +231,10 @@ def _near(lower: np.ndarray, upper: np.ndarray, region) -> bool:
 
 
 def _under(built: Bounded | None, child: dict) -> dict:
-    """``child`` under the build's pre-activation bounds as claims (the ReLUs with finite bounds)."""
+    """``child`` under the build's pre-activation bounds as claims (the ReLUs with finite bounds), with
+    the slopes that made them."""
     if built is None or built.claims is None:
         return child
     claims = {i: proofs.widened(lo, hi) for i, (lo, hi) in enumerate(built.claims)}
     finite = {i: c for i, c in claims.items() if np.isfinite(c[0]).all() and np.isfinite(c[1]).all()}
-    return proofs.with_bounds(finite, child) if finite else child
+    return proofs.with_bounds(finite, child, built.alpha) if finite else child

@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from ..parallel import comm
 from .inputs import short
-from .run import Bounded, Proofs, Run
+from .run import Bounded, Proofs, Run, StartSlopes
 
 
 class Refused(Exception):
@@ -106,8 +107,14 @@ def build(run: Run, orig):
     """``LiRPANet.build``: the rows its bounds proved and its ReLUs' pre-activation bounds, per box."""
 
     def build(self, x, c, rhs, *args, **kwargs):
-        global_lb, result = orig(self, x, c, rhs, *args, **kwargs)
-        _guarded(run.proof, _record_build, self, x, c, rhs, global_lb, result)
+        if run.proof is not None:
+            run.proof.slopes = {}
+        try:
+            global_lb, result = orig(self, x, c, rhs, *args, **kwargs)
+            _guarded(run.proof, _record_build, self, x, c, rhs, global_lb, result)
+        finally:
+            if run.proof is not None:
+                run.proof.slopes = None
         return global_lb, result
 
     return build
@@ -127,7 +134,10 @@ def _record_build(proof: Proofs, lirpa, x, c, rhs, global_lb, result) -> None:
     for members in groups.values():
         claims = _claims(bounds, members, len(lo), len(groups) == 1)
         rows = frozenset().union(*(proven[b] for b in members))
-        proof.builds.append(Bounded(lo[members[0]], hi[members[0]], claims, rows))
+        alpha = (
+            _claim_slopes(relus, claims, proof.slopes or {}) if claims is not None and len(lo) == 1 else {}
+        )
+        proof.builds.append(Bounded(lo[members[0]], hi[members[0]], claims, rows, alpha))
 
 
 def _relu_bounds(relus: list, result: dict) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -142,6 +152,118 @@ def _relu_bounds(relus: list, result: dict) -> list[tuple[np.ndarray, np.ndarray
             return None
         out.append((_flat(lo), _flat(hi)))
     return out
+
+
+def update_best(run: Run, orig):
+    """``optimized_bounds._update_optimizable_activations`` (α-CROWN keeping its best iteration), inside
+    a build: the slopes of each pre-activation bound's best iteration (:class:`~.run.StartSlopes`;
+    auto_LiRPA keeps only those of its best *output* iteration)."""
+
+    def update(optimizable_activations, interm_bounds, fix_interm_bounds, *args):
+        if run.proof is not None and run.proof.slopes is not None:
+            _guarded(run.proof, _record_slopes, run.rows.alpha, optimizable_activations, interm_bounds,
+                     fix_interm_bounds)  # fmt: skip
+        return orig(optimizable_activations, interm_bounds, fix_interm_bounds, *args)
+
+    return update
+
+
+def _record_slopes(proof: Proofs, layouts, acts: list, interm_bounds: dict | None, fixed: bool) -> None:
+    """(``layouts``: ReLU -> start node name -> the :class:`~.rows.alpha.AlphaLayout` of α rows this rank
+    keeps, at P > 1: it records the rows it keeps, :mod:`.proof_write` joins the ranks'.)"""
+    import torch
+
+    for node in acts:
+        start = node.inputs[0]
+        if (interm_bounds and fixed and start.name in interm_bounds) or getattr(start, "lower", None) is None:
+            continue  # bounds not optimised here
+        if start.lower.shape[0] != 1:
+            continue  # one box only
+        lo, hi = start.lower.detach().flatten(), start.upper.detach().flatten()
+        rec = proof.slopes.get(start.name)
+        if rec is None:
+            rec = proof.slopes[start.name] = StartSlopes((lo.clone(), hi.clone()), [lo.clone(), hi.clone()])
+        better = (lo >= rec.best[0], hi <= rec.best[1])
+        rec.best = [torch.maximum(rec.best[0], lo), torch.minimum(rec.best[1], hi)]
+        for relu in acts:
+            alpha = (getattr(relu, "alpha", None) or {}).get(start.name)
+            lookup = (getattr(relu, "alpha_lookup_idx", None) or {}).get(start.name)
+            if alpha is None or alpha.ndim < 4 or alpha.shape[2] != 1:
+                continue
+            layout = (layouts.get(relu) or {}).get(start.name)
+            if layout is not None and alpha.shape[1] == 1 + layout.sizes[comm.rank()]:  # this rank's rows
+                local = layout.flat_lookup.cpu()
+                spec = (local.nonzero().flatten().numpy(), local[local > 0].numpy())
+            else:
+                spec = _spec_rows(lookup, alpha.shape[1], tuple(start.output_shape[1:]))
+            a = alpha.detach()[:, :, 0].flatten(2).float()  # (2, S, features)
+            if spec is None:
+                continue
+            if relu.name not in rec.alpha:
+                rec.alpha[relu.name] = [torch.full((len(lo), a.shape[2]), float("nan")) for _ in range(2)]
+                rec.features[relu.name] = _feature_index(relu)
+            neurons, rows = (torch.as_tensor(x, dtype=torch.long) for x in spec)
+            for side in (0, 1):
+                mask = better[side][neurons].cpu()
+                rec.alpha[relu.name][side][neurons[mask]] = a[side, rows[mask]].cpu()
+
+
+def _claim_slopes(relus: list, claims: tuple, slopes: dict) -> dict[int, dict]:
+    """The ``alpha`` entries (docs/proofs.md) of each ReLU's pre-activation bounds, by ReLU index, from
+    the slopes recorded while the build optimised them (``slopes``, :class:`~.run.StartSlopes`): for the
+    neurons unstable at the first iteration seen (a stable one's claim changes no bound the checker
+    uses), each side's slopes at the neurons the claims leave unstable in every ReLU before it."""
+    out = {}
+    for k, start in enumerate(r.inputs[0] for r in relus):
+        rec = slopes.get(start.name)
+        if rec is None:
+            continue
+        lo0, hi0 = rec.first
+        rows = (lo0 < 0) & (hi0 > 0)
+        known = {}  # ReLU index -> ([lower, upper] slopes, their flat neurons)
+        for i, relu in enumerate(relus[:k]):
+            sides, flat = rec.alpha.get(relu.name), rec.features.get(relu.name)
+            if sides is not None and flat is not None and len(flat) == sides[0].shape[1]:
+                rows &= ~(sides[0].isnan().any(1) | sides[1].isnan().any(1))
+                known[i] = (sides, flat)
+        neurons = rows.nonzero().flatten().cpu().numpy()
+        if not len(neurons) or not known:
+            continue
+        entry: dict = {"neurons": neurons.tolist(), "lower": {}, "upper": {}}
+        for i, (sides, flat) in known.items():
+            keep = np.flatnonzero((claims[i][0][flat] < 0) & (claims[i][1][flat] > 0))
+            for name, side in zip(("lower", "upper"), sides, strict=True):
+                values = np.round(side[neurons][:, keep].double().numpy(), 7)
+                entry[name][str(i)] = {"index": flat[keep].tolist(), "values": values.tolist()}
+        out[k] = entry
+    return out
+
+
+def _spec_rows(lookup, size: int, shape: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+    """A start node's neurons that have slopes, and their rows in the α's spec dimension: every neuron
+    (no lookup, one row each), or those a sparse-spec lookup table (flat, per channel, or 3-d; 0: none)
+    names. None for a layout not known (slopes shared by every row, a table naming rows the α has not)."""
+    n = int(np.prod(shape))
+    if lookup is None:
+        return (np.arange(n), np.arange(n)) if size == n else None
+    table = lookup.detach().cpu().numpy()
+    if table.shape == shape or table.shape == (n,):
+        table = table.reshape(-1)
+    elif table.shape == (shape[0],) and len(shape) == 3:  # one row per channel
+        table = np.repeat(table, n // shape[0])
+    else:
+        return None
+    neurons = np.flatnonzero(table)
+    return (neurons, table[neurons]) if not len(neurons) or table[neurons].max() < size else None
+
+
+def _feature_index(relu) -> np.ndarray | None:
+    """The flat neurons of a ReLU's α features (all, or its sparse-feature ``alpha_indices``)."""
+    shape = tuple(relu.inputs[0].output_shape[1:])
+    index = getattr(relu, "alpha_indices", None)
+    if index is None:
+        return np.arange(int(np.prod(shape)))
+    return np.ravel_multi_index(tuple(t.cpu().numpy() for t in index), shape)
 
 
 def _claims(bounds, members: list[int], n_boxes: int, single: bool) -> tuple | None:
@@ -306,13 +428,7 @@ def _round_slopes(proof: Proofs, final: str, bounds: dict, d: dict) -> list[tupl
         if slopes is None or z not in lower or z not in upper:
             continue
         lo, hi = _flat(lower[z]), _flat(upper[z])
-        values = slopes[0].detach().flatten(2).cpu().double().numpy()
-        index = relu.alpha_indices
-        if index is None:
-            flat = np.arange(lo.shape[1])
-        else:
-            shape = tuple(relu.inputs[0].output_shape[1:])
-            flat = np.ravel_multi_index(tuple(t.cpu().numpy() for t in index), shape)
+        values, flat = slopes[0].detach().flatten(2).cpu().double().numpy(), _feature_index(relu)
         if len(flat) == values.shape[2]:
             out.append((i, values, flat, lo, hi))
     return out

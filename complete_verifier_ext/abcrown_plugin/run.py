@@ -126,12 +126,27 @@ class Rounds:
 class Bounded:
     """One box that ``LiRPANet.build`` bounded: the box (float64, flat), the pre-activation bounds of
     each α,β-CROWN ReLU over it (flat float64 ``(lower, upper)`` in its ReLU order; None: not known for
-    this box alone), and the output rows it proved (:func:`.proofs.row_key`)."""
+    this box alone), the output rows it proved (:func:`.proofs.row_key`), and the slopes that made the
+    pre-activation bounds (by ReLU index, the ``alpha`` entries of docs/proofs.md; empty where unknown)."""
 
     lower: Any
     upper: Any
     claims: tuple[tuple[Any, Any], ...] | None
     proven: frozenset[bytes]
+    alpha: dict = field(default_factory=dict)
+
+
+@dataclass
+class StartSlopes:
+    """α-CROWN's slopes behind one start node's pre-activation bounds, recorded while a build optimises
+    them (flat torch tensors): its bounds at the first iteration seen and the best since, and per ReLU
+    before it, the ``[lower, upper]`` slopes ``(neurons, features)`` of the iteration that gave each
+    neuron its best bound (NaN: none), with the flat neurons of that ReLU's α features."""
+
+    first: tuple
+    best: list
+    alpha: dict = field(default_factory=dict)  # ReLU name -> [lower, upper]
+    features: dict = field(default_factory=dict)  # ReLU name -> np.ndarray
 
 
 @dataclass
@@ -157,6 +172,7 @@ class Proofs:
     verified: set[tuple] = field(default_factory=set)  # boxes bounded above the threshold
     last: list[tuple] = field(default_factory=list)  # the boxes a clip gets next, in order
     names: dict[bytes, frozenset] = field(default_factory=dict)  # (c, rhs) bytes -> clause (a cache)
+    slopes: dict[str, StartSlopes] | None = None  # inside a build: start node name -> its slopes
 
     def refuse(self, why: str) -> None:
         """No proof for this instance, for the first reason given."""

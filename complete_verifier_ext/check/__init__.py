@@ -389,8 +389,12 @@ def _layer_claims(
     own, used = bnd.own[z], (bnd.lower[z][0], bnd.upper[z][0])
     need = [(j, 1.0) for j in np.flatnonzero(~(own[0][0] >= used[0]))]
     need += [(j, -1.0) for j in np.flatnonzero(~(own[1][0] <= used[1]))]
-    need, near = _by_claim_alpha(net, bnd, z, item.alpha.get(layer), need, used)
-    missed = dict(near)
+    near = {
+        (j, s): v for j, s in need if _reached(v := s * own[0 if s > 0 else 1][0][j], s, used, j) == "near"
+    }
+    need = [x for x in need if x not in near]  # the own bound within rounding of the claim
+    need, by_slopes = _by_claim_alpha(net, bnd, z, item.alpha.get(layer), need, used)
+    missed = near | by_slopes
     if need:
         model, first, w = lp.build(net, bnd, 0, top=z), sum(net.sizes[:z]), min(pool.workers, len(need))
         parts = pool.map(_minima, [(model, [(first + j, s) for j, s in need[k::w]]) for k in range(w)])
@@ -457,12 +461,25 @@ def _by_claim_alpha(net: onnx_net.Net, bnd: bounds.Bounds, z: int, alpha, need: 
         with np.errstate(all="ignore"):
             res = bounds.backward(net.nodes, bnd, z, A, batch)[0]
         for (j, s), value in zip(part, res, strict=True):
-            lo, hi = used[0][j], used[1][j]
-            if value >= s * (lo if s > 0 else hi):
+            reached = _reached(value, s, used, j)
+            if reached == "yes":
                 done.add((j, s))
-            elif np.isfinite(hi - lo) and value >= s * (lo if s > 0 else hi) - NEAR * (abs(lo) + abs(hi)):
-                near[j, s] = value  # (a NaN is neither)
+            elif reached == "near":
+                near[j, s] = value
     return [x for x in need if x not in done and x not in near], near
+
+
+def _reached(value: float, s: float, used: tuple, j: int) -> str | None:
+    """Whether ``value``, a proved lower bound of ``s · z_j``, reaches the claim on ``z_j`` (``used``:
+    the claimed ``(lower, upper)``): ``"yes"``, ``"near"`` (it misses by at most ``NEAR`` of the claimed
+    interval's size), or None (a NaN is neither)."""
+    lo, hi = used[0][j], used[1][j]
+    claim = s * (lo if s > 0 else hi)
+    if value >= claim:
+        return "yes"
+    if np.isfinite(hi - lo) and value >= claim - NEAR * (abs(lo) + abs(hi)):
+        return "near"
+    return None
 
 
 def _neuron_minimum(solver: lp.Solver, column: int, sign: float) -> tuple[float, str]:
