@@ -284,6 +284,7 @@ def write(
     if path.endswith((".aptp", ".aptp.gz")):
         text = aptp_text(doc, _text(vnnlib))
     else:
+        doc["obligations"], doc["bounds_tables"] = shared_tables(doc["obligations"])
         text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
     if path.endswith(".gz"):
         tmp = f"{path}.tmp"
@@ -454,6 +455,41 @@ def claim_alpha(graph, state) -> dict[int, dict]:
                 entry[side][str(relu_id[j])] = {"index": cols_all[cols].tolist(), "values": values.tolist()}
         out[layer[k]] = entry
     return out
+
+
+def shared_tables(obligations: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The obligations with every bounds node's table moved to one list, each distinct table once (a
+    query's obligations all stand under the root's claims and their slopes): the node keeps ``{"table":
+    index}``. The trees given are not changed."""
+    tables: list[dict] = []
+    index: dict[bytes, int] = {}
+    known: dict[int, int] = {}  # id of a table given -> its index (the trees keep it alive)
+
+    def table(bounds: dict) -> int:
+        if id(bounds) in known:
+            return known[id(bounds)]
+        text = json.dumps(bounds, sort_keys=True, allow_nan=False, separators=(",", ":"))
+        key = hashlib.sha256(text.encode()).digest()
+        if key not in index:
+            index[key] = len(tables)
+            tables.append(bounds)
+        known[id(bounds)] = index[key]
+        return index[key]
+
+    def copy(node: dict) -> dict:  # (depth first, iteratively: BaB trees are deep)
+        out: dict = {}
+        stack = [(node, out)]
+        while stack:
+            src, dst = stack.pop()
+            dst.update(src)
+            if "bounds" in src:
+                dst["bounds"] = {"table": table(src["bounds"])}
+            if "children" in src:
+                dst["children"] = [{} for _ in src["children"]]
+                stack += list(zip(src["children"], dst["children"], strict=True))
+        return out
+
+    return [{**o, "tree": copy(o["tree"])} for o in obligations], tables
 
 
 def widened(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

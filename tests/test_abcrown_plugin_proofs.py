@@ -17,6 +17,7 @@ from plugin_support import BAB_YAML, INPUT_SPLIT_YAML, MNIST, config, needs_abcr
 
 from complete_verifier_ext import proofs
 from complete_verifier_ext.check import check_proof
+from complete_verifier_ext.check.tree import share_tables
 
 NET = MNIST / "onnx" / "mnist-net_256x2.onnx"
 
@@ -60,7 +61,9 @@ def _proved(tmp_path: Path, yaml: str, onnx: Path, vnnlib: Path, name: str, P: i
     assert "note:" not in proc.stderr, proc.stderr[-3000:]
     r = check_proof(str(vnnlib), {"net": str(onnx)}, str(path))
     assert r.status == "valid", r
-    return json.loads(path.read_text())
+    doc = json.loads(path.read_text())
+    share_tables(doc)  # (the shared bounds tables in place)
+    return doc
 
 
 def _kinds(node: dict) -> set[str]:

@@ -8,6 +8,7 @@ ACAS Xu network on a part of property 1 (the whole property: ``CVE_CHECK_ACASXU=
 from __future__ import annotations
 
 import ast
+import copy
 import gzip
 import hashlib
 import json
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from complete_verifier_ext import solver_cli
+from complete_verifier_ext import proofs, solver_cli
 from complete_verifier_ext.check import bounds, check_proof, discharge, onnx_net, query, tree
 from complete_verifier_ext.check.files import read_bytes
 
@@ -307,6 +308,33 @@ def test_a_conv_sized_lp_re_solved_warm_gives_the_interior_point_bounds():
         (a, sa), (b, sb) = cold.minimum(c), warm.minimum(c)
         assert sa == sb == "optimal" and abs(a - b) <= 1e-5 * (1 + abs(a)), (a, b)
     assert warm.basis is not None and warm.warm
+
+
+def test_bounds_tables_are_shared_by_reference_and_a_bad_reference_is_invalid(tmp_path):
+    """A bounds node may name a table of the proof's ``bounds_tables`` (the writer keeps each distinct
+    table once, the trees it was given unchanged): the proof checks as with the table in place; a
+    reference out of range, or with anything beside it, is invalid."""
+    e = 1e-9
+    claims = {"0": {"lower": [-1 - e, -e], "upper": [e, 1 + e]}}
+    other = {"0": {"lower": [-e, -2 - e], "upper": [2 + e, e]}}
+    kids = [{"bounds": claims, "children": [{"leaf": {}}]}, {"bounds": other, "children": [{"leaf": {}}]}]
+    split = {"relu": {"layer": 0, "neuron": 0}, "children": kids}
+    doc, q, n = abs_instance(tmp_path, node=split)
+    again = copy.deepcopy(doc["obligations"][0])
+    obligations, tables = proofs.shared_tables([doc["obligations"][0], again])
+    assert len(tables) == 2 and split["children"][0]["bounds"] is claims  # one each, the tree untouched
+    refs = [[c["bounds"] for c in o["tree"]["children"]] for o in obligations]
+    assert refs[0] == refs[1] and sorted(r["table"] for r in refs[0]) == [0, 1]
+    doc["obligations"][0], doc["bounds_tables"] = obligations[0], tables
+    assert check(tmp_path, doc, q, n).status == "valid"
+    for bad, why in (
+        ({"table": 2}, "table: expected an integer in"),
+        ({"table": 0, "0": {}}, "nothing else"),
+    ):
+        broken = copy.deepcopy(doc)
+        broken["obligations"][0]["tree"]["children"][1]["bounds"] = bad
+        r = check(tmp_path, broken, q, n)
+        assert r.status == "invalid" and why in r.message, r
 
 
 def test_bounds_nodes_are_verified_then_used(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from complete_verifier_ext import cli, proofs
-from complete_verifier_ext.check import check_proof
+from complete_verifier_ext.check import check_proof, tree
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "complete_verifier_ext" / "examples"
@@ -107,7 +107,14 @@ def _prove(tmp_path: Path, name: str, config: str, onnx: Path, spec: Path, *extr
     argv += ["--specification.vnnlib_path", str(spec), "--general.results_file", str(results)]
     assert cli.main([*argv, "--general.proof", str(proof), "--quiet", *extra]) == 0
     assert results.read_text().strip() == "unsat"
-    return json.loads(proof.read_text())
+    return _read(proof)
+
+
+def _read(proof: Path) -> dict:
+    """A proof document, its shared bounds tables in place."""
+    doc = json.loads(proof.read_text())
+    tree.share_tables(doc)
+    return doc
 
 
 def _shape(node: dict) -> dict:
@@ -150,7 +157,7 @@ def test_an_input_split_proof_is_valid_and_one_without_a_leaf_is_not(tmp_path):
 
     spec, onnx, proof = EXAMPLE / "example.vnnlib", EXAMPLE / "example.onnx", tmp_path / "p.json"
     assert solver_cli.main(["verify", str(spec), "--network", f"N={onnx}", "--proof", str(proof)]) == 0
-    doc = json.loads(proof.read_text())
+    doc = _read(proof)
     assert _check(tmp_path, doc, spec, onnx) == "valid"
     bad = copy.deepcopy(doc)
     node = next(o["tree"] for o in bad["obligations"] if "input" in o["tree"])

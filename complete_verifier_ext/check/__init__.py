@@ -90,6 +90,7 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
         doc = aptp.document(read_bytes(proof_path), q, net, sha256(q_bytes), sha256(n_bytes))
     else:
         doc = tree.read(proof_path)
+        tree.share_tables(doc)
     layers = _header(doc, sha256(q_bytes), sha256(n_bytes), net)
     if (net.sizes[0], net.sizes[net.output]) != (q.n_inputs, q.n_outputs):
         raise Invalid(
@@ -97,7 +98,8 @@ def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: 
             f"query declares {q.n_inputs} and {q.n_outputs}"
         )
     obligations = _cover(doc, q)
-    items = [x for k, (ob, _, box) in enumerate(obligations) for x in tree.leaves(ob, k, layers, box)]
+    parsed: dict = {}  # (a bounds table shared by nodes is read once)
+    items = [x for k, (ob, _, box) in enumerate(obligations) for x in tree.leaves(ob, k, layers, box, parsed)]
     leaves, rows = [x for x in items if isinstance(x, Leaf)], [r for _, r, _ in obligations]
     claims = [x for x in items if isinstance(x, tree.Claims)]
     pool = _Pool(net, workers)

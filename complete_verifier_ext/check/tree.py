@@ -97,6 +97,28 @@ def read(path: str) -> dict:
     return doc
 
 
+def share_tables(doc: dict) -> None:
+    """The shared bounds tables (``bounds_tables``) in place of the bounds nodes' ``{"table": i}``."""
+    tables = doc.get("bounds_tables", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise Invalid("bounds_tables: expected a list of bounds tables")
+    obligations = doc.get("obligations")
+    stack = (
+        [o.get("tree") for o in obligations if isinstance(o, dict)] if isinstance(obligations, list) else []
+    )
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        spec = node.get("bounds")
+        if isinstance(spec, dict) and "table" in spec:
+            if len(spec) != 1:
+                raise Invalid("a bounds node that names a table has nothing else")
+            node["bounds"] = tables[integer(spec["table"], 0, len(tables), "a bounds node's table")]
+        if isinstance(node.get("children"), list):
+            stack.extend(node["children"])
+
+
 def _not_finite(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
@@ -140,10 +162,14 @@ def obligation(obj, k: int, n_in: int, n_out: int) -> ProofObligation:
     return ProofObligation(lower, upper, C, d, obj["tree"])
 
 
-def leaves(ob: ProofObligation, k: int, layers: dict[int, int], within=None) -> Iterator[Leaf | Claims]:
+def leaves(
+    ob: ProofObligation, k: int, layers: dict[int, int], within=None, parsed: dict | None = None
+) -> Iterator[Leaf | Claims]:
     """The leaves of obligation ``k``'s tree and the claims of its bounds nodes, depth first;
     ``layers``: ReLU layer id -> size. The tree is validated on the proof's boxes; the regions to
-    discharge are those boxes within ``(lower, upper)``, the query's box (an empty one: nothing to do)."""
+    discharge are those boxes within ``(lower, upper)``, the query's box (an empty one: nothing to do).
+    ``parsed``: bounds tables read so far, by identity (a shared table is read once)."""
+    parsed = {} if parsed is None else parsed
     w_lo, w_hi = within if within is not None else (ob.lower, ob.upper)
     stack = [(ob.tree, ob.lower, ob.upper, (), (), "root")]
     count = 0
@@ -172,7 +198,11 @@ def leaves(ob: ProofObligation, k: int, layers: dict[int, int], within=None) -> 
                 stack += [(kids[1], lo, hi, (*phases, (*split, 1)), known, f"{path}/1")]
                 stack += [(kids[0], lo, hi, (*phases, (*split, -1)), known, f"{path}/0")]
             elif "bounds" in node:
-                claimed, alpha = _claims(node["bounds"], kids, layers)
+                if len(kids) != 1:
+                    raise Invalid("a bounds node needs one child")
+                if id(node["bounds"]) not in parsed:
+                    parsed[id(node["bounds"])] = (node["bounds"], _claims(node["bounds"], kids, layers))
+                claimed, alpha = parsed[id(node["bounds"])][1]
                 yield Claims(k, count, path, r_lo, r_hi, phases, known, claimed, alpha)
                 stack.append((kids[0], lo, hi, phases, (*known, (k, path)), f"{path}/0"))
             else:
