@@ -484,26 +484,33 @@ def test_a_bisection_proof_is_valid_sharded_or_not(tmp_path):
     assert (r2.status, r2.leaves, r2.by_bounds) == ("valid", leaves, leaves), r2
 
 
-def test_a_layers_claim_lps_dealt_over_workers_prove_what_one_process_proves(tmp_path):
+def test_a_layers_claim_lps_dealt_over_workers_prove_what_one_process_proves(tmp_path, monkeypatch):
     """A 3-6-5-1 ReLU net whose second layer claims a false lower bound (10) at every neuron: each claim
     goes to an LP and becomes the LP's rigorous minimum; with the LPs dealt over two forked workers the
-    proved bounds are the same, in the same order."""
+    proved bounds are the same, in the same order. Every LP stopped at its time limit: undecided, the
+    first claim in order named (a worker stops at its first)."""
     from complete_verifier_ext import check as checker
 
     rng = np.random.default_rng(3)
     layers = [(rng.normal(size=(6, 3)), rng.normal(size=6)), (rng.normal(size=(5, 6)), rng.normal(size=5)),
               (rng.normal(size=(1, 5)), np.zeros(1))]  # fmt: skip
     net = onnx_net.parse(read_bytes(str(save_net(tmp_path / "n.onnx", layers))), "n")
-    claimed = {1: (np.full(5, 10.0), np.full(5, 20.0))}
-    item = tree.Claims(0, 0, "root", -np.ones(3), np.ones(3), (), (), claimed, {})
-    one = checker.verify(net, item, {})
-    item = tree.Claims(
-        0, 0, "root", -np.ones(3), np.ones(3), (), (), {1: (np.full(5, 10.0), np.full(5, 20.0))}, {}
+
+    def claims() -> tree.Claims:  # (verify proves into the claims it is given: a new one each time)
+        claimed = {1: (np.full(5, 10.0), np.full(5, 20.0))}
+        return tree.Claims(0, 0, "root", -np.ones(3), np.ones(3), (), (), claimed, {})
+
+    one, two = (
+        checker.verify(net, claims(), {}),
+        checker.verify(net, claims(), {}, pool=checker._Pool(net, 2)),
     )
-    two = checker.verify(net, item, {}, pool=checker._Pool(net, 2))
     assert one[0] and two[0] and (one[1][1][0] < 10).all()
     for side in (0, 1):  # (each worker warm-starts its own LPs: the duals may differ in the last bits)
         np.testing.assert_allclose(one[1][1][side], two[1][1][side], rtol=1e-9, atol=1e-12)
+    monkeypatch.setattr(checker, "_neuron_minimum", lambda *a: (-np.inf, checker.lp.TIME_LIMIT))
+    ok, outcome = checker.verify(net, claims(), {}, pool=checker._Pool(net, 2))
+    assert not ok and outcome[2] == "undecided", outcome
+    assert "the LP of the lower bound of layer 1 neuron 0 stopped at its time limit" in outcome[3], outcome
 
 
 def test_the_checkers_workers_keep_the_order_and_raise_what_one_raised():

@@ -196,9 +196,9 @@ def _record_slopes(proof: Proofs, layouts, acts: list, interm_bounds: dict | Non
                 spec = (local.nonzero().flatten().numpy(), local[local > 0].numpy())
             else:
                 spec = _spec_rows(lookup, alpha.shape[1], tuple(start.output_shape[1:]))
-            a = alpha.detach()[:, :, 0].flatten(2).float()  # (2, S, features)
             if spec is None:
                 continue
+            a = alpha.detach()[:, :, 0].flatten(2).float()  # (2, S, features)
             if relu.name not in rec.alpha:
                 rec.alpha[relu.name] = [torch.full((len(lo), a.shape[2]), float("nan")) for _ in range(2)]
                 rec.features[relu.name] = _feature_index(relu)
@@ -223,7 +223,7 @@ def _claim_slopes(relus: list, claims: tuple, slopes: dict) -> dict[int, dict]:
         known = {}  # ReLU index -> ([lower, upper] slopes, their flat neurons)
         for i, relu in enumerate(relus[:k]):
             sides, flat = rec.alpha.get(relu.name), rec.features.get(relu.name)
-            if sides is not None and flat is not None and len(flat) == sides[0].shape[1]:
+            if sides is not None and len(flat) == sides[0].shape[1]:
                 rows &= ~(sides[0].isnan().any(1) | sides[1].isnan().any(1))
                 known[i] = (sides, flat)
         neurons = rows.nonzero().flatten().cpu().numpy()
@@ -257,7 +257,7 @@ def _spec_rows(lookup, size: int, shape: tuple) -> tuple[np.ndarray, np.ndarray]
     return (neurons, table[neurons]) if not len(neurons) or table[neurons].max() < size else None
 
 
-def _feature_index(relu) -> np.ndarray | None:
+def _feature_index(relu) -> np.ndarray:
     """The flat neurons of a ReLU's α features (all, or its sparse-feature ``alpha_indices``)."""
     shape = tuple(relu.inputs[0].output_shape[1:])
     index = getattr(relu, "alpha_indices", None)

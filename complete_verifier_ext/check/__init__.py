@@ -406,10 +406,13 @@ def _layer_claims(
         for (j, sign), (value, status) in zip(need, minima, strict=True):
             if status == lp.TIME_LIMIT:
                 side = "lower" if sign > 0 else "upper"
-                why = (
-                    f"at {item.path}: the LP of the {side} bound of layer {layer} neuron {j} stopped at its "
+                why = f"at {item.path}: the LP of the {side} bound of layer {layer} neuron {j}"
+                return bool(missed), (
+                    item.obligation,
+                    item.index,
+                    UNDECIDED,
+                    why + " stopped at its time limit",
                 )
-                return bool(missed), (item.obligation, item.index, UNDECIDED, why + "time limit")
             if not value >= sign * used[0 if sign > 0 else 1][j]:  # min of ±z_j does not reach ±claim
                 missed[j, sign] = value
     for (j, sign), value in missed.items():
