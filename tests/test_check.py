@@ -484,6 +484,22 @@ def test_a_bisection_proof_is_valid_sharded_or_not(tmp_path):
     assert (r2.status, r2.leaves, r2.by_bounds) == ("valid", leaves, leaves), r2
 
 
+def test_a_bound_reaches_a_claim_only_when_a_number_at_or_within_near_of_it():
+    """``_reached``, the one comparison of a proved bound (the checker's own or the slopes') with a
+    claim: NaN and -inf reach nothing, nor is any bound near a claim whose interval is not finite."""
+    from complete_verifier_ext import check as checker
+
+    used = (np.array([-1.0, -np.inf]), np.array([1.0, 1.0]))
+    near = -1.0 - checker.NEAR  # within NEAR · (|l| + |u|) = 2 NEAR of the lower claim -1
+    assert checker._reached(-0.5, 1.0, used, 0) == "yes" and checker._reached(near, 1.0, used, 0) == "near"
+    assert checker._reached(-1.1, 1.0, used, 0) is None
+    # the upper side: a lower bound of -z against -u = -1
+    assert checker._reached(-1.0, -1.0, used, 0) == "yes" and checker._reached(-1.2, -1.0, used, 0) is None
+    for bad in (np.nan, -np.inf):
+        assert checker._reached(bad, 1.0, used, 0) is None and checker._reached(bad, -1.0, used, 0) is None
+    assert checker._reached(-1.0 - 1e-12, -1.0, used, 1) is None  # an interval not finite: nothing near
+
+
 def test_a_layers_claim_lps_dealt_over_workers_prove_what_one_process_proves(tmp_path, monkeypatch):
     """A 3-6-5-1 ReLU net whose second layer claims a false lower bound (10) at every neuron: each claim
     goes to an LP and becomes the LP's rigorous minimum; with the LPs dealt over two forked workers the

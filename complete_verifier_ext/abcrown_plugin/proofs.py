@@ -35,6 +35,7 @@ import numpy as np
 
 from ..parallel import comm
 from .inputs import short
+from .rows.alpha import alpha_rows
 from .run import Bounded, Proofs, Run, StartSlopes
 
 
@@ -240,21 +241,19 @@ def _claim_slopes(relus: list, claims: tuple, slopes: dict) -> dict[int, dict]:
 
 
 def _spec_rows(lookup, size: int, shape: tuple) -> tuple[np.ndarray, np.ndarray] | None:
-    """A start node's neurons that have slopes, and their rows in the α's spec dimension: every neuron
-    (no lookup, one row each), or those a sparse-spec lookup table (flat, per channel, or 3-d; 0: none)
-    names. None for a layout not known (slopes shared by every row, a table naming rows the α has not)."""
+    """A start node's neurons that have slopes of their own, and their rows in the α's spec dimension
+    (``size`` rows; :func:`.rows.alpha.alpha_rows`: a sparse-spec lookup table's, per channel or per
+    neuron). None for a layout not known (slopes shared by every row, a table naming rows the α has
+    not)."""
     n = int(np.prod(shape))
-    if lookup is None:
-        return (np.arange(n), np.arange(n)) if size == n else None
-    table = lookup.detach().cpu().numpy()
-    if table.shape == shape or table.shape == (n,):
-        table = table.reshape(-1)
-    elif table.shape == (shape[0],) and len(shape) == 3:  # one row per channel
-        table = np.repeat(table, n // shape[0])
-    else:
+    if lookup is None and size != n:
         return None
-    neurons = np.flatnonzero(table)
-    return (neurons, table[neurons]) if not len(neurons) or table[neurons].max() < size else None
+    per_channel = lookup is not None and lookup.dim() == 1 and len(shape) == 3 and lookup.numel() == shape[0]
+    rows = alpha_rows(lookup, list(shape), per_channel)[0].numpy()
+    neurons = np.flatnonzero(rows) if lookup is not None else np.arange(n)
+    if len(rows) != n or (len(neurons) and rows[neurons].max() >= size):
+        return None
+    return neurons, rows[neurons]
 
 
 def _feature_index(relu) -> np.ndarray:

@@ -199,9 +199,9 @@ def leaves(
                 stack += [(kids[0], lo, hi, (*phases, (*split, -1)), known, f"{path}/0")]
             elif "bounds" in node:
                 if len(kids) != 1:
-                    raise Invalid("a bounds node needs one child")
+                    raise Invalid("a bounds node needs claims {layer id: {lower, upper}} and one child")
                 if id(node["bounds"]) not in parsed:
-                    parsed[id(node["bounds"])] = (node["bounds"], _claims(node["bounds"], kids, layers))
+                    parsed[id(node["bounds"])] = (node["bounds"], _claims(node["bounds"], layers))
                 claimed, alpha = parsed[id(node["bounds"])][1]
                 yield Claims(k, count, path, r_lo, r_hi, phases, known, claimed, alpha)
                 stack.append((kids[0], lo, hi, phases, (*known, (k, path)), f"{path}/0"))
@@ -211,8 +211,8 @@ def leaves(
             raise Invalid(f"obligation {k} leaf {count}: at {path}: {e}") from None
 
 
-def _claims(spec, kids: list, layers: dict[int, int]) -> tuple[dict, dict]:
-    if not isinstance(spec, dict) or len(kids) != 1:
+def _claims(spec, layers: dict[int, int]) -> tuple[dict, dict]:
+    if not isinstance(spec, dict):
         raise Invalid("a bounds node needs claims {layer id: {lower, upper}} and one child")
     out, alpha = {}, {}
     for key, value in _layer_map(spec, layers, "bounds"):

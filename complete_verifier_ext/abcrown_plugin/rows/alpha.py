@@ -96,6 +96,16 @@ class AlphaLayout:
         return local.index_select(1, rows), self.lookup
 
 
+def alpha_rows(lookup: Tensor | None, shape: list[int], per_channel: bool) -> tuple[Tensor, Tensor | None]:
+    """The α row of every flat neuron of a start node of ``shape`` (without the batch), and where α is
+    per channel (``per_channel``) each channel's: auto_LiRPA's lookup table where it has one (0: its
+    default slot, for no neuron of its own), else the neuron (or channel) itself."""
+    if per_channel:
+        channel_row = lookup.cpu() if lookup is not None else torch.arange(shape[0])
+        return channel_row.repeat_interleave(math.prod(shape) // shape[0]), channel_row
+    return (lookup.cpu().reshape(-1) if lookup is not None else torch.arange(math.prod(shape))), None
+
+
 def _layout(relu, start, module, state: Rows) -> AlphaLayout | None:
     """The row layout of ``relu.alpha[start]``, or None: kept whole (the final node, shared α, a
     layout this code does not know, or one where some rank would hold every row)."""
@@ -118,13 +128,10 @@ def _layout(relu, start, module, state: Rows) -> AlphaLayout | None:
     if owners is None:  # α without a lookup table on a conv start node in patches mode: bounded densely
         dense = lookup is None and start_kind(node) in ("patches", "sum") and name in state.dense
         owners = start_owners(state, module, node, dense)
-    channel_row = None
-    if isinstance(out_shape, int) and len(shape) == 3:  # per channel
-        channel_row = lookup.cpu() if lookup is not None else torch.arange(shape[0])
-        alpha_row = channel_row.repeat_interleave(n // shape[0])
+    alpha_row, channel_row = alpha_rows(lookup, shape, isinstance(out_shape, int) and len(shape) == 3)
+    if channel_row is not None:
         lookup_shape: tuple[int, ...] = (shape[0],)
     else:
-        alpha_row = lookup.cpu().reshape(-1) if lookup is not None else torch.arange(n)
         lookup_shape = (
             tuple(shape) if len(shape) == 3 and isinstance(lookup, Tensor) and lookup.dim() == 3 else (n,)
         )
