@@ -325,8 +325,9 @@ def aptp_text(doc: dict, query: str) -> str:
     (``(< N_k 0)`` inactive, ``(>= N_k 0)`` active) and, for input splits, the cut bounds of the inputs
     (``(>= X_i v)``, ``(<= X_i v)``, as NeuralSAT writes them). APTP proves one property, so a proof of
     one obligation only; claims and clips have no APTP form (``ValueError``)."""
-    if len(doc["obligations"]) != 1:
-        raise ValueError(f"APTP holds one property; this proof has {len(doc['obligations'])} obligations")
+    if len(doc["obligations"]) != 1 or len(doc["query"]["networks"]) != 1:
+        what = f"{len(doc['obligations'])} obligations and {len(doc['query']['networks'])} networks"
+        raise ValueError(f"APTP holds one property of one network; this proof has {what}")
     first = {
         r["id"]: sum(s["size"] for s in doc["relu_layers"] if s["id"] < r["id"]) for r in doc["relu_layers"]
     }
@@ -365,10 +366,28 @@ def aptp_text(doc: dict, query: str) -> str:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def relu_layers(onnx_path: str, sizes: list[int]) -> list[dict]:
-    """The proof's ``relu_layers``: the ONNX graph's ``Relu`` nodes in order, each named by its output
-    tensor, with the size ONNX shape inference gives it (a leading unknown dimension is the batch); they
-    must be the verifier's ReLUs of the same positions and sizes (``sizes``), else ``ValueError``."""
+def named(
+    spec, model: str, networks: dict[str, str] | None, sizes: list[int], order: list[int] | None = None
+) -> tuple[dict, list[dict]]:
+    """The proof's networks and ``relu_layers`` for the ``model`` file verified (:func:`relu_layers`):
+    a 1.x query's one network is that file; a 2.0 query's are its declared networks by name, their own
+    files (``networks``), each ReLU layer named by its network and its output there."""
+    from .model.joint import origin
+
+    layers = relu_layers(model, sizes, order)
+    if spec.layout is None:
+        return {"net": model}, layers
+    for r in layers:
+        r["network"], r["output"] = origin(r["output"], spec.layout)
+    return {n.name: networks[n.name] for n in spec.layout.networks}, layers
+
+
+def relu_layers(onnx_path: str, sizes: list[int], order: list[int] | None = None) -> list[dict]:
+    """The proof's ``relu_layers``: the verifier's ReLUs (``sizes``, in its order; their ids are their
+    positions there), each named by the output tensor of the ONNX graph's ``Relu`` node it is, with the
+    size ONNX shape inference gives it (a leading unknown dimension is the batch). The ReLU ``i`` is the
+    graph's Relu node ``order[i]`` (a verifier may order the ReLUs of parallel branches, as two networks
+    are, otherwise than the graph), else node ``i``. ``ValueError`` where the sizes do not match."""
     import onnx
 
     data = Path(onnx_path).read_bytes()
@@ -384,6 +403,8 @@ def relu_layers(onnx_path: str, sizes: list[int]) -> list[dict]:
         dims = dims[1:] if dims and dims[0] is None else dims
         size = int(np.prod(dims)) if dims and None not in dims else None
         out.append({"id": len(out), "output": node.output[0], "size": size})
+    if order is not None and sorted(order) == list(range(len(out))):
+        out = [{**out[j], "id": i} for i, j in enumerate(order)]
     found = [r["size"] for r in out]
     if found != [int(s) for s in sizes]:
         raise ValueError(

@@ -537,7 +537,7 @@ def verify_instance(
         device = compute_device(cfg)
         # factory functions create tensors on the compute device (a hook on every torch call: not on CPU)
         with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
-            res = _verify_instance(cfg, inst.graph, inst.spec, inst.model_path, timeout, t0, progress)
+            res = _verify_instance(cfg, inst, timeout, t0, progress)
     finally:
         release_gather_buffers()  # the next instance's layers have other shapes
     res.started_at = began
@@ -613,7 +613,7 @@ def _for_proof(cfg: Config) -> Config:
     return dataclasses.replace(cfg, general=dataclasses.replace(cfg.general, complete_verifier="bab"))
 
 
-def _write_proof(cfg: Config, graph: Graph, spec: Spec, onnx_path: str, runs: list[RegionRun]) -> None:
+def _write_proof(cfg: Config, inst: Loaded, runs: list[RegionRun]) -> None:
     """The proof of an ``unsat``: an obligation per (region, clause), each with the tree that proved it."""
     obligations = []
     for k, run in enumerate(runs):
@@ -626,21 +626,17 @@ def _write_proof(cfg: Config, graph: Graph, spec: Spec, onnx_path: str, runs: li
             obligations.append(proofs.Obligation(lo, hi, clause.C, clause.d, run.proof[i]))
     producer = {"engine": "native", "world_size": comm.world_size(), "mode": cfg.parallel.mode}
     try:
-        layers = proofs.relu_layers(onnx_path, proofs.graph_relu_sizes(graph))
-        proofs.write(cfg.general.proof, spec.path, {"net": onnx_path}, layers, obligations, producer)
+        sizes = proofs.graph_relu_sizes(inst.graph)
+        networks, layers = proofs.named(inst.spec, inst.model_path, inst.networks, sizes)
+        proofs.write(cfg.general.proof, inst.spec.path, networks, layers, obligations, producer)
     except ValueError as e:
         print(f"note: no proof written: {e}", file=sys.stderr)
 
 
 def _verify_instance(
-    cfg: Config,
-    graph: Graph,
-    spec: Spec,
-    onnx_path: str,
-    timeout: float,
-    t0: float,
-    progress: Callable | None,
+    cfg: Config, inst: Loaded, timeout: float, t0: float, progress: Callable | None
 ) -> InstanceResult:
+    graph, spec, onnx_path = inst.graph, inst.spec, inst.model_path
     torch.manual_seed(cfg.general.seed)
     if torch.are_deterministic_algorithms_enabled() != cfg.general.deterministic:
         torch.use_deterministic_algorithms(cfg.general.deterministic)  # imports torch._inductor: 2-3 s
@@ -672,7 +668,7 @@ def _verify_instance(
     if verdict == "unknown" and (out_of_time or clock.expired()):
         verdict = "timeout"
     if verdict == "unsat" and cfg.general.proof is not None and comm.rank() == 0:
-        _write_proof(cfg, graph, spec, onnx_path, runs)
+        _write_proof(cfg, inst, runs)
     peak = comm.all_gather_cat(torch.tensor([memory.peak_mb()], dtype=torch.float64), 0)
     exact = comm.all_reduce_flag(memory.exact, "and")
     bab = {} if work is None else bab_record(work.domains, work.rounds, work.max_queue)

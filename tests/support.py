@@ -62,3 +62,25 @@ def exact_ranges(sizes, seed: int, lower, upper) -> list:
     arrays = {f"{side}{i}": r[j] for i, r in enumerate(ranges) for j, side in enumerate(("lo", "hi"))}
     np.savez(path, **arrays)
     return ranges
+
+
+def two_network_query(folder: Path, threshold: float = 6.0) -> tuple[dict[str, Path], Path]:
+    """A VNN-LIB 2.0 query on two networks of one input, tied element by element: f (12-20-20-3, a
+    batch axis) and g (12-16-3, ``W @ x`` on a 1-D input); ``Yf[0] − Yg[1] >= threshold`` over
+    [-1, 1]¹² is unsat at 6.0, though neither CROWN nor α-CROWN proves it without branching."""
+    from complete_verifier_ext import testing
+
+    nets = {
+        "f": Path(testing.mlp_onnx(folder / "f.onnx", [12, 20, 20, 3], 3)),
+        "g": Path(testing.wx_onnx(folder / "g.onnx", [12, 16, 3], 4)),
+    }
+    box = " ".join(f"(>= Xf[{i}] -1.0) (<= Xf[{i}] 1.0)" for i in range(12))
+    ties = "".join(f"(assert (== Xg[{i}] Xf[{i}]))\n" for i in range(12))
+    spec = folder / "two.vnnlib"
+    spec.write_text(
+        "(vnnlib-version <2.0>)\n"
+        "(declare-network f (declare-input Xf real [12]) (declare-output Yf real [3]))\n"
+        "(declare-network g (declare-input Xg real [12]) (declare-output Yg real [3]))\n"
+        f"(assert (and {box}))\n{ties}(assert (>= (- Yf[0] Yg[1]) {threshold}))\n"
+    )
+    return nets, spec

@@ -52,14 +52,19 @@ attack:
 """
 
 
-def _proved(tmp_path: Path, yaml: str, onnx: Path, vnnlib: Path, name: str, P: int = 1, mode="fsdp") -> dict:
-    """One run with ``--general.proof``: unsat, no note, the checker says valid; the proof's document."""
+def _proved(
+    tmp_path: Path, yaml: str, onnx: Path | dict, vnnlib: Path, name: str, P: int = 1, mode="fsdp"
+) -> dict:
+    """One run with ``--general.proof``: unsat, no note, the checker says valid; the proof's document.
+    ``onnx``: a file, or a VNN-LIB 2.0 query's networks (name -> file)."""
     path = tmp_path / f"{name}.json"
-    args = ["--onnx_path", str(onnx), "--vnnlib_path", str(vnnlib), "--general.proof", str(path)]
+    arg = repr([(k, str(v)) for k, v in onnx.items()]) if isinstance(onnx, dict) else str(onnx)
+    args = ["--onnx_path", arg, "--vnnlib_path", str(vnnlib), "--general.proof", str(path)]
     proc, _, results = run(tmp_path, config(tmp_path, yaml, f"{name}.yaml"), *args, P=P, name=name, mode=mode)
     assert results and results.startswith("unsat"), (results, proc.stderr[-3000:])
     assert "note:" not in proc.stderr, proc.stderr[-3000:]
-    r = check_proof(str(vnnlib), {"net": str(onnx)}, str(path))
+    networks = {k: str(v) for k, v in onnx.items()} if isinstance(onnx, dict) else {"net": str(onnx)}
+    r = check_proof(str(vnnlib), networks, str(path))
     assert r.status == "valid", r
     doc = json.loads(path.read_text())
     share_tables(doc)  # (the shared bounds tables in place)
@@ -139,6 +144,24 @@ def test_activation_bab_proofs_at_one_and_two_ranks_are_one_tree(tmp_path, monke
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     r = check_proof(str(vnnlib), {"net": str(NET)}, str(tmp_path / "bad.json"))
     assert r.status == "invalid", r
+
+
+@needs_abcrown
+def test_a_two_network_proof_names_the_relus_of_each_network(tmp_path):
+    """A VNN-LIB 2.0 query on two networks (``two_network_query``) by β-CROWN BaB at P = 2: α,β-CROWN
+    orders the joint model's ReLUs by depth (f's first, g's, f's second), not as the graph lists them;
+    the proof keeps its order and names each by its network and its output there, and is valid."""
+    from support import two_network_query
+
+    nets, vnnlib = two_network_query(tmp_path)
+    doc = _proved(tmp_path, BAB_YAML, nets, vnnlib, "two", P=2)
+    assert [(r["id"], r["network"], r["output"]) for r in doc["relu_layers"]] == [
+        (0, "f", "h0"),
+        (1, "g", "R0"),
+        (2, "f", "h1"),
+    ]
+    assert "relu" in _kinds(doc["obligations"][0]["tree"])
+    assert sorted(n["name"] for n in doc["query"]["networks"]) == ["f", "g"]
 
 
 @needs_abcrown

@@ -802,9 +802,11 @@ def test_the_query_reader(tmp_path):
         query.parse(text.replace("(<= X_1 0.5)", "").encode())
 
 
-def test_the_query_reader_takes_vnnlib_2_of_one_network():
+def test_the_query_reader_takes_vnnlib_2():
     """VNN-LIB 2.0: a tensor's elements at their row-major flat index (spaces in an index or before it
-    allowed), any element type, ``==``; the same obligations as the 1.x form; two networks unsupported."""
+    allowed), any element type, ``==``; the same obligations as the 1.x form. Two networks: the joint
+    input leaves out an element tied to one before it, the joint output is both networks' in order; a
+    tie inside an ``or`` is no tie (unsupported, as any row over two inputs)."""
     v2 = """(vnnlib-version <2.0>)
     (declare-network f (declare-input X float32 [1, 2]) (declare-output Y Real [2]))
     (assert (and (>= X[0,0] 0.1) (<= X [0, 0] 0.3)))
@@ -820,12 +822,28 @@ def test_the_query_reader_takes_vnnlib_2_of_one_network():
         assert x.lower.tolist() == y.lower.tolist() and x.upper.tolist() == y.upper.tolist()
         assert x.rows.C.tolist() == y.rows.C.tolist() and x.rows.d.tolist() == y.rows.d.tolist()
     two = v2.replace(
-        "(assert", "(declare-network g (declare-input U Real [2]) (declare-output V Real [2]))\n(assert", 1
-    )
-    with pytest.raises(query.Unsupported, match="several networks"):
-        query.parse(two.encode())
-    with pytest.raises(query.Unsupported, match="isomorphic-to"):
-        query.parse(v2.replace("(declare-input X", "(isomorphic-to g) (declare-input X").encode())
+        "(assert",
+        "(declare-network g (isomorphic-to f) (declare-input U Real [3]) (declare-output V Real [1]))\n"
+        "(assert (and (== U[2] X[0,0]) (<= U[1] 1) (>= U[1] -1)))\n(assert (= U[0] X[0,1]))\n(assert",
+        1,
+    ).replace("(>= Y[0] 2)", "(>= V[0] Y[1])")
+    q = query.parse(two.encode())
+    assert (q.n_inputs, q.n_outputs, len(q.obligations)) == (3, 3, 2)
+    assert [(n.name, n.inputs, n.out_start, n.n_out) for n in q.networks] == [
+        ("f", (0, 1), 0, 2),
+        ("g", (1, 2, 0), 2, 1),
+    ]
+    assert q.obligations[1].lower.tolist()[1:] == [0.5, -1.0] and q.obligations[1].upper.tolist()[1:] == [
+        0.5,
+        1.0,
+    ]
+    assert q.obligations[1].rows.C.tolist() == [[0.0, 1.0, -1.0]]  # Y[1] - V[0] <= 0
+    with pytest.raises(query.Unsupported, match="over several inputs"):
+        query.parse(
+            two.replace("(assert (= U[0] X[0,1]))", "(assert (or (= U[0] X[0,1]) (<= U[0] 0)))").encode()
+        )
+    with pytest.raises(query.Unsupported, match="declare-hidden"):
+        query.parse(v2.replace("(declare-input X", "(declare-hidden H Real [2]) (declare-input X").encode())
 
 
 def test_the_command(tmp_path, capsys):

@@ -333,3 +333,45 @@ def test_an_alpha_crown_input_split_proof_is_valid(tmp_path):
     assert cli.main(argv) == 0 and (tmp_path / "o.txt").read_text().strip() == "unsat"
     onnx, spec = argv[5], argv[7]
     assert check_proof(spec, {"N": onnx}, str(tmp_path / "p.json")).line() == "valid"
+
+
+def test_a_two_network_proof_is_valid_and_checked_on_those_networks(tmp_path):
+    """A VNN-LIB 2.0 query on two networks (``two_network_query``) by β-CROWN BaB through the solver
+    command line: its phase splits reach both networks' ReLUs; the checker composes the networks as
+    the query says (the ties, the outputs in order) and finds the proof valid; given the networks the
+    other way round, a ReLU layer named in the other network, or one network only, it does not."""
+    from support import two_network_query
+
+    from complete_verifier_ext import solver_cli
+    from complete_verifier_ext.check import UsageError
+
+    nets, spec = two_network_query(tmp_path)
+    config, proof = tmp_path / "bab.yaml", tmp_path / "p.json"
+    config.write_text("general:\n  complete_verifier: bab\nbab:\n  branching:\n    method: kfsb\n")
+    argv = ["verify", str(spec), *(f"--network={k}={v}" for k, v in nets.items()), "--config", str(config)]
+    assert solver_cli.main([*argv, "--proof", str(proof)]) == 0
+    doc = _read(proof)
+    layers = {(r["network"], r["output"]) for r in doc["relu_layers"]}
+    assert layers == {("f", "h0"), ("f", "h1"), ("g", "R0")}
+    split = set()
+    stack = [o["tree"] for o in doc["obligations"]]
+    while stack:
+        node = stack.pop()
+        split |= {node["relu"]["layer"]} if "relu" in node else set()
+        stack.extend(node.get("children", []))
+    assert {doc["relu_layers"][i]["network"] for i in split} == {"f", "g"}
+    paths = {k: str(v) for k, v in nets.items()}
+    assert check_proof(str(spec), paths, str(proof)).line() == "valid"
+    swapped = check_proof(str(spec), {"f": paths["g"], "g": paths["f"]}, str(proof))
+    assert swapped.status == "invalid" and "another network f" in swapped.message
+    bad = copy.deepcopy(doc)
+    next(r for r in bad["relu_layers"] if r["network"] == "g")["network"] = "f"
+    assert _check_with(tmp_path, bad, spec, paths).startswith("invalid: relu_layers")
+    with pytest.raises(UsageError, match="declares the networks f, g"):
+        check_proof(str(spec), {"f": paths["f"]}, str(proof))
+
+
+def _check_with(tmp_path: Path, doc: dict, spec: Path, networks: dict[str, str]) -> str:
+    path = tmp_path / "checked.json"
+    path.write_text(json.dumps(doc))
+    return check_proof(str(spec), networks, str(path)).line()

@@ -194,8 +194,11 @@ def test_verify_two_networks(capsys, tmp_path):
     for relation, nets in (("equal-to", [f"f={f}"]), ("isomorphic-to", [f"f={f}", f"g={g}"]),
                            ("", [f"f={f}", f"g={g}"])):  # fmt: skip
         for gap, verdict in ((100.0, "unsat"), (-100.0, "sat")):
-            (tmp_path / "q.vnnlib").write_text(pair_query(relation, gap))
-            argv = ["verify", str(tmp_path / "q.vnnlib"), "--timeout", "60"]
+            query = (
+                tmp_path / f"q{relation}{gap}.vnnlib"
+            )  # one file each: their proofs are checked at the end
+            query.write_text(pair_query(relation, gap))
+            argv = ["verify", str(query), "--timeout", "60"]
             code, out, err = ask(capsys, *argv, *[a for n in nets for a in ("--network", n)])
             assert code == 0 and out.splitlines()[0] == verdict, (relation, err[-2000:])
     assert list(read_assignment(out)) == ["Xf", "Yf", "Xg", "Yg"]

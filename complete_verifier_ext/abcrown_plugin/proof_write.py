@@ -132,14 +132,13 @@ def _write(run: Run, proof: Proofs, share: Share) -> None:
     why = share.refused or _refused_by_config(arguments.Config)
     if why:
         raise NoProof(why)
-    onnx, vnnlib = _instance_files(arguments.Config)
+    arg, vnnlib = _instance_files(arguments.Config)
+    from ..model.joint import model_for
     from ..spec import load_vnnlib
 
     spec = load_vnnlib(vnnlib)
-    if spec.layout is not None:
-        raise NoProof("a VNN-LIB 2.0 query (the checker reads 1.x)")
     try:
-        layers = proofs.relu_layers(onnx, proof.relu_sizes)
+        networks, layers = proofs.named(spec, *model_for(arg, spec), proof.relu_sizes, proof.relu_order)
     except ValueError as e:
         raise NoProof(str(e)) from None
     obligations, methods = [], set()
@@ -152,7 +151,7 @@ def _write(run: Run, proof: Proofs, share: Share) -> None:
             methods.add(method)
     method = "+".join(m for m in METHODS if m in methods)
     producer = {"engine": "abcrown", "world_size": run.world, "mode": run.par.mode, "method": method}
-    proofs.write(proof.path, vnnlib, {"net": onnx}, layers, obligations, producer)
+    proofs.write(proof.path, vnnlib, networks, layers, obligations, producer)
 
 
 def _outward(region) -> tuple[np.ndarray, np.ndarray]:
@@ -181,15 +180,14 @@ def _refused_by_config(config) -> str | None:
 
 
 def _instance_files(config) -> tuple[str, str]:
-    """The instance's ONNX and VNN-LIB files as α,β-CROWN read them."""
-    from ..spec.networks import is_network_list
+    """The instance's ONNX argument (a path, or the VNN-COMP 2026 network list) and VNN-LIB file as
+    α,β-CROWN read them."""
+    from ..spec.networks import map_paths
 
     onnx, vnnlib = config["model"]["onnx_path"], config["specification"]["vnnlib_path"]
     if not onnx or not vnnlib:
         raise NoProof("the instance is not an ONNX model with a VNN-LIB query")
-    if is_network_list(str(onnx)):
-        raise NoProof("a list of networks (the checker reads one)")
-    onnx = os.path.join(config["model"]["onnx_path_prefix"] or "", onnx)
+    onnx = map_paths(str(onnx), lambda p: os.path.join(config["model"]["onnx_path_prefix"] or "", p))
     return onnx, os.path.join(config["specification"]["vnnlib_path_prefix"] or "", vnnlib)
 
 

@@ -124,6 +124,8 @@ def build(run: Run, orig):
 def _record_build(proof: Proofs, lirpa, x, c, rhs, global_lb, result) -> None:
     relus = list(lirpa.net.relus)
     proof.relu_sizes = [int(np.prod(r.inputs[0].output_shape[1:])) for r in relus]
+    traced = [id(n) for n in lirpa.net.nodes() if id(n) in {id(r) for r in relus}]  # the ONNX graph's order
+    proof.relu_order = [traced.index(id(r)) for r in relus]
     if getattr(x.ptb, "x_L", None) is None:
         raise Refused("the input set is not a box")
     lo, hi = _flat(x.ptb.x_L), _flat(x.ptb.x_U)  # (B, n)

@@ -158,6 +158,7 @@ class Proofs:
     path: str  # where an unsat writes its proof
     refused: str | None = None  # the first reason the instance can have no proof
     relu_sizes: list[int] = field(default_factory=list)  # α,β-CROWN's ReLUs in its order: their neurons
+    relu_order: list[int] | None = None  # of each of them, its position among the ONNX graph's Relu nodes
     builds: list[Bounded] = field(default_factory=list)  # every box LiRPANet.build bounded
     bab_claims: Bounded | None = None  # activation BaB: the build whose bounds its root kept
     split_relu: dict[str, int] = field(default_factory=dict)  # split node name -> its ReLU's index

@@ -1,5 +1,6 @@
 """The independent proof checker (docs/proofs.md): :func:`check_proof` decides whether a
-``cve-proof-1`` file proves a VNN-LIB query (1.x, or 2.0 of one network) ``unsat`` on an ONNX network.
+``cve-proof-1`` file proves a VNN-LIB query (1.x or 2.0) ``unsat`` on its ONNX networks (several: one
+net from the query's joint input to its joint output, :func:`onnx_net.joint`).
 
 A second implementation of the semantics, sharing no code with the verifier: its own query reader
 (:mod:`.query`), ONNX reader (:mod:`.onnx_net`), bounds with every float64 rounding error charged
@@ -18,6 +19,7 @@ the leaves over forked processes (the leaves round-robin; the network reaches th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import multiprocessing
 import time
@@ -58,9 +60,9 @@ class Result:
 
 
 def check_proof(query_path: str, networks: dict[str, str], proof_path: str, workers: int = 1) -> Result:
-    """Whether the proof at ``proof_path`` proves the query ``unsat`` on the network (``networks``: one
-    name -> ONNX file, one network). ``OSError`` when a file cannot be read,
-    :class:`UsageError` for a call naming other than one network."""
+    """Whether the proof at ``proof_path`` proves the query ``unsat`` on its networks (``networks``: name
+    -> ONNX file; one file under any name for a query of one network). ``OSError`` when a file cannot be
+    read, :class:`UsageError` for a call naming other networks than the query's."""
     start = time.monotonic()
     try:
         n_leaves, outcomes = _check(query_path, networks, proof_path, max(1, int(workers)))
@@ -79,24 +81,23 @@ def check_proof(query_path: str, networks: dict[str, str], proof_path: str, work
 
 
 def _check(query_path: str, networks: dict[str, str], proof_path: str, workers: int) -> tuple[int, list]:
-    if len(networks) != 1:
-        raise UsageError(f"the checker takes one network, {len(networks)} given")
     if not subnormals_kept():
         raise Unsupported("this process flushes subnormal floats to zero (the error bounds assume not)")
-    ((_, net_path),) = networks.items()
-    q_bytes, n_bytes = read_bytes(query_path), read_bytes(net_path)
-    q, net = query.parse(q_bytes), onnx_net.parse(n_bytes, net_path)
+    q_bytes = read_bytes(query_path)
+    q = query.parse(q_bytes)
+    files = _files(q, networks)
+    n_bytes = [read_bytes(f) for f in files]
+    net = _joint(q, [onnx_net.parse(b, f) for b, f in zip(n_bytes, files, strict=True)])
+    shas = [sha256(b) for b in n_bytes]
     if str(proof_path).endswith((".aptp", ".aptp.gz")):
-        doc = aptp.document(read_bytes(proof_path), q, net, sha256(q_bytes), sha256(n_bytes))
+        if len(files) != 1:
+            raise Unsupported("an APTP proof is of one network")
+        doc = aptp.document(read_bytes(proof_path), q, net, sha256(q_bytes), shas[0])
     else:
         doc = tree.read(proof_path)
         tree.share_tables(doc)
-    layers = _header(doc, sha256(q_bytes), sha256(n_bytes), net)
-    if (net.sizes[0], net.sizes[net.output]) != (q.n_inputs, q.n_outputs):
-        raise Invalid(
-            f"the network maps {net.sizes[0]} inputs to {net.sizes[net.output]} outputs, the "
-            f"query declares {q.n_inputs} and {q.n_outputs}"
-        )
+    shas = dict(zip([n.name for n in q.networks], shas, strict=True))
+    layers, net = _header(doc, sha256(q_bytes), shas, net)
     obligations = _cover(doc, q)
     parsed: dict = {}  # (a bounds table shared by nodes is read once)
     items = [x for k, (ob, _, box) in enumerate(obligations) for x in tree.leaves(ob, k, layers, box, parsed)]
@@ -189,33 +190,68 @@ def _serve(conn, fn, net: onnx_net.Net, items: list) -> None:
         conn.close()
 
 
-def _header(doc: dict, q_sha: str, n_sha: str, net: onnx_net.Net) -> dict[int, int]:
-    """The proof's files and ReLU layers against ours; the layers' sizes by id."""
+def _files(q: query.Query, networks: dict[str, str]) -> list[str]:
+    """The file of each of the query's networks, in their order: a query of one network takes one file
+    under any name, one of several a file for each by its declared name."""
+    declared = [n.name for n in q.networks]
+    if len(declared) == 1 and len(networks) == 1:
+        return list(networks.values())
+    if sorted(networks) != sorted(declared):
+        given = ", ".join(networks) or "none"
+        raise UsageError(f"the query declares the networks {', '.join(map(str, declared))}; given: {given}")
+    return [networks[n] for n in declared]
+
+
+def _joint(q: query.Query, nets: list[onnx_net.Net]) -> onnx_net.Net:
+    """The one net from the query's joint input to its joint output (:func:`onnx_net.joint`)."""
+    for n, net in zip(q.networks, nets, strict=True):
+        if (net.sizes[0], net.sizes[net.output]) != (len(n.inputs), n.n_out):
+            raise Invalid(
+                f"the network{f' {n.name}' if n.name else ''} maps {net.sizes[0]} inputs to "
+                f"{net.sizes[net.output]} outputs, the query declares {len(n.inputs)} and {n.n_out}"
+            )
+    parts = [(n.name, net, n.inputs, n.out_start) for n, net in zip(q.networks, nets, strict=True)]
+    return onnx_net.joint(parts, q.n_inputs, q.n_outputs)
+
+
+def _header(doc: dict, q_sha: str, shas: dict, net: onnx_net.Net) -> tuple[dict[int, int], onnx_net.Net]:
+    """The proof's files and ReLU layers against ours (``shas``: the query's networks' sha256 by name):
+    the sizes of the layers by the ids the proof gives them (each names a Relu node by its output), and
+    the net with its layers numbered so."""
     if doc.get("format") != FORMAT:
         raise Invalid(f"format {str(doc.get('format'))[:40]!r}, not {FORMAT}")
     about = doc.get("query") if isinstance(doc.get("query"), dict) else {}
     vnnlib, nets = about.get("vnnlib"), about.get("networks")
     if not isinstance(vnnlib, dict) or vnnlib.get("sha256") != q_sha:
         raise Invalid("the proof is about another query (its sha256 differs from the query file's)")
-    if not isinstance(nets, list) or len(nets) != 1 or not isinstance(nets[0], dict):
-        raise Invalid("the proof does not name the one network of the query")
-    if nets[0].get("sha256") != n_sha:
-        raise Invalid("the proof is about another network (its sha256 differs from the ONNX file's)")
-    mine = {r.id: r for r in net.relu_layers}
-    listed = doc.get("relu_layers", [])
-    out = {}
-    for entry in listed if isinstance(listed, list) else [None]:
-        r = (
-            mine.get(entry.get("id"))
-            if isinstance(entry, dict) and not isinstance(entry.get("id"), bool)
-            else None
-        )
-        if r is None or (entry.get("output"), entry.get("size")) != (r.output, r.size):
+    if not isinstance(nets, list) or len(nets) != len(shas) or not all(isinstance(n, dict) for n in nets):
+        raise Invalid(f"the proof does not name the {len(shas)} network(s) of the query")
+    listed = (
+        {n.get("name"): n.get("sha256") for n in nets}
+        if len(nets) > 1
+        else {[*shas][0]: nets[0].get("sha256")}
+    )
+    for name, sha in shas.items():
+        if listed.get(name) != sha:
+            which = f" {name}" if name else ""
             raise Invalid(
-                f"relu_layers: {str(entry)[:80]} is not a Relu node of the network (id, output, size)"
+                f"the proof is about another network{which} (its sha256 differs from the ONNX file's)"
             )
-        out[r.id] = r.size
-    return out
+    mine = {(r.network, r.output): r for r in net.relu_layers}
+    listed = doc.get("relu_layers", [])
+    named: dict[int, onnx_net.ReluLayer] = {}
+    for entry in listed if isinstance(listed, list) else [None]:
+        ok = isinstance(entry, dict) and type(entry.get("id")) is int
+        r = mine.get((entry.get("network"), entry.get("output"))) if ok else None
+        if r is None or entry.get("size") != r.size or entry["id"] in named or r in named.values():
+            raise Invalid(
+                f"relu_layers: {str(entry)[:80]} names no Relu node (output, size, network) or one twice"
+            )
+        named[entry["id"]] = r
+    rest, top = [r for r in net.relu_layers if r not in named.values()], max(named, default=-1) + 1
+    ids = [*named, *range(top, top + len(rest))]
+    layers = tuple(dataclasses.replace(r, id=i) for i, r in zip(ids, [*named.values(), *rest], strict=True))
+    return {i: r.size for i, r in named.items()}, dataclasses.replace(net, relu_layers=layers)
 
 
 def _cover(doc: dict, q: query.Query) -> list[tuple]:

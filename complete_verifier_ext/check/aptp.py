@@ -44,7 +44,10 @@ class _Leaf:
 def document(data: bytes, q: Query, net: Net, q_sha: str, n_sha: str) -> dict:
     """The cve-proof-1 document of an APTP file's bytes for query ``q`` on ``net`` (their sha256)."""
     leaves = _leaves(data, q.n_inputs, net)
-    layers = [{"id": r.id, "output": r.output, "size": r.size} for r in net.relu_layers]
+    layers = [
+        {"id": r.id, "output": r.output, "size": r.size, **({"network": r.network} if r.network else {})}
+        for r in net.relu_layers
+    ]
     obligations = []
     for ob in q.obligations:
         rows = {"C": ob.rows.C.tolist(), "d": ob.rows.d.tolist()}

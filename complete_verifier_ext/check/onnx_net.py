@@ -89,6 +89,7 @@ class ReluLayer:
     output: str
     size: int
     node: int
+    network: str | None = None  # a 2.0 query's network it is in (its output is named in that file)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,49 @@ def parse(data: bytes, name: str) -> Net:
     if not isinstance(out, _Var):
         raise Unsupported(f"{g.output[0].name} output (a constant)")
     return _prune(b.nodes, out.node, b.relus)
+
+
+def joint(parts: list[tuple[str | None, Net, tuple[int, ...], int]], n_in: int, n_out: int) -> Net:
+    """The networks of a query as one net from its joint input to its joint output (``parts``: each
+    network's name, net, the joint input's position of each of its inputs, the first position of its
+    outputs): a network's input picked from the joint input by a 0/1 affine node (none where it is the
+    joint input in order), its output placed by one, the placed outputs summed. Its ReLU layers are the
+    networks' in order, numbered on, each named by its network (``None``: a 1.x query's one network)."""
+    nodes: list = [Input(n_in)]
+    layers: list[ReluLayer] = []
+    placed = []
+    for name, net, index, start in parts:
+        at = 0
+        if index != tuple(range(n_in)):
+            pick = np.zeros((len(index), n_in))
+            pick[np.arange(len(index)), list(index)] = 1.0
+            nodes.append(affine(0, pick, np.zeros(len(index))))
+            at = len(nodes) - 1
+        base, first = len(nodes) - 1, len(layers)
+        new = [at] + [base + k for k in range(1, len(net.nodes))]
+        for node in net.nodes[1:]:
+            if isinstance(node, Sum):
+                nodes.append(dataclasses.replace(node, a=new[node.a], b=new[node.b]))
+            elif isinstance(node, Relu):
+                nodes.append(dataclasses.replace(node, src=new[node.src], layer=node.layer + first))
+            else:
+                nodes.append(dataclasses.replace(node, src=new[node.src]))
+        for r in net.relu_layers:
+            node = new[r.node] if r.node >= 0 else -1
+            layers.append(dataclasses.replace(r, id=r.id + first, node=node, network=name))
+        m, out = net.sizes[net.output], new[net.output]
+        if (start, m) != (0, n_out):
+            embed = np.zeros((n_out, m))
+            embed[start + np.arange(m), np.arange(m)] = 1.0
+            nodes.append(affine(out, embed, np.zeros(n_out)))
+            out = len(nodes) - 1
+        placed.append(out)
+    out = placed[0]
+    for other in placed[1:]:
+        nodes.append(Sum(out, other, 1.0))
+        out = len(nodes) - 1
+    sizes = tuple(_size(nodes, k) for k in range(len(nodes)))
+    return Net(tuple(nodes), sizes, out, tuple(layers))
 
 
 def _finite(a: np.ndarray, what: str) -> np.ndarray:

@@ -12,10 +12,18 @@ against); its radii bound the distance (zero for the usual coefficients ``±1``)
 ``(+ ...)``, ``(- ...)`` and ``(* c v)``; an input row bounds one variable. A term whose box is empty
 holds no counterexample and is dropped; an unbounded input is :class:`Unsupported`.
 
-VNN-LIB 2.0 (``(vnnlib-version <2.0>)``): one ``declare-network`` with one ``declare-input`` and one
-``declare-output`` tensor, of any element type (read as reals: a typed tensor's values are among them,
-which only adds counterexamples); an element ``X[i, j, ...]`` is the variable at its row-major flat
-index; ``==`` is ``=``. Several networks are :class:`Unsupported`.
+VNN-LIB 2.0 (``(vnnlib-version <2.0>)``): ``declare-network``s, each with one ``declare-input`` and
+one ``declare-output`` tensor (``equal-to`` / ``isomorphic-to`` are read and need nothing: every network
+is given its own file), of any element type (read as reals: a typed tensor's values are among them,
+which only adds counterexamples); ``==`` is ``=``. The query is over one *joint* input and output
+(:class:`Network` says where each network sits in them):
+
+* an assert ``(= A[i] B[j])`` of two input elements, outside any ``or`` (in asserts and ``and``s only),
+  ties them: they are one variable. The joint input is the input elements, network by network,
+  row-major, an element tied to one before it left out (it is that one's variable);
+* the joint output is every network's output elements, network by network, row-major.
+
+One network whose input is not tied is its input and output as they are (a 1.x file alike).
 """
 
 from __future__ import annotations
@@ -59,10 +67,23 @@ class Obligation:
 
 
 @dataclass(frozen=True)
+class Network:
+    """A declared network (``name`` None: a 1.x file's one network): the joint input's position of each
+    of its input elements (row-major), the first of its outputs' positions in the joint output, how
+    many it has."""
+
+    name: str | None
+    inputs: tuple[int, ...]
+    out_start: int
+    n_out: int
+
+
+@dataclass(frozen=True)
 class Query:
     n_inputs: int
     n_outputs: int
     obligations: tuple[Obligation, ...]
+    networks: tuple[Network, ...] = ()
 
 
 def sexprs(data: bytes, what: str = "query") -> list:
@@ -87,17 +108,23 @@ def sexprs(data: bytes, what: str = "query") -> list:
 
 
 def parse(data: bytes) -> Query:
-    """The query of a VNN-LIB file's bytes (1.x, or 2.0 of one network); :class:`Unsupported` for what
-    this reader does not take."""
-    names, asserts = _commands(sexprs(data))
+    """The query of a VNN-LIB file's bytes (1.x or 2.0); :class:`Unsupported` for what this reader does
+    not take."""
+    names, declared, asserts = _commands(sexprs(data))
+    if declared:
+        names, networks, asserts = _joint(declared, asserts)
     n_in, n_out = (_count(names, kind) for kind in "XY")
+    if not declared:
+        networks = [Network(None, tuple(range(n_in)), 0, n_out)]
     terms = _dnf(["and", *asserts], names) if asserts else [[]]
     obligations = [o for o in (_obligation(t, n_in, n_out) for t in terms) if o is not None]
-    return Query(n_in, n_out, tuple(obligations))
+    return Query(n_in, n_out, tuple(obligations), tuple(networks))
 
 
-def _commands(items: list) -> tuple[dict[str, tuple[str, int]], list]:
+def _commands(items: list) -> tuple[dict[str, tuple[str, int]], list, list]:
+    """The 1.x variables, the 2.0 networks (name, input elements, output elements) and the asserts."""
     names: dict[str, tuple[str, int]] = {}
+    declared: list[tuple[str, list[str], list[str]]] = []
     asserts = []
     for cmd in items:
         head = cmd[0] if isinstance(cmd, list) and cmd and isinstance(cmd[0], str) else None
@@ -107,38 +134,74 @@ def _commands(items: list) -> tuple[dict[str, tuple[str, int]], list]:
         elif head == "vnnlib-version" and cmd[1:] == ["<2.0>"]:
             continue
         elif head == "declare-network":
-            if names:
-                raise Unsupported("query: several networks (the checker takes one)")
-            names.update(_network(cmd))
+            declared.append(_network(cmd))
         elif head == "assert" and len(cmd) == 2:
             asserts.append(cmd[1])
         elif head not in _IGNORED:
-            why = "1.x: declare-const X_i/Y_j Real, assert; 2.0: one declare-network, assert"
+            why = "1.x: declare-const X_i/Y_j Real, assert; 2.0: declare-network, assert"
             raise Unsupported(f"query: command {_show(cmd)} ({why})")
-    return names, asserts
+    if names and declared:
+        raise Unsupported("query: both 1.x variables and 2.0 networks")
+    return names, declared, asserts
 
 
-def _network(cmd: list) -> dict[str, tuple[str, int]]:
-    """A 2.0 network's input and output elements: ``"X[0,1]"`` -> ``("X", flat index)``."""
-    decls = {d[0]: d[1:] for d in cmd[2:] if isinstance(d, list) and d and isinstance(d[0], str)}
-    extra = sorted(set(decls) - {"declare-input", "declare-output"})
-    if extra or len(cmd) != 4 or len(decls) != 2:
-        why = f"{', '.join(extra)} (one network of one input and one output here)" if extra else "its shape"
-        raise Unsupported(f"query: network {cmd[1] if len(cmd) > 1 else '?'}: {why}")
-    names = {}
-    for head, kind in (("declare-input", "X"), ("declare-output", "Y")):
-        decl = decls[head]
-        m = _TENSOR.fullmatch(decl[1]) if len(decl) == 2 else None
+def _network(cmd: list) -> tuple[str, list[str], list[str]]:
+    """A 2.0 network: its name, its input and its output elements (``"X[0,1]"``) in row-major order."""
+    name = cmd[1] if len(cmd) > 1 and isinstance(cmd[1], str) else "?"
+    decls = [d for d in cmd[2:] if isinstance(d, list) and d and isinstance(d[0], str)]
+    kinds = [d[0] for d in decls if d[0] not in ("equal-to", "isomorphic-to") or len(d) != 2]
+    if len(decls) != len(cmd) - 2 or sorted(kinds) != ["declare-input", "declare-output"]:
+        why = ", ".join(sorted(set(kinds) - {"declare-input", "declare-output"})) or "its declarations"
+        raise Unsupported(f"query: network {name}: {why} (one input and one output tensor here)")
+    out: dict[str, list[str]] = {}
+    for head, *decl in (d for d in decls if d[0] in kinds):
+        m = _TENSOR.fullmatch(decl[1]) if len(decl) == 2 and isinstance(decl[1], str) else None
         if m is None or not isinstance(decl[0], str):
             raise Unsupported(f"query: ({head} {' '.join(map(_show, decl))})")
         shape = [int(n) for n in m[2].split(",") if n]
-        for flat, idx in enumerate(itertools.product(*map(range, shape))):
-            names[f"{decl[0]}[{','.join(map(str, idx))}]"] = (kind, flat)
-    return names
+        out[head] = [f"{decl[0]}[{','.join(map(str, i))}]" for i in itertools.product(*map(range, shape))]
+    return name, out["declare-input"], out["declare-output"]
+
+
+def _joint(declared: list, asserts: list) -> tuple[dict, list[Network], list]:
+    """The 2.0 variables at their joint positions, the networks, the asserts without their ties."""
+    inputs = {e for _, ins, _ in declared for e in ins}
+    if len({n for n, _, _ in declared}) != len(declared) or len(inputs) != sum(
+        len(i) for _, i, _ in declared
+    ):
+        raise Unsupported("query: a network or tensor name declared twice")
+    root: dict[str, str] = {}
+
+    def find(e: str) -> str:
+        while root.get(e, e) != e:
+            e = root[e]
+        return e
+
+    def untied(e):  # e without its ties (recorded); None where nothing is left
+        if isinstance(e, list) and e and e[0] == "and":
+            kept = [x for x in (untied(x) for x in e[1:]) if x is not None]
+            return ["and", *kept] if kept else None
+        if isinstance(e, list) and len(e) == 3 and e[0] in ("=", "==") and {*e[1:]} <= inputs:
+            a, b = sorted((find(e[1]), find(e[2])), key=order.get)
+            root[b] = a  # a class's root: its first element
+            return None
+        return e
+
+    order = {e: k for k, e in enumerate(e for _, ins, _ in declared for e in ins)}
+    asserts = [x for x in (untied(a) for a in asserts) if x is not None]
+    names: dict[str, tuple[str, int]] = {}
+    for e in order:  # an element tied to one before it is that one's variable
+        names[e] = names[find(e)] if find(e) != e else ("X", len(set(names.values())))
+    networks, start = [], 0
+    for name, ins, outs in declared:
+        networks.append(Network(name, tuple(names[e][1] for e in ins), start, len(outs)))
+        names.update((e, ("Y", start + j)) for j, e in enumerate(outs))
+        start += len(outs)
+    return names, networks, asserts
 
 
 def _count(names: dict, kind: str) -> int:
-    idx = sorted(i for k, i in names.values() if k == kind)
+    idx = sorted({i for k, i in names.values() if k == kind})
     if idx != list(range(len(idx))) or not idx:
         raise Unsupported(f"query: the {kind} variables are not declared as {kind}_0 ... {kind}_n")
     return len(idx)

@@ -33,7 +33,7 @@ from ..spec import Layout, NetworkSlots, Slot, Spec, cache_root
 from ..spec.networks import is_network_list, parse_networks
 from .onnx_loader import ModelError, read_onnx
 
-__all__ = ["Networks", "compose", "model_for", "network_paths"]
+__all__ = ["Networks", "compose", "model_for", "network_paths", "origin"]
 
 Networks = dict[str, str]  # declared network name -> its ONNX file
 
@@ -102,6 +102,22 @@ def model_for(arg: str, spec: Spec) -> tuple[str, Networks | None]:
     if spec.layout.single:  # the model as it is, whatever its input's rank
         return paths[spec.layout.networks[0].name], paths
     return _cached(spec.layout, paths), paths
+
+
+def origin(tensor: str, layout: Layout) -> tuple[str, str]:
+    """The network a tensor of the model :func:`model_for` gives for ``layout`` belongs to, and its
+    name in that network's own file (the composed model's names carry their network's prefix)."""
+    if layout.single:
+        return layout.networks[0].name, tensor
+    for k, net in enumerate(layout.networks):
+        if tensor.startswith(_prefix(k)):
+            return net.name, tensor[len(_prefix(k)) :]
+    raise ValueError(f"tensor {tensor!r} is in none of the networks")
+
+
+def _prefix(k: int) -> str:
+    """The names of network ``k``'s tensors and nodes in the composed model start with it."""
+    return f"n{k}_"
 
 
 def _cached(layout: Layout, paths: Networks) -> str:
@@ -233,7 +249,7 @@ def compose(layout: Layout, paths: Networks) -> onnx.ModelProto:
             model = _batched(model, path)
         ins = _match(net.inputs, feeds, "input", net, path)
         outs = _match(net.outputs, list(model.graph.output), "output", net, path)
-        prefix = f"n{k}_"
+        prefix = _prefix(k)
         model = onnx.compose.add_prefix(model, prefix)
         for slot, value in ins:
             _feed(
