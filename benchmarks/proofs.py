@@ -2,7 +2,7 @@
 their size, what writing them costs the verifier, and what checking them costs the independent checker.
 
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/proofs.py \\
-        [--suites acasxu mnist_fc oval21] [--engines native abcrown] [--ranks 1 2] [--limit N] \\
+        [--suites acasxu mnist_fc oval21 vnnlib2] [--engines native abcrown] [--ranks 1 2] [--limit N] \\
         [--acasxu DIR --acasxu-results CSV] [--match REGEX] [--every K] [--timeout 120] \\
         [--out benchmarks/results/proofs]
 
@@ -11,6 +11,7 @@ Instances: the known ``unsat`` ones of ``../shared/benchmarks/SUITE/verdicts.csv
 properties 1–4 and more) and ``--acasxu-results`` (an official results csv), the ACAS Xu instances of
 properties 1–4 that the csv answers ``unsat``. ``--match REGEX``: the instances whose ``onnx|vnnlib``
 names it finds; ``--every K``: every K-th of those; ``--limit N``: the first N of each suite.
+``vnnlib2``: VNN-LIB 2.0 queries of one network and of two (:func:`vnnlib2_instances`).
 
 Each instance, engine and P: the verifier once without and once with ``--general.proof`` (a fresh
 process each, the native engine through its resident worker; the instance's own time from its
@@ -27,6 +28,7 @@ run again), ``proofs.md`` and ``proofs.png`` into ``--out``.
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import gzip
 import json
@@ -43,17 +45,24 @@ from pathlib import Path
 from abcrown_common import BENCH, REPO
 from measure import provenance, run_summarized
 
-CONFIGS = {"acasxu": "acasxu.yaml", "mnist_fc": "mnist_fc.yaml", "oval21": "oval21.yaml"}
+CONFIGS = {"acasxu": "acasxu.yaml", "mnist_fc": "mnist_fc.yaml", "oval21": "oval21.yaml",
+           "vnnlib2": "acas_xu_vnnlib2.yaml"}  # fmt: skip
 ABCROWN_CONFIGS = {"acasxu": "vnncomp21/acasxu.yaml", "mnist_fc": "vnncomp22/mnistfc.yaml",
-                   "oval21": "vnncomp22/oval22.yaml"}  # fmt: skip
+                   "oval21": "vnncomp22/oval22.yaml", "vnnlib2": "vnncomp21/acasxu.yaml"}  # fmt: skip
+# vnnlib2's two-network queries: a net and its pruned copy (../shared/benchmarks/vnnlib2/acasxu_isomorphic,
+# the box of its query) whose first outputs differ by at least this much
+GAP = 0.2
 # with and without a proof alike: the steps whose bounds no proof can carry (MILP refinement; cuts,
 # whose CPLEX is absent here) left out, so that the two runs search alike
 ABCROWN_OFF = {"mnist_fc": ["--general.complete_verifier", "bab"], "oval21": ["--bab.cut.enabled", "false"]}
 
 
 def instances(suite: str, args: argparse.Namespace) -> list[dict]:
-    """The suite's known ``unsat`` instances: ``{"suite", "onnx", "vnnlib", "timeout"}`` with paths."""
-    if suite == "acasxu" and args.acasxu:
+    """The suite's known ``unsat`` instances: ``{"suite", "onnx", "vnnlib", "timeout"}`` with paths
+    (``onnx``: a VNN-COMP 2026 network list where ``networks`` names several)."""
+    if suite == "vnnlib2":
+        out = vnnlib2_instances(args.out / "queries")
+    elif suite == "acasxu" and args.acasxu:
         rows = [
             r
             for r in csv.reader(args.acasxu_results.open())
@@ -74,8 +83,35 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
             rows = [r for r in rows if "256x6" not in r["onnx"]]
         out = [{"onnx": folder / r["onnx"], "vnnlib": folder / r["vnnlib"], "timeout": float(r["timeout_s"])}
                for r in rows]  # fmt: skip
-    out = [r for r in out if re.search(args.match, f"{r['onnx'].name}|{r['vnnlib'].name}")]
+    out = [r for r in out if re.search(args.match, f"{label(r)}|{r['vnnlib'].name}")]
     return [{"suite": suite, **r} for r in out[:: args.every][: args.limit or None]]
+
+
+def vnnlib2_instances(folder: Path) -> list[dict]:
+    """VNN-LIB 2.0: ACAS Xu properties 1 and 2 on one network where their 1.x forms are ``unsat``
+    (``vnnlib2/acasxu``); and on each isomorphic pair, written into ``folder``: its query's box, both
+    networks' first outputs at least ``GAP`` apart (whose verdict the runs give)."""
+    one = BENCH / "vnnlib2" / "acasxu"
+    known = {(r["onnx"], r["vnnlib"]) for r in csv.DictReader((BENCH / "acasxu" / "verdicts.csv").open())
+             if r["expected"] == "unsat"}  # fmt: skip
+    out = [{"onnx": one / o, "vnnlib": one / v, "timeout": float(t)}
+           for o, v, t in csv.reader((one / "instances.csv").open()) if (o, v) in known]  # fmt: skip
+    pairs = BENCH / "vnnlib2" / "acasxu_isomorphic"
+    folder.mkdir(parents=True, exist_ok=True)
+    for arg, query, t in csv.reader((pairs / "instances.csv").open()):
+        text = (pairs / query).read_text().split("; Output Constraints")[0]
+        gap = f"(assert (or (>= (- Y_g[0] Y_f[0]) {GAP}) (<= (- Y_g[0] Y_f[0]) -{GAP})))\n"
+        spec = folder / f"gap_{Path(query).name}"
+        spec.write_text(text + gap)
+        networks = {name: pairs / path for name, path in ast.literal_eval(arg)}
+        out.append({"onnx": repr([(k, str(v)) for k, v in networks.items()]), "networks": networks,
+                    "vnnlib": spec, "timeout": float(t)})  # fmt: skip
+    return out
+
+
+def label(row: dict) -> str:
+    """The instance's network file names (``+`` between several)."""
+    return "+".join(Path(p).name for p in row.get("networks", {"N": row["onnx"]}).values())
 
 
 def gzipped(path: Path) -> Path:
@@ -84,9 +120,10 @@ def gzipped(path: Path) -> Path:
     return gz if not path.exists() and gz.exists() else path
 
 
-def plain(path: Path, tmp: Path) -> Path:
-    """A ``.gz`` file decompressed into ``tmp`` (α,β-CROWN reads text), else the file itself."""
-    if path.suffix != ".gz":
+def plain(path: Path | str, tmp: Path) -> Path | str:
+    """A ``.gz`` file decompressed into ``tmp`` (α,β-CROWN reads text), else the file itself (or the
+    network list)."""
+    if isinstance(path, str) or path.suffix != ".gz":
         return path
     out = tmp / path.stem
     if not out.exists():
@@ -126,8 +163,9 @@ def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, time
 
 def checker(row: dict, proof: Path, tmp: Path, P: int) -> dict:
     """``complete-verifier-ext check --workers P`` on the proof: its answer, time and leaf counts."""
+    networks = row.get("networks", {"N": plain(row["onnx"], tmp)})
     cmd = [sys.executable, "-m", "complete_verifier_ext.solver_cli", "check", str(plain(row["vnnlib"], tmp)),
-           "--network", f"N={plain(row['onnx'], tmp)}", "--proof", str(proof),
+           *(f"--network={k}={v}" for k, v in networks.items()), "--proof", str(proof),
            "--workers", str(P)]  # fmt: skip
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
@@ -154,7 +192,7 @@ def measure(row: dict, engine: str, P: int, timeout: float) -> dict:
 
 
 def key(row: dict, engine: str, P: int) -> str:
-    return f"{row['suite']}|{Path(row['onnx']).name}|{Path(row['vnnlib']).name}|{engine}|{P}"
+    return f"{row['suite']}|{label(row)}|{Path(row['vnnlib']).name}|{engine}|{P}"
 
 
 def summarize(rows: dict) -> list[dict]:

@@ -865,6 +865,9 @@ def test_the_command(tmp_path, capsys):
     assert solver_cli.main(argv[:4]) == 2  # no --proof
     out, err = capsys.readouterr()
     assert out == "" and "--proof" in err
+    assert solver_cli.main([*argv[:4], "--network", f"M={n}", *argv[4:]]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "a VNN-LIB 1.x query takes one network, 2 given" in err
 
 
 def test_the_checker_imports_nothing_of_the_verifier():

@@ -196,6 +196,8 @@ def _files(q: query.Query, networks: dict[str, str]) -> list[str]:
     declared = [n.name for n in q.networks]
     if len(declared) == 1 and len(networks) == 1:
         return list(networks.values())
+    if declared == [None]:
+        raise UsageError(f"a VNN-LIB 1.x query takes one network, {len(networks)} given")
     if sorted(networks) != sorted(declared):
         given = ", ".join(networks) or "none"
         raise UsageError(f"the query declares the networks {', '.join(map(str, declared))}; given: {given}")
