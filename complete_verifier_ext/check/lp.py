@@ -68,9 +68,7 @@ class _Rows:
             self.c.append(col.ravel())
             self.v.append(val.ravel())
             self.rad.append(np.broadcast_to(np.asarray(rad, dtype=np.float64), col.shape).ravel())
-        self.lo.append(np.broadcast_to(np.asarray(lo, dtype=np.float64), m))
-        self.hi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), m))
-        self.n += m
+        self._sides(m, lo, hi)
 
     def add_sparse(self, m: int, *terms: tuple, lo=None, hi=None) -> None:
         """``m`` rows ``lo <= Σ val · v[col] <= hi`` from ``terms`` ``(row among the m, col, val, rad)``."""
@@ -80,6 +78,10 @@ class _Rows:
             self.c.append(col)
             self.v.append(np.broadcast_to(np.asarray(val, dtype=np.float64), col.shape))
             self.rad.append(np.broadcast_to(np.asarray(rad, dtype=np.float64), col.shape))
+        self._sides(m, lo, hi)
+
+    def _sides(self, m: int, lo, hi) -> None:
+        """The two sides of the ``m`` rows just added, which are counted."""
         self.lo.append(np.broadcast_to(np.asarray(lo, dtype=np.float64), m))
         self.hi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), m))
         self.n += m
