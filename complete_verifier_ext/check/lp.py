@@ -243,17 +243,18 @@ class Solver:
 
 def _highs():
     """A HiGHS instance on one thread (the checker deals its work over forked processes, which a
-    running thread pool would not survive); the banner its constructor prints from C goes to stderr,
-    not our stdout."""
+    running thread pool would not survive); the banner its constructor prints from C goes nowhere
+    (stdout has the one-line answer, stderr the counts)."""
     import highspy
 
     sys.stdout.flush()
-    saved = os.dup(1)
+    saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(2, 1)
+        os.dup2(null, 1)
         h = highspy.Highs()
         h.setOptionValue("threads", 1)
         return h
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(null)
