@@ -842,6 +842,8 @@ def test_the_query_reader_takes_vnnlib_2():
         query.parse(
             two.replace("(assert (= U[0] X[0,1]))", "(assert (or (= U[0] X[0,1]) (<= U[0] 0)))").encode()
         )
+    with pytest.raises(query.Unsupported, match="declared twice"):
+        query.parse(two.replace("(declare-output V Real [1])", "(declare-output Y Real [2])").encode())
     with pytest.raises(query.Unsupported, match="declare-hidden"):
         query.parse(v2.replace("(declare-input X", "(declare-hidden H Real [2]) (declare-input X").encode())
 

@@ -166,9 +166,8 @@ def _network(cmd: list) -> tuple[str, list[str], list[str]]:
 def _joint(declared: list, asserts: list) -> tuple[dict, list[Network], list]:
     """The 2.0 variables at their joint positions, the networks, the asserts without their ties."""
     inputs = {e for _, ins, _ in declared for e in ins}
-    if len({n for n, _, _ in declared}) != len(declared) or len(inputs) != sum(
-        len(i) for _, i, _ in declared
-    ):
+    elements = [e for _, ins, outs in declared for e in (*ins, *outs)]
+    if len({n for n, _, _ in declared}) != len(declared) or len(set(elements)) != len(elements):
         raise Unsupported("query: a network or tensor name declared twice")
     root: dict[str, str] = {}
 
