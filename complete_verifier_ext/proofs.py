@@ -328,9 +328,8 @@ def aptp_text(doc: dict, query: str) -> str:
     if len(doc["obligations"]) != 1 or len(doc["query"]["networks"]) != 1:
         what = f"{len(doc['obligations'])} obligations and {len(doc['query']['networks'])} networks"
         raise ValueError(f"APTP holds one property of one network; this proof has {what}")
-    first = {
-        r["id"]: sum(s["size"] for s in doc["relu_layers"] if s["id"] < r["id"]) for r in doc["relu_layers"]
-    }
+    sizes = [r["size"] for r in doc["relu_layers"]]  # (listed in the graph's order: APTP's numbering)
+    first = {r["id"]: sum(sizes[:k]) for k, r in enumerate(doc["relu_layers"])}
     leaves: list[list[str]] = []
 
     def walk(node: dict, path: list[str]) -> None:
@@ -383,11 +382,12 @@ def named(
 
 
 def relu_layers(onnx_path: str, sizes: list[int], order: list[int] | None = None) -> list[dict]:
-    """The proof's ``relu_layers``: the verifier's ReLUs (``sizes``, in its order; their ids are their
-    positions there), each named by the output tensor of the ONNX graph's ``Relu`` node it is, with the
-    size ONNX shape inference gives it (a leading unknown dimension is the batch). The ReLU ``i`` is the
-    graph's Relu node ``order[i]`` (a verifier may order the ReLUs of parallel branches, as two networks
-    are, otherwise than the graph), else node ``i``. ``ValueError`` where the sizes do not match."""
+    """The proof's ``relu_layers``: the ONNX graph's ``Relu`` nodes in its order, each named by its output
+    tensor, with the size ONNX shape inference gives it (a leading unknown dimension is the batch), and
+    as ``id`` the position among the verifier's ReLUs (``sizes``, in its order) of the one it is: node
+    ``order[i]`` is the verifier's ReLU ``i`` (a verifier may order the ReLUs of parallel branches, as
+    two networks are, otherwise than the graph), else node ``i``. ``ValueError`` where the sizes do not
+    match."""
     import onnx
 
     data = Path(onnx_path).read_bytes()
@@ -404,8 +404,9 @@ def relu_layers(onnx_path: str, sizes: list[int], order: list[int] | None = None
         size = int(np.prod(dims)) if dims and None not in dims else None
         out.append({"id": len(out), "output": node.output[0], "size": size})
     if order is not None and sorted(order) == list(range(len(out))):
-        out = [{**out[j], "id": i} for i, j in enumerate(order)]
-    found = [r["size"] for r in out]
+        for i, j in enumerate(order):
+            out[j]["id"] = i
+    found = [r["size"] for r in sorted(out, key=lambda r: r["id"])]
     if found != [int(s) for s in sizes]:
         raise ValueError(
             f"the ONNX graph's Relu nodes (sizes {found}) are not the verifier's ReLUs (sizes {list(sizes)})"

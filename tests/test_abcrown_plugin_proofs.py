@@ -150,16 +150,17 @@ def test_activation_bab_proofs_at_one_and_two_ranks_are_one_tree(tmp_path, monke
 def test_a_two_network_proof_names_the_relus_of_each_network(tmp_path):
     """A VNN-LIB 2.0 query on two networks (``two_network_query``) by β-CROWN BaB at P = 2: α,β-CROWN
     orders the joint model's ReLUs by depth (f's first, g's, f's second), not as the graph lists them;
-    the proof keeps its order and names each by its network and its output there, and is valid."""
+    the proof lists the graph's, numbers them in α,β-CROWN's order and names each by its network and
+    its output there, and is valid."""
     from support import two_network_query
 
     nets, vnnlib = two_network_query(tmp_path)
     doc = _proved(tmp_path, BAB_YAML, nets, vnnlib, "two", P=2)
     assert [(r["id"], r["network"], r["output"]) for r in doc["relu_layers"]] == [
         (0, "f", "h0"),
-        (1, "g", "R0"),
         (2, "f", "h1"),
-    ]
+        (1, "g", "R0"),
+    ]  # in the graph's order, numbered in α,β-CROWN's
     assert "relu" in _kinds(doc["obligations"][0]["tree"])
     assert sorted(n["name"] for n in doc["query"]["networks"]) == ["f", "g"]
 
