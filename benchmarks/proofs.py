@@ -45,6 +45,8 @@ from pathlib import Path
 from abcrown_common import BENCH, REPO
 from measure import provenance, run_summarized
 
+from complete_verifier_ext.spec.networks import label
+
 CONFIGS = {"acasxu": "acasxu.yaml", "mnist_fc": "mnist_fc.yaml", "oval21": "oval21.yaml",
            "vnnlib2": "acas_xu_vnnlib2.yaml"}  # fmt: skip
 ABCROWN_CONFIGS = {"acasxu": "vnncomp21/acasxu.yaml", "mnist_fc": "vnncomp22/mnistfc.yaml",
@@ -83,7 +85,7 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
             rows = [r for r in rows if "256x6" not in r["onnx"]]
         out = [{"onnx": folder / r["onnx"], "vnnlib": folder / r["vnnlib"], "timeout": float(r["timeout_s"])}
                for r in rows]  # fmt: skip
-    out = [r for r in out if re.search(args.match, f"{label(r)}|{r['vnnlib'].name}")]
+    out = [r for r in out if re.search(args.match, f"{label(str(r['onnx']))}|{r['vnnlib'].name}")]
     return [{"suite": suite, **r} for r in out[:: args.every][: args.limit or None]]
 
 
@@ -107,11 +109,6 @@ def vnnlib2_instances(folder: Path) -> list[dict]:
         out.append({"onnx": repr([(k, str(v)) for k, v in networks.items()]), "networks": networks,
                     "vnnlib": spec, "timeout": float(t)})  # fmt: skip
     return out
-
-
-def label(row: dict) -> str:
-    """The instance's network file names (``+`` between several)."""
-    return "+".join(Path(p).name for p in row.get("networks", {"N": row["onnx"]}).values())
 
 
 def gzipped(path: Path) -> Path:
@@ -192,7 +189,7 @@ def measure(row: dict, engine: str, P: int, timeout: float) -> dict:
 
 
 def key(row: dict, engine: str, P: int) -> str:
-    return f"{row['suite']}|{label(row)}|{Path(row['vnnlib']).name}|{engine}|{P}"
+    return f"{row['suite']}|{label(str(row['onnx']))}|{Path(row['vnnlib']).name}|{engine}|{P}"
 
 
 def summarize(rows: dict) -> list[dict]:
@@ -246,11 +243,11 @@ def plot(rows: dict, path: Path) -> None:
         if "answer" not in r or r["bare"].get("verdict") != "unsat":
             continue
         suite, _, _, engine, P = k.split("|")
-        label = f"{suite} {engine} P={P}"
+        name = f"{suite} {engine} P={P}"
         a.scatter(
-            r["bare"]["time_s"], r["proved"]["time_s"] / max(r["bare"]["time_s"], 1e-3), s=10, label=label
+            r["bare"]["time_s"], r["proved"]["time_s"] / max(r["bare"]["time_s"], 1e-3), s=10, label=name
         )
-        b.scatter(r["proved"]["time_s"], r["check_s"], s=10, label=label)
+        b.scatter(r["proved"]["time_s"], r["check_s"], s=10, label=name)
     a.set(
         xscale="log",
         xlabel="verifier time without a proof (s)",

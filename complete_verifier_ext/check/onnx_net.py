@@ -151,13 +151,10 @@ def joint(parts: list[tuple[str | None, Net, tuple[int, ...], int]], n_in: int, 
             at = len(nodes) - 1
         base, first = len(nodes) - 1, len(layers)
         new = [at] + [base + k for k in range(1, len(net.nodes))]
-        for node in net.nodes[1:]:
-            if isinstance(node, Sum):
-                nodes.append(dataclasses.replace(node, a=new[node.a], b=new[node.b]))
-            elif isinstance(node, Relu):
-                nodes.append(dataclasses.replace(node, src=new[node.src], layer=node.layer + first))
-            else:
-                nodes.append(dataclasses.replace(node, src=new[node.src]))
+        for node in map(lambda n: _moved(n, new), net.nodes[1:]):
+            nodes.append(
+                dataclasses.replace(node, layer=node.layer + first) if isinstance(node, Relu) else node
+            )
         for r in net.relu_layers:
             node = new[r.node] if r.node >= 0 else -1
             layers.append(dataclasses.replace(r, id=r.id + first, node=node, network=name))
@@ -196,17 +193,17 @@ def _prune(nodes: list, out: int, relus: list[ReluLayer]) -> Net:
         if k in live:
             live.update(sources(nodes[k]))
     new = {k: i for i, k in enumerate(sorted(live))}
-    kept = []
-    for k in sorted(live):
-        node = nodes[k]
-        if isinstance(node, Sum):
-            node = dataclasses.replace(node, a=new[node.a], b=new[node.b])
-        elif not isinstance(node, Input):
-            node = dataclasses.replace(node, src=new[node.src])
-        kept.append(node)
+    kept = [_moved(nodes[k], new) for k in sorted(live)]
     layers = tuple(dataclasses.replace(r, node=new.get(r.node, -1)) for r in relus)
     sizes = tuple(_size(kept, k) for k in range(len(kept)))
     return Net(tuple(kept), sizes, new[out], layers)
+
+
+def _moved(node, new):
+    """``node`` reading its sources at their new indices (``new[old]``)."""
+    if isinstance(node, Sum):
+        return dataclasses.replace(node, a=new[node.a], b=new[node.b])
+    return node if isinstance(node, Input) else dataclasses.replace(node, src=new[node.src])
 
 
 def _times(a, a_rad, s, s_rad):
