@@ -192,22 +192,27 @@ def backward(nodes, bnd: Bounds, top: int, A: np.ndarray, batch: Batch | None) -
 def _relu_step(node: Relu, k: int, a: np.ndarray, bnd: Bounds, batch: Batch | None):
     """The ReLU step of the module docstring: the coefficients ``q`` on the ReLU's input, the float
     value of ``a⁻·t`` (to add to ``const``) and the rounding to add to ``slack``: of ``a⁻·t``, of the
-    products ``a_j s_j`` and of adding ``∓β_j`` (``u`` per unit of ``|p| + |q|``, ``err`` with room)."""
+    products ``a_j s_j`` and of adding ``∓β_j`` (``u`` per unit of ``|p| + |q|``, ``err`` with room).
+    A stable neuron's lines are exact (``α_j = s_j``, 1 or 0; ``t_j = 0``): only the columns some leaf
+    has unstable (``cut``) need the sign of ``a``."""
     al, s, t = bnd.relax[k]
-    z, al = node.src, al[:, None, :]
+    z = node.src
+    unstable = (bnd.lower[z] < 0) & (bnd.upper[z] > 0)
+    cut = np.flatnonzero(unstable.any(axis=0))
+    a_cut, al = a[:, :, cut], al[:, None, cut]
     if batch is not None and k in batch.alpha:
         given = batch.alpha[k] if batch.alpha[k].ndim == 3 else batch.alpha[k][:, None, :]
-        unstable = ((bnd.lower[z] < 0) & (bnd.upper[z] > 0))[:, None, :]
-        al = np.where(unstable & ~np.isnan(given), np.clip(given, 0.0, 1.0), al)
-    neg = np.minimum(a, 0.0)
-    p = a * np.where(a >= 0, al, s[:, None, :])
+        given = given[:, :, cut]
+        al = np.where(unstable[:, None, cut] & ~np.isnan(given), np.clip(given, 0.0, 1.0), al)
+    p = a * s[:, None, :]
+    p[:, :, cut] = np.where(a_cut >= 0, a_cut * al, p[:, :, cut])
     q = p  # then β z_j where z_j <= 0, -β z_j where z_j >= 0
     if batch is not None and k in batch.beta and k in batch.phase:
         q = p - (batch.beta[k] * batch.phase[k])[:, None, :]
         size = _mv(np.abs(p) + np.abs(q), bnd.mag(z))  # the products' |p| + |q| per unit of |z|
     else:
         size = 2.0 * _mv(np.abs(p), bnd.mag(z))
-    n, neg_t = a.shape[2], _mv(neg, t)
+    n, neg_t = a.shape[2], _mv(np.minimum(a_cut, 0.0), t[:, cut])
     step = up(err(-neg_t, n) + err(size, n))
     return q, neg_t, step
 
