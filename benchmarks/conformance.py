@@ -4,7 +4,7 @@
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/conformance.py \\
         BENCHMARK_DIR [BENCHMARK_DIR ...] [--runs 1 fsdp:2 tp:2 fsdp:3 tp:3] [--engines abcrown native] \\
         [--results vnncomp2024_results/alpha_beta_crown/results.csv] [--models 3] [--per-model 1] \\
-        [--timeout 60] [--only nn4sys] [--out benchmarks/results/conformance]
+        [--timeout 60] [--only nn4sys] [--proofs] [--out benchmarks/results/conformance]
 
 ``BENCHMARK_DIR`` is one category's folder (with its ``instances.csv``) or a folder of them (a VNN-COMP
 benchmarks repository's ``benchmarks/``); the category is the folder's name, as the competition names it.
@@ -22,6 +22,10 @@ with ``TIMEOUT`` = the smaller of ``--timeout`` and the instance's own. Recorded
 the last line of stderr where it is ``error``, the wall time of ``run_instance.sh`` and the peak per rank
 (the ``--summary`` it writes). Agreement: with P = 1 of the same engine, and with the official verdict;
 ``wrong`` is a ``sat`` / ``unsat`` that contradicts either.
+
+``--proofs``: each run also writes a proof (``--general.proof`` through ``ABCROWN_EXTRA_ARGS``), and
+each ``unsat``'s proof is checked by ``complete-verifier-ext check`` (``--workers`` = P); recorded: the
+checker's answer (``none`` where no proof was written) and its wall time.
 
 Writes ``conformance.json`` (every row, with provenance; rows already there are kept, so a stopped run
 resumes), ``conformance.md`` (a table per category and a summary) and ``conformance.png`` into ``--out``.
@@ -169,17 +173,22 @@ def parse_run(text: str) -> tuple[str, int]:
     return mode, int(world)
 
 
-def run_one(inst: dict, engine: str, mode: str, world: int, timeout: float, tmp: Path) -> dict:
-    """``prepare_instance.sh`` then ``run_instance.sh`` for one instance; returns the row's results."""
-    results, summary = tmp / "out.txt", tmp / "summary.json"
-    results.unlink(missing_ok=True)
-    summary.unlink(missing_ok=True)
+def run_one(
+    inst: dict, engine: str, mode: str, world: int, timeout: float, tmp: Path, proofs: bool = False
+) -> dict:
+    """``prepare_instance.sh`` then ``run_instance.sh`` for one instance; returns the row's results.
+    ``proofs``: with ``--general.proof`` in ``ABCROWN_EXTRA_ARGS``, and an ``unsat``'s proof checked."""
+    results, summary, proof = tmp / "out.txt", tmp / "summary.json", tmp / "proof.json"
+    for f in (results, summary, proof):
+        f.unlink(missing_ok=True)
     env = {**os.environ, "CVE_ENGINE": engine, "CVE_WORKER": "off"}
     if engine == "native":
         env.pop("ABCROWN_PATH", None)
     extra = ["--summary", str(summary)]
     if world > 1:
         extra += ["--parallel.mode", mode, "--parallel.world_size", str(world)]
+    if proofs:
+        extra += ["--general.proof", str(proof)]
     env["ABCROWN_EXTRA_ARGS"] = " ".join(extra)
     category, onnx, spec = inst["category"], inst["onnx"], inst["vnnlib"]
     prep = subprocess.run(
@@ -211,7 +220,25 @@ def run_one(inst: dict, engine: str, mode: str, world: int, timeout: float, tmp:
             peaks = None
         if peaks is not None:
             row["peak_mb"] = peaks if isinstance(peaks, list) else [peaks]
+    if proofs and verdict == "unsat":
+        row |= check(inst, proof, world)
     return row
+
+
+def check(inst: dict, proof: Path, workers: int) -> dict:
+    """``complete-verifier-ext check`` on an ``unsat``'s proof: ``{"proof": answer, "check_s": s}``;
+    ``none`` where the run wrote no proof."""
+    if not proof.is_file():
+        return {"proof": "none"}
+    cmd = [sys.executable, "-m", "complete_verifier_ext.solver_cli", "check", inst["vnnlib"],
+           f"--network=N={inst['onnx']}", "--proof", str(proof), "--workers", str(workers)]  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        return {"proof": "check still running after 1800 s"}
+    answer = out.stdout.strip() or (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"proof": answer[:300], "check_s": round(time.monotonic() - t0, 1)}
 
 
 def agreement(rows: list[dict]) -> None:
@@ -269,22 +296,26 @@ def table(rows: list[dict], prov: dict) -> str:
             cell = f"{answered}/{len(mine)} same {tally['same']}"
             cell += "".join(f", {k} {v}" for k, v in (("lost", tally["lost"]), ("WRONG", tally["wrong"]),
                                                        ("error", errors)) if v)  # fmt: skip
+            proved = [r for r in mine if "proof" in r]
+            if proved:
+                cell += f", proofs valid {sum(r['proof'] == 'valid' for r in proved)}/{len(proved)}"
             cells.append(cell)
         out.append(f"| {c} | " + " | ".join(cells) + " |")
     out += ["", "## Every run", "",
             "| category | network | spec | official | engine | run | verdict | vs P=1 | vs official | wall s "
-            "| peak MB per rank | error |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| peak MB per rank | proof (check s) | error |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in sorted(
         rows, key=lambda r: (r["category"], r["onnx"], r["vnnlib"], r["engine"], r["world"], r["mode"])
     ):
         peaks = "/".join(f"{p:.0f}" for p in r.get("peak_mb") or [])
         err = (r.get("error") or "").replace("|", "\\|")
+        proof = (r.get("proof", "") + (f" ({r['check_s']})" if "check_s" in r else "")).replace("|", "\\|")
         out.append(
             f"| {r['category']} | {Path(r['onnx']).name} | {Path(r['vnnlib']).name} "
             f"| {r.get('official', '')} "
             f"| {r['engine']} | {label(r)} | {r['verdict']} | {r['vs_p1']} | {r['vs_official']} "
-            f"| {r.get('wall_s', '')} | {peaks} | {err} |"
+            f"| {r.get('wall_s', '')} | {peaks} | {proof} | {err} |"
         )
     return "\n".join(out) + "\n"
 
@@ -328,6 +359,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=[], help="categories whose name contains one of these")
     ap.add_argument("--skip", nargs="*", default=[], help="categories whose name contains one of these")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "conformance")
+    ap.add_argument("--proofs", action="store_true", help="write a proof with each unsat and check it")
     args = ap.parse_args()
     if "abcrown" in args.engines and not os.environ.get("ABCROWN_PATH"):
         sys.exit("set ABCROWN_PATH to an alpha-beta-CROWN checkout for --engines abcrown")
@@ -358,13 +390,13 @@ def main() -> None:
                     if key in done:
                         continue
                     timeout = min(args.timeout, float(inst["timeout"]))
-                    got = run_one(inst, engine, mode, world, timeout, Path(tmp))
+                    got = run_one(inst, engine, mode, world, timeout, Path(tmp), args.proofs)
                     row = {**inst, "engine": engine, "mode": mode, "world": world, "timeout": timeout, **got}
                     rows.append(row)
                     print(
                         f"{inst['category']} {Path(inst['onnx']).name} {Path(inst['vnnlib']).name} {engine} "
                         f"{mode}:{world}: {got['verdict']} ({got.get('wall_s', '-')} s) "
-                        f"official {inst['official'] or '-'} {got.get('error', '')}",
+                        f"official {inst['official'] or '-'} {got.get('error', '')} {got.get('proof', '')}",
                         flush=True,
                     )
                     prov = provenance()
