@@ -375,3 +375,26 @@ def _check_with(tmp_path: Path, doc: dict, spec: Path, networks: dict[str, str])
     path = tmp_path / "checked.json"
     path.write_text(json.dumps(doc))
     return check_proof(str(spec), networks, str(path)).line()
+
+
+PAIRS = REPO.parent / "shared" / "benchmarks" / "vnnlib2" / "acasxu_isomorphic"
+
+
+@pytest.mark.skipif(not PAIRS.is_dir(), reason=f"{PAIRS} is absent")
+def test_leaves_a_batch_tightened_close_by_crown_on_every_neuron(tmp_path):
+    """The shared isomorphic pair 1_1 / 1_1 pruned by 30%, its query's box with the first outputs at
+    least 0.2 apart, by the native input split: the search bounds its boxes in batches, refining
+    neurons a box alone has stable, which tightens its later layers. The checker's second pass over
+    the leaves its first leaves open, CROWN on every neuron, closes all of them (before it, 12 of the
+    113 went to the LP over LP bounds)."""
+    from complete_verifier_ext import solver_cli
+
+    text = (PAIRS / "vnnlib" / "instance_0.vnnlib").read_text().split("; Output Constraints")[0]
+    spec, proof = tmp_path / "gap.vnnlib", tmp_path / "p.json"
+    spec.write_text(text + "(assert (or (>= (- Y_g[0] Y_f[0]) 0.2) (<= (- Y_g[0] Y_f[0]) -0.2)))\n")
+    nets = {"f": PAIRS / "onnx" / "nets" / "ACASXU_run2a_1_1_batch_2000.onnx",
+            "g": PAIRS / "onnx" / "nets_pruned" / "ACASXU_run2a_1_1_batch_2000_pruned30.onnx"}  # fmt: skip
+    argv = ["verify", str(spec), *(f"--network={k}={v}" for k, v in nets.items()), "--proof", str(proof)]
+    assert solver_cli.main(argv) == 0
+    result = check_proof(str(spec), {k: str(v) for k, v in nets.items()}, str(proof))
+    assert (result.line(), result.by_lp) == ("valid", 0), result

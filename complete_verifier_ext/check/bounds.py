@@ -74,10 +74,11 @@ def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
     return a @ v if v.ndim == 1 else (a @ v[:, :, None])[..., 0]
 
 
-def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True) -> Bounds:
+def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True, every: bool = False) -> Bounds:
     """Step 1 of the module docstring; ``claimed_crown=False``: no back-substitution at a node with a
     verified claim (its bounds: interval propagation, the claim and the phases, as a verifier's BaB
-    keeps the root's bounds below it; much less work on a conv net)."""
+    keeps the root's bounds below it; much less work on a conv net); ``every``: back-substitution for
+    every neuron of a ReLU's input, the stable ones too (tighter later layers, at more cost)."""
     B, N = len(batch.lower), len(net.nodes)
     bnd = Bounds([None] * N, [None] * N, {}, {}, np.zeros(B, dtype=bool), np.ones(B, dtype=bool))
     clamps = {
@@ -90,7 +91,7 @@ def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True) -> Bounds:
         phases = [batch.phase.get(r) for r in clamps[k]]
         _restrict(bnd, k, phases, batch.claims.get(k))
         if clamps[k] and any(deep[s] for s in sources(node)) and (claimed_crown or k not in batch.claims):
-            _crown(net, bnd, k)
+            _crown(net, bnd, k, every)
             _restrict(bnd, k, phases, None)
         if k in batch.checking:  # claims used (and to verify) only where the own bounds are unstable
             bnd.own[k] = (bnd.lower[k].copy(), bnd.upper[k].copy())
@@ -104,11 +105,12 @@ def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True) -> Bounds:
     return bnd
 
 
-def _crown(net: Net, bnd: Bounds, k: int) -> None:
+def _crown(net: Net, bnd: Bounds, k: int, every: bool = False) -> None:
     """CROWN's bounds of node ``k``'s neurons, where tighter, for each leaf on the neurons it has
-    unstable: a leaf's bounds do not depend on the other leaves of its batch (a leaf is bounded as if
-    alone, as the verifier bounded it)."""
+    unstable (``every``: on all): a leaf's bounds do not depend on the other leaves of its batch (a
+    leaf is bounded as if alone, as the verifier bounded it)."""
     mine = (bnd.lower[k] < 0) & (bnd.upper[k] > 0)  # (B, n)
+    mine |= every
     unstable = np.flatnonzero(mine.any(axis=0))
     if unstable.size:
         r = unstable.size
