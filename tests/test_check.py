@@ -229,6 +229,29 @@ def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
     assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 2, 2, 0), r
 
 
+def test_a_leaf_only_a_weighting_of_its_rows_closes(tmp_path):
+    """``y = x`` on ``[-1, 1]``, counterexamples ``2y <= -0.2`` and ``-y <= -0.2`` (none: ``y <= -0.1`` and
+    ``y >= 0.2``). No row alone closes the leaf (margins ``2y + 0.2`` and ``0.2 - y``, minima -1.8 and
+    -0.8), nor their sum (``y + 0.4``, -0.6); the rows' small LP finds the weights (1/3, 2/3), whose
+    margin is 0.2 everywhere: closed by the bound pass, with no LP over the network."""
+    layers = [(np.array([[1.0]]), np.array([0.0]))]
+    rows = [([2.0], -0.2), ([-1.0], -0.2)]
+    q, n = save_query(tmp_path / "q.vnnlib", [-1.0], [1.0], rows), save_net(tmp_path / "n.onnx", layers)
+    doc = proof(q, n, layers, [obligation([-1.0], [1.0], rows, {"leaf": {}})])
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 1, 1, 0), r
+
+    net = onnx_net.parse(read_bytes(str(n)), "n")
+    qrows = query.parse(read_bytes(str(q))).obligations[0].rows
+    batch = bounds.Batch(np.array([[-1.0]]), np.array([[1.0]]), {}, {}, {}, np.eye(2)[None])
+    bnd = bounds.node_bounds(net, batch)
+    alone = bounds.objective(net, qrows, bnd, batch)[0]
+    lam = bounds.row_weights(net, qrows, bnd, batch)
+    batch.lam = lam[:, None]
+    weighted = bounds.objective(net, qrows, bnd, batch)[0]
+    assert alone < 0 < weighted and np.isclose(lam.sum(), 1.0), (alone, lam, weighted)
+
+
 def test_an_lp_stopped_at_its_time_limit_is_undecided_not_invalid(tmp_path, monkeypatch):
     """The leaf that needs the LP fallback (``x >= 0`` without β), its LP given no time: ``undecided``
     (exit 2), naming the leaf; an LP that runs and refutes stays ``invalid``."""
@@ -942,7 +965,9 @@ def test_a_leaf_closed_only_over_lp_bounds(tmp_path):
     """A box of α,β-CROWN's ACAS Xu 4_1 property 1 proof (its input split with CROWN bounds): auto_LiRPA's
     CROWN proves it (margin 0.025), the checker's own pass does not (-0.52: its intermediate bounds
     differ from auto_LiRPA's, tighter at most neurons, looser at some), nor does the LP over them (0);
-    the LP over LP-made intermediate bounds does, and is the leaf's outcome."""
+    the LP over LP-made intermediate bounds does. So does the second pass, CROWN on every neuron (the
+    stable ones too, as auto_LiRPA refines the neurons any box of its batch has unstable), and that is
+    the leaf's outcome."""
     from complete_verifier_ext.check import by_lp_bounds, lp
 
     net = onnx_net.parse(ACAS_4_1.read_bytes(), "N")
@@ -958,8 +983,9 @@ def test_a_leaf_closed_only_over_lp_bounds(tmp_path):
     assert lp.Solver(lp.build(net, bnd, 0, rows)).minimum()[0] <= 0
     value, status = by_lp_bounds(net, rows, leaf, {})
     assert status == "optimal" and value > 0.02, (value, status)
+    assert bounds.objective(net, rows, bounds.node_bounds(net, batch, every=True), batch)[0] > 0
     ((_, _, kind, why),) = discharge(net, [rows], [leaf], {})
-    assert kind == "lp", why
+    assert kind == "bounds", why
 
 
 def crown(layers, c: np.ndarray, L: np.ndarray, U: np.ndarray) -> np.ndarray:

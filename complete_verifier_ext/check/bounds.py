@@ -160,9 +160,11 @@ def _relaxation(l: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return np.where(unstable, (u > -l) * 1.0, active * 1.0), s, t
 
 
-def backward(nodes, bnd: Bounds, top: int, A: np.ndarray, batch: Batch | None) -> np.ndarray:
+def backward(nodes, bnd: Bounds, top: int, A: np.ndarray, batch: Batch | None, linear: dict | None = None):
     """A lower bound ``(B, Q)`` of ``A · x_top`` over each leaf's region; ``batch``: the leaves' slopes
-    and multipliers (``None``: adaptive slopes, no multipliers)."""
+    and multipliers (``None``: adaptive slopes, no multipliers); ``linear``: given a dict, it gets the
+    bound before the input's concretisation, ``"a"`` (B, Q, n_in) and ``"const"`` (B, Q), with
+    ``A · x_top >= a · x + const`` over the region."""
     B, Q = A.shape[:2]
     pending = {top: A}
     const, slack = np.zeros((B, Q)), np.zeros((B, Q))
@@ -173,6 +175,8 @@ def backward(nodes, bnd: Bounds, top: int, A: np.ndarray, batch: Batch | None) -
         node = nodes[k]
         if isinstance(node, Input):
             n = a.shape[2]
+            if linear is not None:
+                linear["a"], linear["const"] = a, down(const - up(slack + err(_mv(np.abs(a), bnd.mag(0)), n)))
             const = down(
                 const + (_mv(np.maximum(a, 0.0), bnd.lower[0]) + _mv(np.minimum(a, 0.0), bnd.upper[0]))
             )
@@ -229,6 +233,37 @@ def objective(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
     res = backward((*net.nodes, clause), bnd, top, batch.lam, batch)
     best = np.where(np.isnan(res), -np.inf, res).max(axis=1, initial=-np.inf)
     return np.where(bnd.finite, np.where(bnd.empty, np.inf, best), -np.inf)
+
+
+def row_weights(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
+    """Per leaf, weights ``λ >= 0`` of the rows, ``Σ λ = 1`` (``(B, k)``), that maximise the minimum over
+    the leaf's box of ``Σ_r λ_r (a_r · x + c_r)``, each row's own linear lower bound: a small LP per leaf
+    (HiGHS). A leaf no row alone closes may be closed by a weighting: α,β-CROWN clips a box to the
+    intersection of its rows' half-spaces and drops what lies outside it, which can take several rows
+    at once. Only a search heuristic: the bound pass with these weights decides (zeros where the LP
+    fails, which prove nothing)."""
+    from scipy.optimize import linprog
+
+    k = len(rows.d)
+    clause = affine(net.output, rows.C, -rows.d, rows.C_rad, rows.d_rad)
+    top, linear = len(net.nodes), {}
+    bnd.em[top] = up(sum_up(bnd.mag(net.output) @ clause.E.T, rows.C.shape[1]) + clause.eb)
+    eye = np.broadcast_to(np.eye(k), (len(batch.lower), k, k))
+    backward((*net.nodes, clause), bnd, top, eye, batch, linear)
+    out = np.zeros((len(batch.lower), k))
+    n = batch.lower.shape[1]
+    for b in range(len(batch.lower)):
+        a, c, lo, hi = linear["a"][b], linear["const"][b], batch.lower[b], batch.upper[b]
+        if not (np.isfinite(a).all() and np.isfinite(c).all()):
+            continue
+        # variables (λ, t): maximise Σ t_i + λ·c with t_i <= λ·a_i l_i, t_i <= λ·a_i u_i, Σ λ = 1
+        ub = np.block([[-(a * lo).T, np.eye(n)], [-(a * hi).T, np.eye(n)]])
+        eq = np.concatenate([np.ones(k), np.zeros(n)])[None]
+        res = linprog(np.concatenate([-c, -np.ones(n)]), A_ub=ub, b_ub=np.zeros(2 * n), A_eq=eq, b_eq=[1.0],
+                      bounds=[(0, None)] * k + [(None, None)] * n, method="highs")  # fmt: skip
+        if res.status == 0:
+            out[b] = np.maximum(res.x[:k], 0.0)
+    return out
 
 
 def _give(pending: dict, bnd: Bounds, k: int, a: np.ndarray, slack: np.ndarray) -> np.ndarray:
