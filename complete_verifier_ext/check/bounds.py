@@ -2,12 +2,14 @@
 
 1. Node by node, bounds ``[l, u]`` of every node's value over each leaf's region (shapes ``(B, n)``):
    interval propagation; for a ReLU's input with a ReLU below it, also CROWN's back-substitution
-   (adaptive slopes) for the neurons each leaf has unstable, and the tighter of the two; a phase
+   (adaptive slopes) for the neurons each leaf has unstable (every neuron: a second pass for the
+   leaves the first leaves open), and the tighter of the two; a phase
    ``z_j <= 0`` / ``z_j >= 0`` clamps ``[l, min(u, 0)]`` / ``[max(l, 0), u]``, a verified claim of a
    bounds node above the leaf intersects. A leaf with some ``l > u`` has an empty region (its phases
    and claims cannot hold together): nothing to prove there.
 2. The objective ``Σ_i λ_i (C_i y - d_i)`` for Q weightings ``λ`` at once (the leaf's, each row alone,
-   their sum), by one backward pass with the leaf's slopes ``α`` and multipliers ``β``; the best one.
+   their sum; in the second pass also one a small LP finds, :func:`row_weights`), by one backward
+   pass with the leaf's slopes ``α`` and multipliers ``β``; the best one.
 
 A backward pass carries, per leaf and row, ``a · x_k + const`` with ``target >= a · x_k + const -
 slack`` over the region: ``const`` rounded down, ``slack`` (rounding errors so far) rounded up. Steps:
