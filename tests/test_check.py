@@ -790,6 +790,44 @@ def test_the_onnx_reader_agrees_with_onnx_reference():
     )
 
 
+def test_ops_that_move_elements_agree_with_onnx_reference():
+    """Transpose, Slice, Gather of constant indices, Concat of tensors and a constant, Unsqueeze and
+    Squeeze (linearizenn's Slice and Concat among them), between Gemms and a Relu: at a point, the
+    output's bounds bracket onnx.reference's evaluation; an Unsqueeze that moves nothing adds no node."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(2)
+    i64 = lambda v, k: numpy_helper.from_array(np.array(v, np.int64), k)
+    inits = [i64([1, 2, 3], "s23"), i64([1, 6], "s6"), i64([1], "one"), i64([5], "five"), i64([5, 0], "idx"),
+             i64([2], "ax2"), numpy_helper.from_array(rng.normal(size=(1, 2)), "k"),
+             numpy_helper.from_array(rng.normal(size=(5, 8)), "W"),
+             numpy_helper.from_array(rng.normal(size=5), "b"),
+             numpy_helper.from_array(rng.normal(size=(3, 5)), "W2")]  # fmt: skip
+    make = helper.make_node
+    nodes = [make("Reshape", ["x", "s23"], ["x3"]), make("Transpose", ["x3"], ["t"], perm=[0, 2, 1]),
+             make("Reshape", ["t", "s6"], ["f"]), make("Slice", ["f", "one", "five", "one"], ["sl"]),
+             make("Gather", ["f", "idx"], ["ga"], axis=1), make("Concat", ["sl", "k", "ga"], ["c"], axis=1),
+             make("Gemm", ["c", "W", "b"], ["g"], transB=1), make("Relu", ["g"], ["r"]),
+             make("Unsqueeze", ["r", "ax2"], ["u"]), make("Squeeze", ["u", "ax2"], ["q"]),
+             make("Gemm", ["q", "W2"], ["y"], transB=1)]  # fmt: skip
+    x_info = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 6])
+    y_info = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [1, 3])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x_info], [y_info], inits),
+                              opset_imports=[helper.make_opsetid("", 15)])  # fmt: skip
+    net = onnx_net.parse(model.SerializeToString(), "moves")
+    assert [r.output for r in net.relu_layers] == ["r"]
+    x = rng.normal(size=(1, 6))
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0].ravel()
+    bnd = bounds.node_bounds(net, bounds.Batch(x, x, {}, {}, {}, np.ones((1, 1, 0))))
+    lower, upper = bnd.lower[net.output][0], bnd.upper[net.output][0]
+    tol = 1e-12 * (1 + np.abs(expected))
+    assert (
+        (lower <= expected + tol).all() and (expected - tol <= upper).all() and (upper - lower < 1e-9).all()
+    )
+    relu = net.relu_layers[0].node  # the Gemm after it reads it directly: Unsqueeze, Squeeze add no node
+    assert isinstance(net.nodes[relu + 1], onnx_net.Affine) and net.nodes[relu + 1].src == relu
+
+
 def test_an_unsupported_operator_is_named(tmp_path, capsys):
     doc, q, n = abs_instance(tmp_path)
     model = helper.make_model(helper.make_graph(

@@ -259,6 +259,9 @@ class _Builder:
         """A node of constants, evaluated by ``onnx.reference`` (shape arithmetic: exact ops only)."""
         if node.op_type not in _FOLDABLE:
             raise _unsupported(node, "of constants")
+        return self._evaluate(node, ins)
+
+    def _evaluate(self, node, ins: list) -> np.ndarray:
         from onnx.reference import ReferenceEvaluator
 
         init = [numpy_helper.from_array(np.asarray(x), n) for n, x in zip(node.input, ins, strict=True) if n]
@@ -367,6 +370,42 @@ class _Builder:
             raise _unsupported(node, f"(shape {x.shape} to {target})")
         return _Var(x.node, tuple(dims))
 
+    def _op_slice(self, node, ins, at) -> _Var:
+        """An op that only moves elements (Slice, Gather of constant indices, Transpose, Squeeze,
+        Unsqueeze): evaluated by ``onnx.reference`` on its input's flat positions, it says which input
+        element each output element is; a 0/1 affine node picks them."""
+        x = ins[0]
+        if any(isinstance(v, _Var) for v in ins[1:]):
+            raise _unsupported(node, "(with computed indices)")
+        n = math.prod(x.shape)
+        pos = self._evaluate(node, [np.arange(n).reshape(x.shape), *ins[1:]])
+        if np.array_equal(pos.ravel(), np.arange(n)):  # every element where it was: a reshape
+            return _Var(x.node, pos.shape)
+        return self._push(affine(x.node, _pick(node, pos.ravel(), n), np.zeros(pos.size)), pos.shape)
+
+    _op_gather = _op_transpose = _op_squeeze = _op_unsqueeze = _op_slice
+
+    def _op_concat(self, node, ins, at) -> _Var:
+        """Tensors and constants side by side: each output element's source found as in ``_op_slice``
+        (on every input's positions, numbered on), each tensor placed by its own 0/1 affine node (the
+        constants in the first one's bias), the placed parts summed."""
+        sizes = [math.prod(v.shape) if isinstance(v, _Var) else np.asarray(v).size for v in ins]
+        start = np.cumsum([0, *sizes])
+        tags = [np.arange(start[i], start[i + 1]).reshape(v.shape if isinstance(v, _Var) else np.shape(v))
+                for i, v in enumerate(ins)]  # fmt: skip
+        pos = self._evaluate(node, tags)
+        flat = pos.ravel()
+        values = np.concatenate([np.zeros(n) if isinstance(v, _Var) else np.asarray(v, F64).ravel()
+                                 for v, n in zip(ins, sizes, strict=True)])  # fmt: skip
+        bias, out = values[flat], None
+        for i, v in enumerate(ins):
+            if isinstance(v, _Var):
+                mine = (flat >= start[i]) & (flat < start[i + 1])
+                W = _pick(node, np.where(mine, flat - start[i], -1), sizes[i])
+                part = self._push(affine(v.node, W, bias if out is None else np.zeros(flat.size)), pos.shape)
+                out = part if out is None else self._push(Sum(out.node, part.node, 1.0), pos.shape)
+        return out
+
     def _op_identity(self, node, ins, at) -> _Var:
         return ins[0]
 
@@ -374,6 +413,19 @@ class _Builder:
 
     def _op_shape(self, node, ins, at) -> np.ndarray:
         return np.array(ins[0].shape, dtype=np.int64)[at.get("start", 0) : at.get("end", None)]
+
+
+PICK_MAX = 50_000_000  # entries of a dense 0/1 matrix that moves elements
+
+
+def _pick(node, pos: np.ndarray, n_in: int) -> np.ndarray:
+    """The 0/1 matrix whose row ``j`` picks input element ``pos[j]`` (none where ``pos[j] < 0``)."""
+    if pos.size * n_in > PICK_MAX:
+        raise _unsupported(node, f"(moves {pos.size} of {n_in} elements: too large a matrix)")
+    W = np.zeros((pos.size, n_in))
+    rows = np.flatnonzero(pos >= 0)
+    W[rows, pos[rows]] = 1.0
+    return W
 
 
 def _unsupported(node, why: str = "") -> Unsupported:
