@@ -244,6 +244,7 @@ def row_weights(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
     intersection of its rows' half-spaces and drops what lies outside it, which can take several rows
     at once. Only a search heuristic: the bound pass with these weights decides (zeros where the LP
     fails, which prove nothing)."""
+    import scipy.sparse as sp
     from scipy.optimize import linprog
 
     k = len(rows.d)
@@ -259,7 +260,7 @@ def row_weights(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
         if not (np.isfinite(a).all() and np.isfinite(c).all()):
             continue
         # variables (λ, t): maximise Σ t_i + λ·c with t_i <= λ·a_i l_i, t_i <= λ·a_i u_i, Σ λ = 1
-        ub = np.block([[-(a * lo).T, np.eye(n)], [-(a * hi).T, np.eye(n)]])
+        ub = sp.bmat([[-(a * lo).T, sp.identity(n)], [-(a * hi).T, sp.identity(n)]], format="csr")
         eq = np.concatenate([np.ones(k), np.zeros(n)])[None]
         res = linprog(np.concatenate([-c, -np.ones(n)]), A_ub=ub, b_ub=np.zeros(2 * n), A_eq=eq, b_eq=[1.0],
                       bounds=[(0, None)] * k + [(None, None)] * n, method="highs")  # fmt: skip
