@@ -171,11 +171,6 @@ def _refused_by_config(config) -> str | None:
         return "invprop bounds under the output constraints, which the proof does not carry"
     if clip["alpha_crown"] or clip["clip_interm_domain"]["clip_in_alpha_crown"]:
         return "clipping inside alpha-CROWN bounds under constraints the proof does not carry"
-    split = config["bab"]["branching"]["input_split"]["enable"]
-    if split and solver["bound_prop_method"] not in ("crown", "ibp"):
-        # its boxes' bounds rest on intermediate bounds it optimised per box (and a clip's slabs on its
-        # slopes): ACAS Xu 1_3 property 1 by alpha-CROWN input split had a leaf no checker's LP closes
-        return "input split with alpha-CROWN bounds: a box's bound rests on optimised intermediate bounds"
     return None
 
 

@@ -366,8 +366,9 @@ LP_BOUNDS_MAX = (2000, 5000)  # the LP over LP bounds: unstable neurons (2 LPs e
 
 def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict) -> tuple[float, str] | None:
     """The last fallback of a leaf: its ReLUs' input bounds by LPs, layer by layer (each unstable
-    neuron's minimum and maximum over the LP of the layers below, themselves so bounded), then the
-    clause's LP over them; ``(a rigorous lower bound of τ, the status)``. Bounds so made are at least as
+    neuron's minimum and maximum over the LP of the layers below, themselves so bounded; after each
+    layer, the bound pass over what is so far proved, which may close the leaf), then the clause's LP
+    over them; ``(a rigorous lower bound of τ, the status)``. Bounds so made are at least as
     tight as any that CROWN or interval propagation derive in any order or batch (each such bound is a
     feasible dual of an LP over looser bounds), so a leaf that a verifier's CROWN closed, with
     intermediate bounds the checker's own pass does not reproduce, closes here. Tried within
@@ -378,9 +379,12 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
     count = 0
     for z in sorted({net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}):
         with np.errstate(all="ignore"):
-            bnd = bounds.node_bounds(net, batch)
+            bnd = bounds.node_bounds(net, batch, every=True)
+            best = bounds.objective(net, rows, bnd, batch)[0] if count else -np.inf
         if bnd.empty[0] or not bnd.finite[0]:
             return (np.inf, "optimal") if bnd.empty[0] else (-np.inf, NOT_FINITE)
+        if best > 0:  # the layers below, so bounded, are enough
+            return best, "optimal"
         lo, hi = bnd.lower[z].copy(), bnd.upper[z].copy()
         unstable = np.flatnonzero((lo[0] < 0) & (hi[0] > 0))
         count += len(unstable)
@@ -403,7 +407,7 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
         old = batch.claims.get(z, (lo, hi))
         batch.claims[z] = (np.fmax(old[0], lo), np.fmin(old[1], hi))
     with np.errstate(all="ignore"):
-        bnd = bounds.node_bounds(net, batch)
+        bnd = bounds.node_bounds(net, batch, every=True)
         best = bounds.objective(net, rows, bnd, batch)[0]
     if best > 0 or not bnd.finite[0]:
         return (best, "optimal") if best > 0 else (-np.inf, NOT_FINITE)

@@ -2,8 +2,8 @@
 
 1. Node by node, bounds ``[l, u]`` of every node's value over each leaf's region (shapes ``(B, n)``):
    interval propagation; for a ReLU's input with a ReLU below it, also CROWN's back-substitution
-   (adaptive slopes) for the neurons each leaf has unstable (every neuron: a second pass for the
-   leaves the first leaves open), and the tighter of the two; a phase
+   (adaptive slopes) for the neurons each leaf has unstable (every neuron, and three fixed slopes
+   besides: a second pass for the leaves the first leaves open), and the tighter of the two; a phase
    ``z_j <= 0`` / ``z_j >= 0`` clamps ``[l, min(u, 0)]`` / ``[max(l, 0), u]``, a verified claim of a
    bounds node above the leaf intersects. A leaf with some ``l > u`` has an empty region (its phases
    and claims cannot hold together): nothing to prove there.
@@ -109,8 +109,9 @@ def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True, every: bool 
 
 def _crown(net: Net, bnd: Bounds, k: int, every: bool = False) -> None:
     """CROWN's bounds of node ``k``'s neurons, where tighter, for each leaf on the neurons it has
-    unstable (``every``: on all): a leaf's bounds do not depend on the other leaves of its batch (a
-    leaf is bounded as if alone, as the verifier bounded it)."""
+    unstable (``every``: on all, and the best of four lower slopes for the ReLUs below: the adaptive
+    one, ``s_j``, 0 and 1, each neuron's own best): a leaf's bounds do not depend on the other leaves
+    of its batch (a leaf is bounded as if alone, as the verifier bounded it)."""
     mine = (bnd.lower[k] < 0) & (bnd.upper[k] > 0)  # (B, n)
     mine |= every
     unstable = np.flatnonzero(mine.any(axis=0))
@@ -120,6 +121,12 @@ def _crown(net: Net, bnd: Bounds, k: int, every: bool = False) -> None:
         A[:, np.arange(r), unstable] = 1.0
         A[:, r + np.arange(r), unstable] = -1.0
         res = backward(net.nodes, bnd, k, A, None)
+        for pick in (lambda s: s, np.zeros_like, np.ones_like) if every else ():
+            # α-CROWN's optimised slopes (α,β-CROWN's input split under α-CROWN bounds) tighten a box's
+            # intermediate bounds beyond the adaptive ones: fixed slopes get part of the way
+            alpha = {j: pick(relax[1]) for j, relax in bnd.relax.items() if j < k}
+            fixed = Batch(bnd.lower[0], bnd.upper[0], {}, alpha, {}, A)
+            res = np.fmax(res, backward(net.nodes, bnd, k, A, fixed))
         here = mine[:, unstable]
         lo, hi = bnd.lower[k][:, unstable], bnd.upper[k][:, unstable]
         bnd.lower[k][:, unstable] = np.where(here, np.fmax(lo, res[:, :r]), lo)
