@@ -2,8 +2,9 @@
 writes): real α,β-CROWN runs on real gloo ranks whose proofs the independent checker
 (``complete_verifier_ext/check``) decides. An unsat that α-CROWN proves, one that activation BaB proves
 (at P = 1 and P = 2: the same tree), one that input-split BaB with clip-and-verify proves (P = 2, and
-P = 1 with α,β-CROWN's ACAS Xu settings, α-CROWN or forward-mode bounds) are ``valid``; a proof with a leaf removed is ``invalid``. The
-tree builders of ``complete_verifier_ext/proofs.py`` on cases worked out by hand."""
+P = 1 with α,β-CROWN's ACAS Xu settings, α-CROWN or forward-mode bounds) are ``valid``; a proof with a
+leaf removed is ``invalid``. The tree builders of ``complete_verifier_ext/proofs.py`` on cases worked
+out by hand."""
 
 from __future__ import annotations
 
