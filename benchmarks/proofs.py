@@ -4,7 +4,7 @@ their size, what writing them costs the verifier, and what checking them costs t
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/proofs.py \\
         [--suites acasxu mnist_fc oval21 vnnlib2] [--engines native abcrown] [--ranks 1 2] [--limit N] \\
         [--acasxu DIR --acasxu-results CSV] [--match REGEX] [--every K] [--timeout 120] \\
-        [--out benchmarks/results/proofs]
+        [--abcrown-set KEY=VALUE ...] [--out benchmarks/results/proofs]
 
 Instances: the known ``unsat`` ones of ``../shared/benchmarks/SUITE/verdicts.csv`` (mnist_fc 256x2 and
 256x4, oval21, ACAS Xu's); with ``--acasxu DIR`` (a VNN-COMP 2022 ``acasxu`` folder: all 45 networks,
@@ -19,10 +19,11 @@ process each, the native engine through its resident worker; the instance's own 
 over as many processes as the run had ranks). The configs: the native
 engine's bundled ``configs/SUITE.yaml``; α,β-CROWN's own ``vnncomp21/acasxu.yaml``,
 ``vnncomp22/mnistfc.yaml`` and ``vnncomp22/oval22.yaml``, with and without a proof alike without
-MILP refinement and cuts (``ABCROWN_OFF``: no proof can carry their bounds). Recorded: both verdicts
-and times, the proof's size, the checker's answer, time, leaves, and how many it closed by the leaves'
-own bounds or by its LP fallback. Writes ``proofs.json`` (every row, with provenance; kept rows are not
-run again), ``proofs.md`` and ``proofs.png`` into ``--out``.
+MILP refinement and cuts (``ABCROWN_OFF``: no proof can carry their bounds); ``--abcrown-set
+solver.bound_prop_method=alpha-crown``: a key of α,β-CROWN's config changed in every run. Recorded:
+both verdicts and times, the proof's size, the checker's answer, time, leaves, and how many it closed
+by the leaves' own bounds or by its LP fallback. Writes ``proofs.json`` (every row, with provenance;
+kept rows are not run again), ``proofs.md`` and ``proofs.png`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -129,8 +130,11 @@ def plain(path: Path | str, tmp: Path) -> Path | str:
     return out
 
 
-def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, timeout: float) -> dict:
-    """One run: its summary (verdict, time_s) plus the wall time, or ``{"error": ...}``."""
+def verifier(
+    row: dict, engine: str, P: int, proof: Path | None, tmp: Path, timeout: float, extra: list[str]
+) -> dict:
+    """One run: its summary (verdict, time_s) plus the wall time, or ``{"error": ...}``; ``extra``:
+    α,β-CROWN's config keys, ``KEY=VALUE``."""
     summary = tmp / "summary.json"
     onnx, spec = plain(row["onnx"], tmp), plain(row["vnnlib"], tmp)
     if engine == "native":
@@ -147,6 +151,7 @@ def verifier(row: dict, engine: str, P: int, proof: Path | None, tmp: Path, time
         cmd = ["abcrown", "--config", str(config), "--general.engine", "abcrown", "--device", "cpu",
                "--onnx_path", str(onnx), "--vnnlib_path", str(spec), "--general.root_path", ".",
                "--general.csv_name", "null", *ABCROWN_OFF.get(row["suite"], [])]  # fmt: skip
+        cmd += [w for kv in extra for w in (f"--{kv.split('=', 1)[0]}", kv.split("=", 1)[1])]
     cmd += ["--bab.timeout", str(timeout), "--general.results_file", str(tmp / "out.txt"),
             "--summary", str(summary), "--quiet"]  # fmt: skip
     cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)] if P > 1 else []
@@ -175,13 +180,13 @@ def checker(row: dict, proof: Path, tmp: Path, P: int) -> dict:
             "leaves": int(leaves), "by_bounds": int(by_bounds), "by_lp": int(by_lp)}  # fmt: skip
 
 
-def measure(row: dict, engine: str, P: int, timeout: float) -> dict:
+def measure(row: dict, engine: str, P: int, timeout: float, extra: list[str]) -> dict:
     """Without and with a proof, then the check."""
     with tempfile.TemporaryDirectory(prefix="cve_proofs_") as t:
         tmp = Path(t)
-        bare = verifier(row, engine, P, None, tmp, timeout)
+        bare = verifier(row, engine, P, None, tmp, timeout, extra)
         proof = tmp / "proof.json"
-        proved = verifier(row, engine, P, proof, tmp, timeout)
+        proved = verifier(row, engine, P, proof, tmp, timeout, extra)
         out = {"bare": bare, "proved": proved}
         if proof.exists():
             out |= {"proof_bytes": proof.stat().st_size, **checker(row, proof, tmp, P)}
@@ -282,8 +287,12 @@ def main() -> None:
     ap.add_argument("--acasxu", type=Path, help="a VNN-COMP 2022 acasxu folder (all 45 networks)")
     ap.add_argument("--acasxu-results", type=Path, help="an official results csv giving its verdicts")
     ap.add_argument("--timeout", type=float, default=120.0, help="cap on each instance's own timeout (s)")
+    ap.add_argument("--abcrown-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="α,β-CROWN config keys changed in its every run")  # fmt: skip
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "proofs")
     args = ap.parse_args()
+    if any("=" not in kv for kv in args.abcrown_set):
+        sys.exit("--abcrown-set takes KEY=VALUE (e.g. solver.bound_prop_method=alpha-crown)")
     if "abcrown" in args.engines and not os.environ.get("ABCROWN_PATH"):
         sys.exit("set ABCROWN_PATH for --engines abcrown (../shared/vendor/alpha-beta-CROWN)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -297,7 +306,7 @@ def main() -> None:
                     k = key(row, engine, P)
                     if k in rows:
                         continue
-                    rows[k] = measure(row, engine, P, min(args.timeout, row["timeout"]))
+                    rows[k] = measure(row, engine, P, min(args.timeout, row["timeout"]), args.abcrown_set)
                     print(k, rows[k]["proved"].get("verdict", rows[k]["proved"].get("error")),
                           rows[k].get("answer", "-"), flush=True)  # fmt: skip
                     store.write_text(json.dumps({"provenance": provenance(), "rows": rows}, indent=1))
