@@ -236,12 +236,19 @@ def objective(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
     """Step 2 of the module docstring: the best lower bound ``(B,)`` over the batch's weightings of
     the rows (the clause ``λ·(C y - d)`` as one more affine node after the output); ``+inf`` for a leaf
     whose region is empty, ``-inf`` where a bound is not finite."""
+    nodes, top = _with_clause(net, rows, bnd)
+    res = backward(nodes, bnd, top, batch.lam, batch)
+    best = np.where(np.isnan(res), -np.inf, res).max(axis=1, initial=-np.inf)
+    return np.where(bnd.finite, np.where(bnd.empty, np.inf, best), -np.inf)
+
+
+def _with_clause(net: Net, rows: Rows, bnd: Bounds) -> tuple[tuple, int]:
+    """The network's nodes and the clause's rows ``C y - d`` as one more affine node after the output
+    (its rounding per unit of ``|y|`` in ``bnd.em``), and that node's index."""
     clause = affine(net.output, rows.C, -rows.d, rows.C_rad, rows.d_rad)
     top = len(net.nodes)
     bnd.em[top] = up(sum_up(bnd.mag(net.output) @ clause.E.T, rows.C.shape[1]) + clause.eb)
-    res = backward((*net.nodes, clause), bnd, top, batch.lam, batch)
-    best = np.where(np.isnan(res), -np.inf, res).max(axis=1, initial=-np.inf)
-    return np.where(bnd.finite, np.where(bnd.empty, np.inf, best), -np.inf)
+    return (*net.nodes, clause), top
 
 
 def row_weights(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
@@ -254,12 +261,10 @@ def row_weights(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
     import scipy.sparse as sp
     from scipy.optimize import linprog
 
-    k = len(rows.d)
-    clause = affine(net.output, rows.C, -rows.d, rows.C_rad, rows.d_rad)
-    top, linear = len(net.nodes), {}
-    bnd.em[top] = up(sum_up(bnd.mag(net.output) @ clause.E.T, rows.C.shape[1]) + clause.eb)
+    k, linear = len(rows.d), {}
+    nodes, top = _with_clause(net, rows, bnd)
     eye = np.broadcast_to(np.eye(k), (len(batch.lower), k, k))
-    backward((*net.nodes, clause), bnd, top, eye, batch, linear)
+    backward(nodes, bnd, top, eye, batch, linear)
     out = np.zeros((len(batch.lower), k))
     n = batch.lower.shape[1]
     for b in range(len(batch.lower)):
