@@ -37,8 +37,8 @@ ABS = [(np.array([[1.0], [-1.0]]), np.zeros(2)), (np.array([[1.0, 1.0]]), np.zer
 # ------------------------------------------------------------------------------------------------------
 
 
-def save_net(path: Path, layers, dtype=TensorProto.DOUBLE) -> Path:
-    """Gemm layers ``(W (out, in), b)`` with a Relu (output ``h{i}``) between consecutive ones."""
+def save_net(path: Path, layers, dtype=TensorProto.DOUBLE, act: str = "Relu") -> Path:
+    """Gemm layers ``(W (out, in), b)`` with a Relu (``act``; output ``h{i}``) between consecutive ones."""
     nodes, inits, prev = [], [], "x"
     np_type = np.float64 if dtype == TensorProto.DOUBLE else np.float32
     for i, (W, b) in enumerate(layers):
@@ -47,7 +47,7 @@ def save_net(path: Path, layers, dtype=TensorProto.DOUBLE) -> Path:
         inits += [numpy_helper.from_array(np.asarray(b, np_type), f"b{i}")]
         prev = f"z{i}"
         if i < len(layers) - 1:
-            nodes.append(helper.make_node("Relu", [prev], [f"h{i}"]))
+            nodes.append(helper.make_node(act, [prev], [f"h{i}"]))
             prev = f"h{i}"
     x = helper.make_tensor_value_info("x", dtype, [1, layers[0][0].shape[1]])
     y = helper.make_tensor_value_info(prev, dtype, [1, layers[-1][0].shape[0]])
@@ -128,6 +128,10 @@ def forward(layers, x: np.ndarray) -> np.ndarray:
         x = x @ W.T + b
         x = np.maximum(x, 0) if i < len(layers) - 1 else x
     return x
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
 
 
 def interval(layers, lo: np.ndarray, hi: np.ndarray):
@@ -227,6 +231,84 @@ def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
     split["children"][1] = {"leaf": {"beta": {"0": {"0": 1.0}}}}
     r = check(tmp_path, doc, q, n)
     assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 2, 2, 0), r
+
+
+def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
+    """``sigmoid.lines`` on intervals below, above and across 0, tiny, wide and far out (where ``e^-z``
+    overflows in float64), and ``sigmoid.value_bounds``: every line below / above σ at 41 points of its
+    interval and every enclosure around σ, with σ and the lines' values in 40-digit arithmetic."""
+    mpmath = pytest.importorskip("mpmath")
+    from complete_verifier_ext.check import sigmoid
+
+    mpmath.mp.dps = 40
+    rng = np.random.default_rng(0)
+    c, w = rng.normal(size=200) * 4, np.abs(rng.normal(size=200)) * rng.choice([1e-6, 0.1, 1, 5, 30], 200)
+    l, u = (
+        np.concatenate([c - w, [-800, -740, -40, 0, -1e-9, 700]]),
+        np.concatenate([c + w, [-700, -700, 40, 0, 1e-9, 710]]),
+    )
+    k_lo, c_lo, k_up, c_up = sigmoid.lines(l, u)
+    v_lo, v_hi = sigmoid.value_bounds(np.concatenate([l, u]))
+
+    def sig(z):
+        return 1 / (1 + mpmath.exp(-mpmath.mpf(z)))
+
+    for i in range(len(l)):
+        for z in np.linspace(l[i], u[i], 41):
+            exact = sig(z)
+            assert (
+                mpmath.mpf(k_lo[i]) * z + mpmath.mpf(c_lo[i])
+                <= exact
+                <= mpmath.mpf(k_up[i]) * z + mpmath.mpf(c_up[i])
+            )
+    assert all(a <= sig(z) <= b for z, a, b in zip(np.concatenate([l, u]), v_lo, v_hi, strict=True))
+    # CROWN's lines: on a narrow interval both lines are within its rounding of σ
+    k_lo, c_lo, k_up, c_up = sigmoid.lines(np.array([0.3]), np.array([0.3 + 1e-4]))
+    assert 0 < (k_up - k_lo)[0] * 0.3 + (c_up - c_lo)[0] < 1e-8
+
+
+def sigmoid_instance(tmp_path: Path, margin: float, cuts: tuple = ()):
+    """A 3-8-8-2 net with Sigmoids between its Gemms on ``[-1, 1]^3``, counterexamples ``y_0 - y_1 <= d``,
+    ``d`` the sampled minimum minus ``margin`` of the range (negative: a sampled point is one); a proof
+    of one leaf, the whole box (``cuts``: the box cut at these points in each dimension)."""
+    layers = random_layers(5)
+    lo, hi = -np.ones(3), np.ones(3)
+    x = np.random.default_rng(1).uniform(lo, hi, (4000, 3))
+    for i, (W, b) in enumerate(layers):
+        x = x @ W.T + b
+        x = sigmoid(x) if i < len(layers) - 1 else x
+    margins = x @ np.array([1.0, -1.0])
+    d = float(margins.min() - margin * (margins.max() - margins.min()))
+    rows = [([1.0, -1.0], d)]
+    q = save_query(tmp_path / "q.vnnlib", lo, hi, rows)
+    n = save_net(tmp_path / "sig.onnx", layers, act="Sigmoid")
+    node = {"leaf": {}}
+    for dim in range(3 if cuts else 0):
+        node = {
+            "input": {"dim": dim, "at": list(cuts)},
+            "children": [copy.deepcopy(node) for _ in range(len(cuts) + 1)],
+        }
+    doc = proof(q, n, layers, [obligation(lo, hi, rows, node)])
+    doc["relu_layers"] = []
+    return doc, q, n
+
+
+def test_sigmoid_net_proofs(tmp_path):
+    """A sigmoid net (dist_shift's generator ends in a Sigmoid): a property with a margin of a fifth of
+    the sampled range closes on the whole box by the bound pass; one of a tenth, which the whole box
+    does not close (the LP over LP bounds finds 0), on the box cut in four along each dimension; one
+    that a sampled point violates is ``invalid``."""
+    doc, q, n = sigmoid_instance(tmp_path, 0.2)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds) == ("valid", 1, 1), r
+    doc, q, n = sigmoid_instance(tmp_path, 0.1)
+    assert check(tmp_path, doc, q, n).status == "invalid"
+    doc, q, n = sigmoid_instance(tmp_path, 0.1, cuts=(-0.5, 0.0, 0.5))
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds) == ("valid", 64, 64), r
+    doc, q, n = sigmoid_instance(tmp_path, -0.01)
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and "not discharged" in r.message, r
 
 
 def test_a_leaf_only_a_weighting_of_its_rows_closes(tmp_path):
@@ -753,9 +835,9 @@ def test_bounds_that_overflow_prove_nothing(tmp_path):
 
 
 def test_the_onnx_reader_agrees_with_onnx_reference():
-    """Conv (pads, strides), BatchNormalization, Sub of a constant, Relu, Reshape, MatMul, Add, Gemm with
-    alpha and beta, a residual Add: at a point, the bounds of the output bracket onnx.reference's float64
-    evaluation, within rounding."""
+    """Conv (pads, strides), BatchNormalization, Sub of a constant, Relu, Reshape, MatMul, Add, Sigmoid,
+    Gemm with alpha and beta, a residual Add: at a point, the bounds of the output bracket
+    onnx.reference's float64 evaluation, within rounding."""
     from onnx.reference import ReferenceEvaluator
 
     rng = np.random.default_rng(1)
@@ -770,8 +852,8 @@ def test_the_onnx_reader_agrees_with_onnx_reference():
              make("BatchNormalization", ["c", "sc", "bb", "mu", "var"], ["bn"], epsilon=1e-3),
              make("Sub", ["bn", "sub"], ["s"]), make("Relu", ["s"], ["r"]),
              make("Reshape", ["r", "shape"], ["f"]), make("MatMul", ["f", "M"], ["m"]),
-             make("Add", ["m", "mb"], ["a"]), make("Relu", ["a"], ["r2"]),
-             make("Gemm", ["r2", "G", "gb"], ["g"], alpha=0.3, beta=1.7), make("Add", ["g", "r2"], ["res"]),
+             make("Add", ["m", "mb"], ["a"]), make("Relu", ["a"], ["r2"]), make("Sigmoid", ["r2"], ["sg"]),
+             make("Gemm", ["sg", "G", "gb"], ["g"], alpha=0.3, beta=1.7), make("Add", ["g", "r2"], ["res"]),
              make("Relu", ["res"], ["y"])]  # fmt: skip
     x_info = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 2, 5, 4])
     y_info = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [1, 5])
@@ -831,14 +913,14 @@ def test_ops_that_move_elements_agree_with_onnx_reference():
 def test_an_unsupported_operator_is_named(tmp_path, capsys):
     doc, q, n = abs_instance(tmp_path)
     model = helper.make_model(helper.make_graph(
-        [helper.make_node("Sigmoid", ["x"], ["y"], name="squash")], "g",
+        [helper.make_node("Tanh", ["x"], ["y"], name="squash")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])]))  # fmt: skip
     n.write_bytes(model.SerializeToString())
     r = check(tmp_path, doc, q, n)
-    assert (r.status, r.message) == ("unsupported", "squash Sigmoid")
+    assert (r.status, r.message) == ("unsupported", "squash Tanh")
     code = solver_cli.main(["check", str(q), "--network", f"N={n}", "--proof", str(tmp_path / "proof.json")])
-    assert (code, capsys.readouterr().out) == (2, "unsupported: squash Sigmoid\n")
+    assert (code, capsys.readouterr().out) == (2, "unsupported: squash Tanh\n")
 
 
 def test_the_query_reader(tmp_path):

@@ -377,7 +377,8 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
         return None
     batch = _batch(net, [leaf], len(rows.d), verified)
     count = 0
-    for z in sorted({net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}):
+    smooth = {n.src for n in net.nodes if isinstance(n, onnx_net.Sigmoid)}  # every neuron is curved
+    for z in sorted({n.src for n in net.nodes if isinstance(n, (onnx_net.Relu, onnx_net.Sigmoid))}):
         with np.errstate(all="ignore"):
             bnd = bounds.node_bounds(net, batch, every=True)
             best = bounds.objective(net, rows, bnd, batch)[0] if count else -np.inf
@@ -386,7 +387,7 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
         if best > 0:  # the layers below, so bounded, are enough
             return best, "optimal"
         lo, hi = bnd.lower[z].copy(), bnd.upper[z].copy()
-        unstable = np.flatnonzero((lo[0] < 0) & (hi[0] > 0))
+        unstable = np.flatnonzero((lo[0] < hi[0]) if z in smooth else (lo[0] < 0) & (hi[0] > 0))
         count += len(unstable)
         if count > LP_BOUNDS_MAX[0]:
             return None

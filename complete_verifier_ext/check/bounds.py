@@ -21,6 +21,9 @@ slack`` over the region: ``const`` rounded down, ``slack`` (rounding errors so f
   smallest float above both ``-s_j l`` and ``u - s_j u`` (the line checked at both ends: by convexity
   it lies above the ReLU on ``[l, u]``); a split neuron adds ``β_j z_j`` (phase ``z_j <= 0``) or
   ``-β_j z_j`` (``z_j >= 0``), a term ``<= 0`` on the region; ``slack`` takes the products' rounding;
+* sigmoid ``h = σ(z)`` on ``[l, u]``: where ``a_j >= 0`` its lower line, where ``a_j < 0`` its upper
+  line (``sigmoid.lines``: valid in real arithmetic for the float coefficients); ``slack`` takes the
+  products' rounding;
 * sum ``z = x_a ± x_b``: ``±a`` to each operand (summed where paths meet, the rounding charged);
 * input: ``const += min over the box of a·x = a⁺·l + a⁻·u``.
 """
@@ -31,7 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .onnx_net import Affine, Input, Net, Relu, affine, sources
+from . import sigmoid
+from .onnx_net import Affine, Input, Net, Relu, Sigmoid, affine, sources
 from .query import Rows
 from .rounding import down, err, sum_up, up
 
@@ -61,7 +65,7 @@ class Bounds:
 
     lower: list
     upper: list
-    relax: dict
+    relax: dict  # a sigmoid node's: (k_lo, c_lo, k_up, c_up)
     em: dict
     empty: np.ndarray
     finite: np.ndarray
@@ -83,17 +87,16 @@ def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True, every: bool 
     every neuron of a ReLU's input, the stable ones too (tighter later layers, at more cost)."""
     B, N = len(batch.lower), len(net.nodes)
     bnd = Bounds([None] * N, [None] * N, {}, {}, np.zeros(B, dtype=bool), np.ones(B, dtype=bool))
-    clamps = {
-        k: [r for r in range(N) if isinstance(net.nodes[r], Relu) and net.nodes[r].src == k] for k in range(N)
-    }
-    deep = [False] * N  # a ReLU at or below the node
+    acts = {k: [r for r in range(N) if _activation(net.nodes[r]) and net.nodes[r].src == k] for k in range(N)}
+    deep = [False] * N  # an activation at or below the node
     for k, node in enumerate(net.nodes):
-        deep[k] = isinstance(node, Relu) or any(deep[s] for s in sources(node))
+        deep[k] = _activation(node) or any(deep[s] for s in sources(node))
         bnd.lower[k], bnd.upper[k] = _interval(node, k, bnd, batch)
-        phases = [batch.phase.get(r) for r in clamps[k]]
+        phases = [batch.phase.get(r) for r in acts[k]]
         _restrict(bnd, k, phases, batch.claims.get(k))
-        if clamps[k] and any(deep[s] for s in sources(node)) and (claimed_crown or k not in batch.claims):
-            _crown(net, bnd, k, every)
+        crown = acts[k] and not _activation(node) and any(deep[s] for s in sources(node))
+        if crown and (claimed_crown or k not in batch.claims):  # (an activation's output: its own bounds)
+            _crown(net, bnd, k, every, any(isinstance(net.nodes[r], Sigmoid) for r in acts[k]))
             _restrict(bnd, k, phases, None)
         if k in batch.checking:  # claims used (and to verify) only where the own bounds are unstable
             bnd.own[k] = (bnd.lower[k].copy(), bnd.upper[k].copy())
@@ -102,18 +105,21 @@ def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True, every: bool 
             _restrict(bnd, k, [], (np.where(unstable, lo, -np.inf), np.where(unstable, hi, np.inf)))
         if isinstance(node, Relu):
             bnd.relax[k] = _relaxation(bnd.lower[node.src], bnd.upper[node.src])
+        elif isinstance(node, Sigmoid):
+            bnd.relax[k] = sigmoid.lines(bnd.lower[node.src], bnd.upper[node.src])
         bnd.empty |= (bnd.lower[k] > bnd.upper[k]).any(axis=1)
         bnd.finite &= np.isfinite(bnd.lower[k]).all(axis=1) & np.isfinite(bnd.upper[k]).all(axis=1)
     return bnd
 
 
-def _crown(net: Net, bnd: Bounds, k: int, every: bool = False) -> None:
+def _crown(net: Net, bnd: Bounds, k: int, every: bool = False, whole: bool = False) -> None:
     """CROWN's bounds of node ``k``'s neurons, where tighter, for each leaf on the neurons it has
-    unstable (``every``: on all, and the best of four lower slopes for the ReLUs below: the adaptive
-    one, ``s_j``, 0 and 1, each neuron's own best): a leaf's bounds do not depend on the other leaves
-    of its batch (a leaf is bounded as if alone, as the verifier bounded it)."""
+    unstable (``whole``, a sigmoid's input: on all; ``every``: on all, and the best of four lower slopes
+    for the ReLUs below: the adaptive one, ``s_j``, 0 and 1, each neuron's own best): a leaf's bounds
+    do not depend on the other leaves of its batch (a leaf is bounded as if alone, as the verifier
+    bounded it)."""
     mine = (bnd.lower[k] < 0) & (bnd.upper[k] > 0)  # (B, n)
-    mine |= every
+    mine |= every or whole
     unstable = np.flatnonzero(mine.any(axis=0))
     if unstable.size:
         r = unstable.size
@@ -124,7 +130,7 @@ def _crown(net: Net, bnd: Bounds, k: int, every: bool = False) -> None:
         for pick in (lambda s: s, np.zeros_like, np.ones_like) if every else ():
             # α-CROWN's optimised slopes (α,β-CROWN's input split under α-CROWN bounds) tighten a box's
             # intermediate bounds beyond the adaptive ones: fixed slopes get part of the way
-            alpha = {j: pick(relax[1]) for j, relax in bnd.relax.items() if j < k}
+            alpha = {j: pick(bnd.relax[j][1]) for j in bnd.relax if j < k and isinstance(net.nodes[j], Relu)}
             fixed = Batch(bnd.lower[0], bnd.upper[0], {}, alpha, {}, A)
             res = np.fmax(res, backward(net.nodes, bnd, k, A, fixed))
         here = mine[:, unstable]
@@ -139,6 +145,8 @@ def _interval(node, k: int, bnd: Bounds, batch: Batch) -> tuple[np.ndarray, np.n
         return batch.lower.copy(), batch.upper.copy()
     if isinstance(node, Relu):
         return np.maximum(bnd.lower[node.src], 0.0), np.maximum(bnd.upper[node.src], 0.0)
+    if isinstance(node, Sigmoid):  # increasing
+        return sigmoid.value_bounds(bnd.lower[node.src])[0], sigmoid.value_bounds(bnd.upper[node.src])[1]
     if isinstance(node, Affine):
         l, u, n = bnd.lower[node.src], bnd.upper[node.src], node.W.shape[1]
         bnd.em[k] = up(sum_up(bnd.mag(node.src) @ node.E.T, n) + node.eb)
@@ -194,8 +202,9 @@ def backward(nodes, bnd: Bounds, top: int, A: np.ndarray, batch: Batch | None, l
             const = down(const + _mv(a, node.b))
             slack = up(slack + sum_up(_mv(np.abs(a), bnd.em[k]), a.shape[2]))
             slack = _give(pending, bnd, node.src, a @ node.W, slack)
-        elif isinstance(node, Relu):
-            q, c, step = _relu_step(node, k, a, bnd, batch)
+        elif isinstance(node, (Relu, Sigmoid)):
+            step_of = _relu_step if isinstance(node, Relu) else _sigmoid_step
+            q, c, step = step_of(node, k, a, bnd, batch)
             const = down(const + c)
             slack = _give(pending, bnd, node.src, q, up(slack + step))
         else:
@@ -230,6 +239,24 @@ def _relu_step(node: Relu, k: int, a: np.ndarray, bnd: Bounds, batch: Batch | No
     n, neg_t = a.shape[2], _mv(np.minimum(a_cut, 0.0), t[:, cut])
     step = up(err(-neg_t, n) + err(size, n))
     return q, neg_t, step
+
+
+def _sigmoid_step(node: Sigmoid, k: int, a: np.ndarray, bnd: Bounds, batch: Batch | None):
+    """The sigmoid step of the module docstring, as :func:`_relu_step` returns it: ``a⁺`` takes the
+    lower line, ``a⁻`` the upper one; the rounding of the products ``a_j k_j`` and of the intercepts'
+    dot product."""
+    k_lo, c_lo, k_up, c_up = (x[:, None, :] for x in bnd.relax[k])
+    pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+    q = pos * k_lo + neg * k_up
+    n = a.shape[2]
+    c = (pos * c_lo + neg * c_up).sum(axis=2)
+    size = (pos * np.abs(c_lo) - neg * np.abs(c_up)).sum(axis=2)
+    step = up(err(size, n) + err(2.0 * _mv(np.abs(q), bnd.mag(node.src)), n))
+    return q, c, step
+
+
+def _activation(node) -> bool:
+    return isinstance(node, (Relu, Sigmoid))
 
 
 def objective(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:

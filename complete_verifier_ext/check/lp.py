@@ -4,7 +4,8 @@ dual solution (the LP's own objective value is never used).
 Variables ``v``: every node's value, in the leaf's bounds (its phases clamped in), and ``τ`` in
 ``[0, T]``. Rows ``lo <= A v <= hi``: per affine node ``z - W x = b`` (within ``b ± b_rad``); per ReLU
 neuron, stable active ``h - z = 0`` (a dead one is fixed at 0 by its box), unstable ``h - z >= 0`` and
-``h - s z <= t`` (the bound pass's upper line); per sum ``z - x_a ∓ x_b = 0``; per clause row
+``h - s z <= t`` (the bound pass's upper line); per sigmoid neuron, the bound pass's two lines
+``h - k_lo z >= c_lo`` and ``h - k_up z <= c_up``; per sum ``z - x_a ∓ x_b = 0``; per clause row
 ``C_i y - τ <= d_i``. ``T = max_i (Σ_j |C_ij| m_y_j + |d_i|) + 1`` exceeds every row's value. Minimise
 ``τ``: a point of the relaxation meeting every row has ``τ = 0`` feasible, so a lower bound ``> 0`` on
 ``τ`` (or an infeasible LP) leaves no point of the leaf meeting the clause.
@@ -28,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .bounds import Bounds
-from .onnx_net import Affine, Input, Net, Relu
+from .onnx_net import Affine, Input, Net, Relu, Sigmoid
 from .query import Rows
 from .rounding import down, err, sum_up, up
 
@@ -115,6 +116,13 @@ def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | No
             R.add([me[act], z[act]], [1.0, -1.0], [0.0, 0.0], 0.0, 0.0)
             R.add([me[uns], z[uns]], [1.0, -1.0], [0.0, 0.0], 0.0, np.inf)
             R.add([me[uns], z[uns]], [1.0, -s[uns]], [0.0, 0.0], -np.inf, t[uns])
+        elif isinstance(node, Sigmoid):
+            z, (k_lo, c_lo, k_up, c_up) = (
+                off[node.src] + np.arange(net.sizes[k]),
+                (x[b] for x in bnd.relax[k]),
+            )
+            R.add([me, z], [1.0, -k_lo], [0.0, 0.0], c_lo, np.inf)
+            R.add([me, z], [1.0, -k_up], [0.0, 0.0], -np.inf, c_up)
         elif not isinstance(node, Input):
             a, c = off[node.a] + np.arange(net.sizes[k]), off[node.b] + np.arange(net.sizes[k])
             R.add([me, a, c], [1.0, -1.0, -node.sign], [0.0, 0.0, 0.0], 0.0, 0.0)

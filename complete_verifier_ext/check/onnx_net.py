@@ -1,5 +1,5 @@
-"""The network as the checker reads it: an ONNX graph as a DAG of affine maps, sums and ReLUs on flat
-float64 vectors.
+"""The network as the checker reads it: an ONNX graph as a DAG of affine maps, sums, ReLUs and
+sigmoids on flat float64 vectors.
 
 Every tensor is a flat vector in row-major order, batch dimension 1 (a symbolic dimension counts as
 1). Node 0 is the input; the others follow the graph's (topological) order:
@@ -7,6 +7,7 @@ Every tensor is a flat vector in row-major order, batch dimension 1 (a symbolic 
 * :class:`Affine` ``z = W x_src + b``: Gemm, MatMul with one constant side, Conv as its dense matrix
   (groups 1), and a constant Add / Sub / BatchNormalization composed with the affine node before it;
 * :class:`Relu` ``h = max(z, 0)`` elementwise;
+* :class:`Sigmoid` ``h = 1 / (1 + e^-z)`` elementwise (``sigmoid.py``);
 * :class:`Sum` ``z = x_a + sign·x_b``: Add or Sub of two tensors of one shape (a residual connection).
 
 Flatten, Reshape, Identity and Dropout only rename a vector; constant subgraphs (Shape, Gather,
@@ -70,6 +71,11 @@ def affine(src: int, W, b, W_rad=None, b_rad=None) -> Affine:
 class Relu:
     src: int
     layer: int  # position among the graph's Relu nodes
+
+
+@dataclass(frozen=True)
+class Sigmoid:
+    src: int
 
 
 @dataclass(frozen=True)
@@ -354,6 +360,9 @@ class _Builder:
         out = self._push(Relu(x.node, len(self.relus)), x.shape)
         self.relus.append(ReluLayer(len(self.relus), node.output[0], math.prod(x.shape), out.node))
         return out
+
+    def _op_sigmoid(self, node, ins, at) -> _Var:
+        return self._push(Sigmoid(ins[0].node), ins[0].shape)
 
     def _op_flatten(self, node, ins, at) -> _Var:
         x = ins[0]

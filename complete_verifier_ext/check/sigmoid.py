@@ -1,0 +1,92 @@
+"""The logistic sigmoid ``σ(z) = 1 / (1 + e^-z)`` made rigorous: enclosures of its values and, on an
+interval ``[l, u]``, a lower line ``k_lo z + c_lo <= σ(z)`` and an upper line ``σ(z) <= k_up z + c_up``
+that hold in real arithmetic for the float coefficients returned.
+
+Values: ``σ`` in float64 (``e^z / (1 + e^z)`` for ``z < 0``, so nothing overflows) is within a relative
+``ε + 3u`` of the exact value, ``ε`` the error of ``exp``; :data:`REL` (``2^-44``) is far above that
+(libm and numpy's ``exp`` err by a few ``u``), plus an absolute ``2η`` for underflow.
+
+Lines: any slope ``k`` gives a valid line once its intercept is a lower bound of ``g(z) = σ(z) - k z``
+over ``[l, u]``. ``σ`` is convex on ``z <= 0`` and concave on ``z >= 0``. On the concave part ``g`` is
+concave: its minimum is at an end. On the convex part ``[a, b]`` ``g`` is convex: for any ``d`` in it,
+``g(z) >= g(d) + g'(d)(z - d)``, so ``min g >= g(d) - max((g'(d))⁺ (d - a), (-g'(d))⁺ (b - d))``, with
+``g'(d) = σ'(d) - k`` enclosed. ``d`` is where ``σ'(d) = k`` (bisection; only a choice, the formula is
+valid at any ``d``). The slope is CROWN's: on a convex interval the tangent at the midpoint, on a
+concave one the chord, across 0 the tangent at the ``d <= 0`` whose line passes through ``(u, σ(u))``
+(the chord where none does). The upper line is the lower line of the mirror image, as
+``σ(z) = 1 - σ(-z)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .rounding import ETA, U, down, up
+
+REL = 2.0**-44  # the relative error allowed to a float64 value of σ or σ'
+_STEPS = 60  # bisection steps (each halves an interval of at most the input's width)
+
+
+def _sigma(z: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _slope(z: np.ndarray) -> np.ndarray:
+    """``σ'(z) = e / (1 + e)²``, ``e = e^-|z|`` (within a relative :data:`REL`)."""
+    e = np.exp(-np.abs(z))
+    return e / ((1.0 + e) * (1.0 + e))
+
+
+def value_bounds(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lower, upper)`` enclosing the exact ``σ(z)`` of each float ``z``."""
+    s = _sigma(z)
+    return down(down(s * (1.0 - REL)) - 2 * ETA), up(up(s * (1.0 + REL)) + 2 * ETA)
+
+
+def lines(l: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(k_lo, c_lo, k_up, c_up)`` of each neuron's interval ``[l, u]`` (module docstring)."""
+    with np.errstate(all="ignore"):
+        k_lo = _crown_slope(l, u)
+        k_up = _crown_slope(-u, -l)
+        return k_lo, _intercept(l, u, k_lo), k_up, up(1.0 - _intercept(-u, -l, k_up))
+
+
+def _crown_slope(l: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The lower line's slope (only a choice: any slope is made valid by its intercept)."""
+    sl, su = _sigma(l), _sigma(u)
+    chord = np.where(u > l, (su - sl) / np.where(u > l, u - l, 1.0), _slope(l))
+
+    def h(d):  # the tangent at d, at u, above σ(u): its line is no lower bound
+        return _sigma(d) + _slope(d) * (u - d) - su
+
+    a, b = np.minimum(l, 0.0), np.zeros_like(l)
+    for _ in range(_STEPS):
+        m = 0.5 * (a + b)
+        below = h(m) < 0
+        a, b = np.where(below, m, a), np.where(below, b, m)
+    cross = np.where(h(l) < 0, _slope(a), chord)
+    return np.where(u <= 0, _slope(0.5 * (l + u)), np.where(l >= 0, chord, cross))
+
+
+def _g_low(z: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """A lower bound of ``σ(z) - k z``."""
+    return down(value_bounds(z)[0] - up(k * z))
+
+
+def _intercept(l: np.ndarray, u: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """A lower bound of ``min over [l, u] of σ(z) - k z``."""
+    concave = np.where(u >= 0, np.minimum(_g_low(np.maximum(l, 0.0), k), _g_low(u, k)), np.inf)
+    a, b = l, np.minimum(u, 0.0)
+    lo, hi = a.copy(), b.copy()  # σ' increases on z <= 0: where σ'(d) = k
+    for _ in range(_STEPS):
+        m = 0.5 * (lo + hi)
+        low = _slope(m) < k
+        lo, hi = np.where(low, m, lo), np.where(low, hi, m)
+    d = np.clip(lo, a, b)
+    sd = _slope(d)
+    gp = sd - k
+    delta = up(up(REL * sd + U * np.abs(gp)) + 4 * ETA)  # |g'(d) - gp|
+    loss = np.maximum(up(up(gp + delta) * up(d - a)), up(up(delta - gp) * up(b - d)))
+    convex = np.where(l <= 0, down(_g_low(d, k) - np.maximum(loss, 0.0)), np.inf)
+    return np.minimum(concave, convex)
