@@ -234,8 +234,8 @@ def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
 
 
 def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
-    """``sigmoid.lines`` on intervals below, above and across 0, tiny, wide and far out (where ``e^-z``
-    overflows in float64), and ``sigmoid.value_bounds``: every line below / above σ at 41 points of its
+    """``sigmoid.lines`` and ``sigmoid.tangents`` on intervals below, above and across 0, tiny, wide and
+    far out (where ``e^-z`` overflows in float64), and ``sigmoid.value_bounds``: every line below / above σ at 41 points of its
     interval and every enclosure around σ, with σ and the lines' values in 40-digit arithmetic."""
     mpmath = pytest.importorskip("mpmath")
     from complete_verifier_ext.check import sigmoid
@@ -248,6 +248,7 @@ def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
         np.concatenate([c + w, [-700, -700, 40, 0, 1e-9, 710]]),
     )
     k_lo, c_lo, k_up, c_up = sigmoid.lines(l, u)
+    k_t, lo_t, hi_t = sigmoid.tangents(l, u, 3)
     v_lo, v_hi = sigmoid.value_bounds(np.concatenate([l, u]))
 
     def sig(z):
@@ -261,6 +262,12 @@ def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
                 <= exact
                 <= mpmath.mpf(k_up[i]) * z + mpmath.mpf(c_up[i])
             )
+            for k, c_below, c_above in zip(k_t[i], lo_t[i], hi_t[i], strict=True):
+                assert (
+                    mpmath.mpf(k) * z + mpmath.mpf(c_below)
+                    <= exact
+                    <= mpmath.mpf(k) * z + mpmath.mpf(c_above)
+                )
     assert all(a <= sig(z) <= b for z, a, b in zip(np.concatenate([l, u]), v_lo, v_hi, strict=True))
     # CROWN's lines: on a narrow interval both lines are within its rounding of σ
     k_lo, c_lo, k_up, c_up = sigmoid.lines(np.array([0.3]), np.array([0.3 + 1e-4]))
@@ -295,17 +302,20 @@ def sigmoid_instance(tmp_path: Path, margin: float, cuts: tuple = ()):
 
 def test_sigmoid_net_proofs(tmp_path):
     """A sigmoid net (dist_shift's generator ends in a Sigmoid): a property with a margin of a fifth of
-    the sampled range closes on the whole box by the bound pass; one of a tenth, which the whole box
-    does not close (the LP over LP bounds finds 0), on the box cut in four along each dimension; one
-    that a sampled point violates is ``invalid``."""
+    the sampled range closes on the whole box by the bound pass; one of a tenth by the LP (CROWN's
+    lines alone leave it at 0, the tangents of ``lp.TANGENTS`` close it); one of a twentieth not on
+    the whole box, on its eighths (two by the LP); one that a sampled point violates is ``invalid``."""
     doc, q, n = sigmoid_instance(tmp_path, 0.2)
     r = check(tmp_path, doc, q, n)
     assert (r.status, r.leaves, r.by_bounds) == ("valid", 1, 1), r
     doc, q, n = sigmoid_instance(tmp_path, 0.1)
-    assert check(tmp_path, doc, q, n).status == "invalid"
-    doc, q, n = sigmoid_instance(tmp_path, 0.1, cuts=(-0.5, 0.0, 0.5))
     r = check(tmp_path, doc, q, n)
-    assert (r.status, r.leaves, r.by_bounds) == ("valid", 64, 64), r
+    assert (r.status, r.leaves, r.by_lp) == ("valid", 1, 1), r
+    doc, q, n = sigmoid_instance(tmp_path, 0.05)
+    assert check(tmp_path, doc, q, n).status == "invalid"
+    doc, q, n = sigmoid_instance(tmp_path, 0.05, cuts=(0.0,))
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_lp) == ("valid", 8, 2), r
     doc, q, n = sigmoid_instance(tmp_path, -0.01)
     r = check(tmp_path, doc, q, n)
     assert r.status == "invalid" and "not discharged" in r.message, r

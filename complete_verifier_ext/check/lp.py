@@ -5,10 +5,11 @@ Variables ``v``: every node's value, in the leaf's bounds (its phases clamped in
 ``[0, T]``. Rows ``lo <= A v <= hi``: per affine node ``z - W x = b`` (within ``b ± b_rad``); per ReLU
 neuron, stable active ``h - z = 0`` (a dead one is fixed at 0 by its box), unstable ``h - z >= 0`` and
 ``h - s z <= t`` (the bound pass's upper line); per sigmoid neuron, the bound pass's two lines
-``h - k_lo z >= c_lo`` and ``h - k_up z <= c_up``; per sum ``z - x_a ∓ x_b = 0``; per clause row
-``C_i y - τ <= d_i``. ``T = max_i (Σ_j |C_ij| m_y_j + |d_i|) + 1`` exceeds every row's value. Minimise
-``τ``: a point of the relaxation meeting every row has ``τ = 0`` feasible, so a lower bound ``> 0`` on
-``τ`` (or an infeasible LP) leaves no point of the leaf meeting the clause.
+``h - k_lo z >= c_lo`` and ``h - k_up z <= c_up`` and :data:`TANGENTS` pairs more; per sum
+``z - x_a ∓ x_b = 0``; per clause row ``C_i y - τ <= d_i``. ``T = max_i (Σ_j |C_ij| m_y_j + |d_i|) + 1``
+exceeds every row's value. Minimise ``τ``: a point of the relaxation meeting every row has ``τ = 0``
+feasible, so a lower bound ``> 0`` on ``τ`` (or an infeasible LP) leaves no point of the leaf meeting
+the clause.
 
 The bound (Neumaier and Shcherbina, "Safe bounds in linear and mixed-integer linear programming",
 2004): for any row multipliers ``y`` and feasible ``v``, ``c·v = (c - Aᵀy)·v + y·(Av) >= min over the
@@ -28,11 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from . import sigmoid
 from .bounds import Bounds
 from .onnx_net import Affine, Input, Net, Relu, Sigmoid
 from .query import Rows
 from .rounding import down, err, sum_up, up
 
+TANGENTS = 6  # per sigmoid neuron, lines of σ' at so many points of its interval (sigmoid.tangents)
 TIME_LIMIT = "time limit"  # Solver.minimum's status where HiGHS stopped at its time limit
 
 
@@ -123,6 +126,10 @@ def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | No
             )
             R.add([me, z], [1.0, -k_lo], [0.0, 0.0], c_lo, np.inf)
             R.add([me, z], [1.0, -k_up], [0.0, 0.0], -np.inf, c_up)
+            k_t, lo_t, hi_t = sigmoid.tangents(bnd.lower[node.src][b], bnd.upper[node.src][b], TANGENTS)
+            me_t, z_t = np.repeat(me, TANGENTS), np.repeat(z, TANGENTS)
+            R.add([me_t, z_t], [1.0, -k_t.ravel()], [0.0, 0.0], lo_t.ravel(), np.inf)
+            R.add([me_t, z_t], [1.0, -k_t.ravel()], [0.0, 0.0], -np.inf, hi_t.ravel())
         elif not isinstance(node, Input):
             a, c = off[node.a] + np.arange(net.sizes[k]), off[node.b] + np.arange(net.sizes[k])
             R.add([me, a, c], [1.0, -1.0, -node.sign], [0.0, 0.0, 0.0], 0.0, 0.0)

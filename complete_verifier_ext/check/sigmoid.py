@@ -52,6 +52,18 @@ def lines(l: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         return k_lo, _intercept(l, u, k_lo), k_up, up(1.0 - _intercept(-u, -l, k_up))
 
 
+def tangents(l: np.ndarray, u: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """More lines for the LP, ``(slopes, lower intercepts, upper intercepts)`` each ``(n, count)``: the
+    slopes ``σ'`` at ``count`` points spread over ``[l, u]``, each with both intercepts made valid (a
+    tangent where ``σ`` is convex is a tight lower line, where concave a tight upper one): together an
+    outer approximation of ``σ``'s convex hull on the interval, which CROWN's one pair of lines is not."""
+    l, u = l[:, None], u[:, None]
+    at = l + (u - l) * ((np.arange(count) + 0.5) / count)
+    with np.errstate(all="ignore"):
+        k = _slope(at)
+        return k, _intercept(l, u, k), up(1.0 - _intercept(-u, -l, k))
+
+
 def _crown_slope(l: np.ndarray, u: np.ndarray) -> np.ndarray:
     """The lower line's slope (only a choice: any slope is made valid by its intercept)."""
     sl, su = _sigma(l), _sigma(u)
