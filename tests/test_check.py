@@ -235,8 +235,9 @@ def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
 
 def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
     """``sigmoid.lines`` and ``sigmoid.tangents`` on intervals below, above and across 0, tiny, wide and
-    far out (where ``e^-z`` overflows in float64), and ``sigmoid.value_bounds``: every line below / above σ at 41 points of its
-    interval and every enclosure around σ, with σ and the lines' values in 40-digit arithmetic."""
+    far out (where ``e^-z`` overflows in float64), and ``sigmoid.value_bounds``: every line below / above
+    σ at 41 points of its interval and every enclosure around σ, with σ and the lines' values in 40-digit
+    arithmetic."""
     mpmath = pytest.importorskip("mpmath")
     from complete_verifier_ext.check import sigmoid
 
