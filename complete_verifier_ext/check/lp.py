@@ -112,24 +112,8 @@ def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | No
                 lo=down(node.b - b_rad),
                 hi=up(node.b + b_rad),
             )
-        elif isinstance(node, Relu):
-            z, (_, s, t) = off[node.src] + np.arange(net.sizes[k]), (x[b] for x in bnd.relax[k])
-            l, u = bnd.lower[node.src][b], bnd.upper[node.src][b]
-            act, uns = l >= 0, (l < 0) & (u > 0)
-            R.add([me[act], z[act]], [1.0, -1.0], [0.0, 0.0], 0.0, 0.0)
-            R.add([me[uns], z[uns]], [1.0, -1.0], [0.0, 0.0], 0.0, np.inf)
-            R.add([me[uns], z[uns]], [1.0, -s[uns]], [0.0, 0.0], -np.inf, t[uns])
-        elif isinstance(node, Sigmoid):
-            z, (k_lo, c_lo, k_up, c_up) = (
-                off[node.src] + np.arange(net.sizes[k]),
-                (x[b] for x in bnd.relax[k]),
-            )
-            R.add([me, z], [1.0, -k_lo], [0.0, 0.0], c_lo, np.inf)
-            R.add([me, z], [1.0, -k_up], [0.0, 0.0], -np.inf, c_up)
-            k_t, lo_t, hi_t = sigmoid.tangents(bnd.lower[node.src][b], bnd.upper[node.src][b], TANGENTS)
-            me_t, z_t = np.repeat(me, TANGENTS), np.repeat(z, TANGENTS)
-            R.add([me_t, z_t], [1.0, -k_t.ravel()], [0.0, 0.0], lo_t.ravel(), np.inf)
-            R.add([me_t, z_t], [1.0, -k_t.ravel()], [0.0, 0.0], -np.inf, hi_t.ravel())
+        elif isinstance(node, (Relu, Sigmoid)):
+            _activation_rows(R, node, k, bnd, b, me, off[node.src] + np.arange(net.sizes[k]))
         elif not isinstance(node, Input):
             a, c = off[node.a] + np.arange(net.sizes[k]), off[node.b] + np.arange(net.sizes[k])
             R.add([me, a, c], [1.0, -1.0, -node.sign], [0.0, 0.0, 0.0], 0.0, 0.0)
@@ -157,6 +141,26 @@ def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | No
     c = np.zeros(len(lo))
     c[-1] = 1.0 if rows is not None else 0.0
     return Lp(A, A_rad, np.concatenate(R.lo), np.concatenate(R.hi), lo, hi, c)
+
+
+def _activation_rows(R: _Rows, node, k: int, bnd: Bounds, b: int, me: np.ndarray, z: np.ndarray) -> None:
+    """The rows of an activation node ``k`` of leaf ``b`` (``me``, ``z``: its and its input's columns):
+    a ReLU's triangle, a sigmoid's lines (module docstring)."""
+    l, u = bnd.lower[node.src][b], bnd.upper[node.src][b]
+    if isinstance(node, Relu):
+        _, s, t = (x[b] for x in bnd.relax[k])
+        act, uns = l >= 0, (l < 0) & (u > 0)
+        R.add([me[act], z[act]], [1.0, -1.0], [0.0, 0.0], 0.0, 0.0)
+        R.add([me[uns], z[uns]], [1.0, -1.0], [0.0, 0.0], 0.0, np.inf)
+        R.add([me[uns], z[uns]], [1.0, -s[uns]], [0.0, 0.0], -np.inf, t[uns])
+        return
+    k_lo, c_lo, k_up, c_up = (x[b] for x in bnd.relax[k])
+    R.add([me, z], [1.0, -k_lo], [0.0, 0.0], c_lo, np.inf)
+    R.add([me, z], [1.0, -k_up], [0.0, 0.0], -np.inf, c_up)
+    k_t, lo_t, hi_t = sigmoid.tangents(l, u, TANGENTS)
+    me_t, z_t = np.repeat(me, TANGENTS), np.repeat(z, TANGENTS)
+    R.add([me_t, z_t], [1.0, -k_t.ravel()], [0.0, 0.0], lo_t.ravel(), np.inf)
+    R.add([me_t, z_t], [1.0, -k_t.ravel()], [0.0, 0.0], -np.inf, hi_t.ravel())
 
 
 def lagrangian(lp: Lp, y: np.ndarray, c: np.ndarray) -> float:
