@@ -191,6 +191,41 @@ def test_input_split_proofs_with_clipping(tmp_path):
         assert "input" in set().union(*(_kinds(o["tree"]) for o in doc["obligations"]))
 
 
+def _sigmoid_onnx(path: Path, sizes=(4, 24, 24, 3), seed: int = 4) -> Path:
+    """Gemm, Sigmoid, Gemm, Relu, Gemm (dist_shift's mix of activations), float32 weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, prev = [], [], "x"
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
+        W, b = rng.normal(size=(n_out, n_in)) * 2 / np.sqrt(n_in), rng.normal(size=n_out) * 0.1
+        inits += [numpy_helper.from_array(W.astype(np.float32), f"W{i}")]
+        inits += [numpy_helper.from_array(b.astype(np.float32), f"b{i}")]
+        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"b{i}"], [f"z{i}"], transB=1))
+        prev = f"z{i}"
+        if i < len(sizes) - 2:
+            nodes.append(helper.make_node("Sigmoid" if i == 0 else "Relu", [prev], [f"h{i}"]))
+            prev = f"h{i}"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, sizes[0]])
+    y = helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, sizes[-1]])
+    model = helper.make_model(helper.make_graph(nodes, "sig", [x], [y], inits))
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@needs_abcrown
+def test_a_sigmoid_networks_input_split_proof(tmp_path):
+    """A network with a Sigmoid and a ReLU (as dist_shift's), α,β-CROWN's input split under α-CROWN
+    bounds (dist_shift's settings): unsat, its proof valid; the checker reads the Sigmoid itself."""
+    from complete_verifier_ext.testing import write_vnnlib
+
+    onnx = _sigmoid_onnx(tmp_path / "sig.onnx")
+    x0 = np.array([0.2, -0.1, 0.4, 0.0])
+    vnnlib = Path(write_vnnlib(tmp_path / "p.vnnlib", x0 - 0.25, x0 + 0.25, 0, 3))  # sampled margin >= 0.26
+    doc = _proved(tmp_path, INPUT_SPLIT_YAML, onnx, vnnlib, "sig")
+    assert doc["producer"]["method"] == "incomplete+input-split", doc["producer"]  # (a clause each way)
+
+
 def test_phase_tree_from_histories_in_any_order():
     """Leaves of a case split whose histories list the splits in any order: the same tree as in order;
     a leaf missing is no case split."""
