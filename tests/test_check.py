@@ -305,7 +305,8 @@ def test_sigmoid_net_proofs(tmp_path):
     """A sigmoid net (dist_shift's generator ends in a Sigmoid): a property with a margin of a fifth of
     the sampled range closes on the whole box by the bound pass; one of a tenth by the LP (CROWN's
     lines alone leave it at 0, the tangents of ``lp.TANGENTS`` close it); one of a twentieth not on
-    the whole box, on its eighths (two by the LP); one that a sampled point violates is ``invalid``."""
+    the whole box, on the box cut in four along each dimension; one that a sampled point violates is
+    ``invalid``."""
     doc, q, n = sigmoid_instance(tmp_path, 0.2)
     r = check(tmp_path, doc, q, n)
     assert (r.status, r.leaves, r.by_bounds) == ("valid", 1, 1), r
@@ -314,9 +315,9 @@ def test_sigmoid_net_proofs(tmp_path):
     assert (r.status, r.leaves, r.by_lp) == ("valid", 1, 1), r
     doc, q, n = sigmoid_instance(tmp_path, 0.05)
     assert check(tmp_path, doc, q, n).status == "invalid"
-    doc, q, n = sigmoid_instance(tmp_path, 0.05, cuts=(0.0,))
+    doc, q, n = sigmoid_instance(tmp_path, 0.05, cuts=(-0.5, 0.0, 0.5))
     r = check(tmp_path, doc, q, n)
-    assert (r.status, r.leaves, r.by_lp) == ("valid", 8, 2), r
+    assert (r.status, r.leaves) == ("valid", 64), r
     doc, q, n = sigmoid_instance(tmp_path, -0.01)
     r = check(tmp_path, doc, q, n)
     assert r.status == "invalid" and "not discharged" in r.message, r
