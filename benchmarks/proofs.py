@@ -151,7 +151,8 @@ def verifier(
         cmd = ["abcrown", "--config", str(config), "--general.engine", "abcrown", "--device", "cpu",
                "--onnx_path", str(onnx), "--vnnlib_path", str(spec), "--general.root_path", ".",
                "--general.csv_name", "null", *ABCROWN_OFF.get(row["suite"], [])]  # fmt: skip
-        cmd += [w for kv in extra for w in (f"--{kv.split('=', 1)[0]}", kv.split("=", 1)[1])]
+        for key, value in (kv.split("=", 1) for kv in extra):
+            cmd += [f"--{key}", value]
     cmd += ["--bab.timeout", str(timeout), "--general.results_file", str(tmp / "out.txt"),
             "--summary", str(summary), "--quiet"]  # fmt: skip
     cmd += ["--parallel.mode", "fsdp", "--parallel.world_size", str(P)] if P > 1 else []

@@ -11,6 +11,7 @@ import ast
 import copy
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -123,10 +124,10 @@ def random_layers(seed: int, sizes=(3, 8, 8, 2)):
 # ------------------------------------------------------------------------------------------------------
 
 
-def forward(layers, x: np.ndarray) -> np.ndarray:
+def forward(layers, x: np.ndarray, act=lambda z: np.maximum(z, 0)) -> np.ndarray:
     for i, (W, b) in enumerate(layers):
         x = x @ W.T + b
-        x = np.maximum(x, 0) if i < len(layers) - 1 else x
+        x = act(x) if i < len(layers) - 1 else x
     return x
 
 
@@ -281,11 +282,9 @@ def sigmoid_instance(tmp_path: Path, margin: float, cuts: tuple = ()):
     of one leaf, the whole box (``cuts``: the box cut at these points in each dimension)."""
     layers = random_layers(5)
     lo, hi = -np.ones(3), np.ones(3)
-    x = np.random.default_rng(1).uniform(lo, hi, (4000, 3))
-    for i, (W, b) in enumerate(layers):
-        x = x @ W.T + b
-        x = sigmoid(x) if i < len(layers) - 1 else x
-    margins = x @ np.array([1.0, -1.0])
+    margins = forward(layers, np.random.default_rng(1).uniform(lo, hi, (4000, 3)), sigmoid) @ np.array(
+        [1.0, -1.0]
+    )
     d = float(margins.min() - margin * (margins.max() - margins.min()))
     rows = [([1.0, -1.0], d)]
     q = save_query(tmp_path / "q.vnnlib", lo, hi, rows)
@@ -825,16 +824,22 @@ def test_a_margin_only_naive_rounding_finds_positive(tmp_path):
 
 def test_bounds_that_overflow_prove_nothing(tmp_path):
     """Weights of 1e300 on a box of ±1e10: every bound overflows; whatever the rows, nothing is proved
-    (a relaxation built from infinite bounds means nothing), and nothing crashes."""
+    (a relaxation built from infinite bounds means nothing: a sigmoid's lines there are NaN), and
+    nothing crashes; with ReLUs or Sigmoids between the layers."""
     from complete_verifier_ext import check as checker
+    from complete_verifier_ext.check import sigmoid
 
+    assert not np.isfinite(sigmoid.lines(np.array([-np.inf]), np.array([np.inf]))).all()
     layers = [(np.array([[1e300], [-1e300]]), np.zeros(2)), (np.array([[1e300, 1e300]]), np.zeros(1))]
     lo, hi = np.array([-1e10]), np.array([1e10])
-    for c, d in (([1.0], -1.0), ([-1.0], 1.0)):  # y <= -1 (unsat), -y <= 1 (sat)
-        rows = [(c, d)]
-        q, n = save_query(tmp_path / "q.vnnlib", lo, hi, rows), save_net(tmp_path / "net.onnx", layers)
-        r = check(tmp_path, proof(q, n, layers, [obligation(lo, hi, rows, {"leaf": {}})]), q, n)
-        assert r.status == "invalid" and "not finite" in r.message, r
+    for act, (c, d) in itertools.product(("Relu", "Sigmoid"), (([1.0], -1.0), ([-1.0], 1.0))):
+        rows = [(c, d)]  # y <= -1, -y <= 1
+        q = save_query(tmp_path / "q.vnnlib", lo, hi, rows)
+        n = save_net(tmp_path / "net.onnx", layers, act=act)
+        doc = proof(q, n, layers, [obligation(lo, hi, rows, {"leaf": {}})])
+        doc["relu_layers"] = doc["relu_layers"] if act == "Relu" else []
+        r = check(tmp_path, doc, q, n)
+        assert r.status == "invalid" and "not finite" in r.message, (act, r)
         # the last fallback too: its LPs over infinite bounds prove nothing
         net, term = onnx_net.parse(read_bytes(str(n)), "net"), query.parse(read_bytes(str(q))).obligations[0]
         leaf = tree.Leaf(0, 0, "root", lo, hi, (), tree.Evidence())
@@ -1093,7 +1098,7 @@ ACAS_4_1 = SHARED / "acasxu" / "onnx" / "ACASXU_run2a_4_1_batch_2000.onnx"
 
 
 @pytest.mark.skipif(not ACAS_4_1.is_file(), reason="the ACAS Xu benchmark files are not here")
-def test_a_leaf_closed_only_over_lp_bounds(tmp_path):
+def test_a_leaf_closed_only_over_lp_bounds(tmp_path, monkeypatch):
     """A box of α,β-CROWN's ACAS Xu 4_1 property 1 proof (its input split with CROWN bounds): auto_LiRPA's
     CROWN proves it (margin 0.025), the checker's own pass does not (-0.52: its intermediate bounds
     differ from auto_LiRPA's, tighter at most neurons, looser at some), nor does the LP over them (0);
@@ -1118,6 +1123,10 @@ def test_a_leaf_closed_only_over_lp_bounds(tmp_path):
     assert bounds.objective(net, rows, bounds.node_bounds(net, batch, every=True), batch)[0] > 0
     ((_, _, kind, why),) = discharge(net, [rows], [leaf], {})
     assert kind == "bounds", why
+    # a NaN bound pass stops nothing early (NaN proves nothing): the LPs decide, to the same end
+    monkeypatch.setattr(bounds, "objective", lambda *args: np.array([np.nan]))
+    value, status = by_lp_bounds(net, rows, leaf, {})
+    assert status == "optimal" and value > 0.02, (value, status)
 
 
 def crown(layers, c: np.ndarray, L: np.ndarray, U: np.ndarray) -> np.ndarray:

@@ -72,13 +72,19 @@ def _crown_slope(l: np.ndarray, u: np.ndarray) -> np.ndarray:
     def h(d):  # the tangent at d, at u, above σ(u): its line is no lower bound
         return _sigma(d) + _slope(d) * (u - d) - su
 
-    a, b = np.minimum(l, 0.0), np.zeros_like(l)
+    d = _bisect(lambda m: h(m) < 0, np.minimum(l, 0.0), np.zeros_like(l))
+    cross = np.where(h(l) < 0, _slope(d), chord)
+    return np.where(u <= 0, _slope(0.5 * (l + u)), np.where(l >= 0, chord, cross))
+
+
+def _bisect(left, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The left end of ``[a, b]`` after :data:`_STEPS` halvings, keeping the half right of each midpoint
+    ``m`` where ``left(m)`` (the point sought lies right of it), else the left half."""
     for _ in range(_STEPS):
         m = 0.5 * (a + b)
-        below = h(m) < 0
-        a, b = np.where(below, m, a), np.where(below, b, m)
-    cross = np.where(h(l) < 0, _slope(a), chord)
-    return np.where(u <= 0, _slope(0.5 * (l + u)), np.where(l >= 0, chord, cross))
+        right = left(m)
+        a, b = np.where(right, m, a), np.where(right, b, m)
+    return a
 
 
 def _g_low(z: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -90,12 +96,7 @@ def _intercept(l: np.ndarray, u: np.ndarray, k: np.ndarray) -> np.ndarray:
     """A lower bound of ``min over [l, u] of σ(z) - k z``."""
     concave = np.where(u >= 0, np.minimum(_g_low(np.maximum(l, 0.0), k), _g_low(u, k)), np.inf)
     a, b = l, np.minimum(u, 0.0)
-    lo, hi = a.copy(), b.copy()  # σ' increases on z <= 0: where σ'(d) = k
-    for _ in range(_STEPS):
-        m = 0.5 * (lo + hi)
-        low = _slope(m) < k
-        lo, hi = np.where(low, m, lo), np.where(low, hi, m)
-    d = np.clip(lo, a, b)
+    d = np.clip(_bisect(lambda m: _slope(m) < k, a, b), a, b)  # σ' increases on z <= 0: σ'(d) = k
     sd = _slope(d)
     gp = sd - k
     delta = up(up(REL * sd + U * np.abs(gp)) + 4 * ETA)  # |g'(d) - gp|
