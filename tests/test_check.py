@@ -410,6 +410,69 @@ def test_an_lp_that_presolve_calls_infeasible_is_solved_again_without_it(monkeyp
     assert abs(value - expected[0]) <= 1e-7 * (1 + abs(value)), (value, expected)
 
 
+def test_an_infeasible_verdict_no_ray_proves_is_solved_again_from_cold(monkeypatch):
+    """HiGHS's simplex, warm-started from an earlier objective, called feasible LPs of a dist_shift leaf
+    infeasible, with no dual ray to prove it: with every run before a cold start made to say so here
+    (a fault injected), the LP is solved again from cold and its bound is the one of a solver left
+    alone; where even that says infeasible with no ray, nothing is proved (``-inf``)."""
+    import highspy
+
+    from complete_verifier_ext.check import lp
+
+    prob, c = _random_lp(200, 100, 6), np.random.default_rng(7).normal(size=200)
+    expected = lp.Solver(prob).minimum(c)
+    real, cold = lp.Solver._run, []
+
+    def wrong(self, solver: str, seconds: float, crossover: bool = False):
+        status = real(self, solver, seconds, crossover)
+        return status if cold else highspy.HighsModelStatus.kInfeasible
+
+    solver = lp.Solver(prob)
+    clear = solver.h.clearSolver
+    monkeypatch.setattr(lp.Solver, "_run", wrong)
+    monkeypatch.setattr(solver.h, "clearSolver", lambda: (cold.append(1), clear())[1])
+    value, status = solver.minimum(c)
+    assert (status, expected[1], len(cold)) == ("optimal", "optimal", 1)
+    assert abs(value - expected[0]) <= 1e-7 * (1 + abs(value)), (value, expected)
+    monkeypatch.setattr(lp.Solver, "_run", lambda *a, **k: highspy.HighsModelStatus.kInfeasible)
+    assert lp.Solver(prob).minimum(c) == (-np.inf, "infeasible")
+
+
+def test_tiny_coefficients_are_folded_into_their_rows_sides(tmp_path):
+    """A sigmoid far out (input near -22) has lines of slope ``σ' < 1e-9``, which HiGHS would drop
+    without moving the rows' sides: the LP holds no coefficient that small, every sampled point of the
+    network satisfies every row (the sides moved out by the dropped terms' range), and the LP's bound
+    is below the sampled minimum."""
+    from complete_verifier_ext.check import lp
+
+    layers = random_layers(5)
+    layers[0] = (layers[0][0], layers[0][1] - 22.0 * (np.arange(8) % 2))  # half the neurons far out
+    n = save_net(tmp_path / "far.onnx", layers, act="Sigmoid")
+    net = onnx_net.parse(read_bytes(str(n)), "n")
+    lo, hi = -np.ones(3), np.ones(3)
+    batch = bounds.Batch(lo[None], hi[None], {}, {}, {}, np.ones((1, 1, 1)))
+    bnd = bounds.node_bounds(net, batch)
+    assert (bnd.relax[2][0] < lp.TINY).any()  # (node 2: the first Sigmoid; its lower slopes)
+    top = len(net.nodes) - 1
+    bnd.own[top] = (bnd.lower[top], bnd.upper[top])  # (the LP over every node, no clause)
+    model = lp.build(net, bnd, 0, top=top)
+    assert np.abs(model.A.data).min() >= lp.TINY
+    x = np.random.default_rng(2).uniform(lo, hi, (2000, 3))
+    values = [x]
+    for node in net.nodes[1:]:
+        if isinstance(node, onnx_net.Affine):
+            values.append(values[node.src] @ node.W.T + node.b)
+        else:
+            values.append(sigmoid(values[node.src]))
+    v = np.concatenate(values, axis=1)
+    Av = (model.A @ v.T).T
+    assert (Av >= model.row_lo - 1e-12).all() and (Av <= model.row_hi + 1e-12).all()
+    c = np.zeros(v.shape[1])
+    c[-2] = 1.0  # y_0
+    value, status = lp.Solver(model).minimum(c)
+    assert status == "optimal" and value <= v[:, -2].min(), (value, v[:, -2].min())
+
+
 def test_a_conv_sized_lp_re_solved_warm_gives_the_interior_point_bounds():
     """An LP of over 5000 variables with ``many`` objectives: crossed over once, then re-solved by the
     dual simplex from that basis; each rigorous bound is the IPM's (the same optimum, to its tolerance)."""

@@ -38,6 +38,7 @@ from .rounding import down, err, sum_up, up
 # per sigmoid neuron, lines of σ' at so many points of its interval (sigmoid.tangents; with 6, an LP of a
 # dist_shift proof stopped at its time limit)
 TANGENTS = 3
+TINY = 1e-9  # smaller coefficients are folded into their rows' sides (_fold_tiny)
 TIME_LIMIT = "time limit"  # Solver.minimum's status where HiGHS stopped at its time limit
 
 
@@ -137,12 +138,37 @@ def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | No
         lo, hi = np.concatenate([*lo, [0.0]]), np.concatenate([*hi, [T]])
     shape = (R.n, len(lo))
     ijv = [np.concatenate(x) for x in (R.r, R.c, R.v, R.rad)]
+    row_lo, row_hi = _fold_tiny(
+        ijv, np.concatenate(R.lo), np.concatenate(R.hi), np.fmax(np.abs(lo), np.abs(hi))
+    )
     A = sp.csr_matrix((ijv[2], (ijv[0], ijv[1])), shape=shape)
     A.eliminate_zeros()
     A_rad = sp.csr_matrix((ijv[3], (ijv[0], ijv[1])), shape=shape) if ijv[3].any() else None
     c = np.zeros(len(lo))
     c[-1] = 1.0 if rows is not None else 0.0
-    return Lp(A, A_rad, np.concatenate(R.lo), np.concatenate(R.hi), lo, hi, c)
+    return Lp(A, A_rad, row_lo, row_hi, lo, hi, c)
+
+
+def _fold_tiny(
+    ijv: list, row_lo: np.ndarray, row_hi: np.ndarray, m: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' sides with every coefficient below :data:`TINY` in magnitude moved into them (in place:
+    the coefficient and its radius become 0): its term lies within ``±(|a| + rad) m_x`` (``m_x`` the
+    column's largest magnitude), so the sides move out by that much. HiGHS drops such coefficients
+    itself, without moving the sides (its ``small_matrix_value``), which changes the LP; a sigmoid's
+    lines far out have slopes down to 1e-13, and the LP of a dist_shift leaf with them was called
+    infeasible."""
+    r, _, v, rad = ijv
+    tiny = (np.abs(v) < TINY) & (v != 0)
+    if not tiny.any():
+        return row_lo, row_hi
+    term = up(up(np.abs(v[tiny]) + rad[tiny]) * m[ijv[1][tiny]])
+    shift = np.zeros(len(row_lo))
+    np.add.at(shift, r[tiny], term)
+    shift = sum_up(shift, int(np.bincount(r[tiny]).max()))
+    v[tiny], rad[tiny] = 0.0, 0.0
+    with np.errstate(invalid="ignore"):  # (an infinite side stays so)
+        return down(row_lo - shift), up(row_hi + shift)
 
 
 def _activation_rows(R: _Rows, node, k: int, bnd: Bounds, b: int, me: np.ndarray, z: np.ndarray) -> None:
@@ -245,21 +271,32 @@ class Solver:
         if status == kind.kInfeasible and self.presolve:  # presolve's verdict: wrong at times, so without it
             self.presolve = False
             status = self._run(self.solver, self.time_limit)
+        if status == kind.kInfeasible and not self._certified():
+            # no dual ray proves it: HiGHS's simplex, warm-started from the last objective's solution,
+            # called feasible LPs infeasible (dist_shift's LPs over LP bounds): once more from cold
+            self.h.clearSolver()
+            status = self._run(self.solver, self.time_limit)
+            if status == kind.kInfeasible and not self._certified():
+                return -np.inf, "infeasible"
         if status == kind.kOptimal:
             return lagrangian(self.lp, np.asarray(self.h.getSolution().row_dual), c), "optimal"
         if status == kind.kInfeasible:
-            if self.solver != "simplex":
-                self._run("simplex", self.time_limit)  # for a dual ray
-            _, has_ray, ray = self.h.getDualRay()
-            if has_ray:
-                zero = np.zeros_like(c)
-                bound = max(
-                    lagrangian(self.lp, np.asarray(ray), zero), lagrangian(self.lp, -np.asarray(ray), zero)
-                )
-                return (np.inf if bound > 0 else -np.inf), "infeasible"
+            return np.inf, "infeasible"
         if status == kind.kTimeLimit:
             return -np.inf, TIME_LIMIT
         return -np.inf, self.h.modelStatusToString(status)
+
+    def _certified(self) -> bool:
+        """Whether HiGHS's dual ray (the simplex's: another solver is run again for it) proves the LP,
+        just called infeasible, infeasible."""
+        if self.solver != "simplex":
+            self._run("simplex", self.time_limit)
+        _, has_ray, ray = self.h.getDualRay()
+        if not has_ray:
+            return False
+        zero = np.zeros(len(self.lp.lo))
+        ray = np.asarray(ray)
+        return max(lagrangian(self.lp, ray, zero), lagrangian(self.lp, -ray, zero)) > 0
 
 
 def _highs():
