@@ -2,8 +2,9 @@
 their size, what writing them costs the verifier, and what checking them costs the independent checker.
 
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/proofs.py \\
-        [--suites acasxu mnist_fc oval21 vnnlib2] [--engines native abcrown] [--ranks 1 2] [--limit N] \\
-        [--acasxu DIR --acasxu-results CSV] [--match REGEX] [--every K] [--timeout 120] \\
+        [--suites acasxu mnist_fc oval21 vnnlib2 vnncomp] [--engines native abcrown] [--ranks 1 2] \\
+        [--limit N] [--acasxu DIR --acasxu-results CSV] [--vnncomp DIR --vnncomp-results CSV] \\
+        [--match REGEX] [--every K] [--timeout 120] \\
         [--abcrown-set KEY=VALUE ...] [--out benchmarks/results/proofs]
 
 Instances: the known ``unsat`` ones of ``../shared/benchmarks/SUITE/verdicts.csv`` (mnist_fc 256x2 and
@@ -11,7 +12,11 @@ Instances: the known ``unsat`` ones of ``../shared/benchmarks/SUITE/verdicts.csv
 properties 1–4 and more) and ``--acasxu-results`` (an official results csv), the ACAS Xu instances of
 properties 1–4 that the csv answers ``unsat``. ``--match REGEX``: the instances whose ``onnx|vnnlib``
 names it finds; ``--every K``: every K-th of those; ``--limit N``: the first N of each suite.
-``vnnlib2``: VNN-LIB 2.0 queries of one network and of two (:func:`vnnlib2_instances`).
+``vnnlib2``: VNN-LIB 2.0 queries of one network and of two (:func:`vnnlib2_instances`). ``vnncomp``: a
+VNN-COMP category folder ``--vnncomp DIR`` (its ``instances.csv``, files plain or ``.gz``; e.g. VNN-COMP
+2024's ``dist_shift_2023``), the instances that the official results csv ``--vnncomp-results`` answers
+``unsat``, under the category's name; its configs are the ones the VNN-COMP scripts pick (α,β-CROWN's
+for the category, ``abcrown_plugin.vnncomp``; ours ``configs/CATEGORY.yaml`` or ``default.yaml``).
 
 Each instance, engine and P: the verifier once without and once with ``--general.proof`` (a fresh
 process each, the native engine through its resident worker; the instance's own time from its
@@ -22,8 +27,11 @@ engine's bundled ``configs/SUITE.yaml``; α,β-CROWN's own ``vnncomp21/acasxu.ya
 MILP refinement and cuts (``ABCROWN_OFF``: no proof can carry their bounds); ``--abcrown-set
 solver.bound_prop_method=alpha-crown``: a key of α,β-CROWN's config changed in every run. Recorded:
 both verdicts and times, the proof's size, the checker's answer, time, leaves, and how many it closed
-by the leaves' own bounds or by its LP fallback. Writes ``proofs.json`` (every row, with provenance;
-kept rows are not run again), ``proofs.md`` and ``proofs.png`` into ``--out``.
+by the leaves' own bounds or by its LP fallback. The checker's time is given with its process start-up
+(``check_s``, the wall time of the command, about 1.5 s of it importing onnx, numpy and HiGHS) and
+without (``check_inner_s``, what it reports), the latter comparable to the verifier's own time (its
+``--summary``, start-up left out). Writes ``proofs.json`` (every row, with provenance; kept rows are
+not run again), ``proofs.md`` and ``proofs.png`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -79,6 +87,9 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
                for r in rows]  # fmt: skip
         out = [r for r in out if r["vnnlib"].stem in ("prop_1", "prop_2", "prop_3", "prop_4")]
         out = [{k: gzipped(v) if k != "timeout" else v for k, v in r.items()} for r in out]
+    elif suite == "vnncomp":
+        out = vnncomp_instances(args.vnncomp, args.vnncomp_results)
+        suite = args.vnncomp.name
     else:
         folder = BENCH / suite
         rows = [r for r in csv.DictReader((folder / "verdicts.csv").open()) if r["expected"] == "unsat"]
@@ -88,6 +99,29 @@ def instances(suite: str, args: argparse.Namespace) -> list[dict]:
                for r in rows]  # fmt: skip
     out = [r for r in out if re.search(args.match, f"{label(str(r['onnx']))}|{r['vnnlib'].name}")]
     return [{"suite": suite, **r} for r in out[:: args.every][: args.limit or None]]
+
+
+def vnncomp_instances(folder: Path, results: Path) -> list[dict]:
+    """The instances of a VNN-COMP category folder that the results csv (its rows: category, onnx,
+    vnnlib, …, verdict; paths within the category's folder after its name) answers ``unsat``, with the
+    configs the VNN-COMP scripts would run."""
+    from complete_verifier_ext.abcrown_plugin.vnncomp import abcrown_config
+
+    def inside(path: str) -> str:
+        return os.path.normpath(path.split(f"/{folder.name}/", 1)[-1])
+
+    unsat = {(inside(r[1]), inside(r[2])) for r in csv.reader(results.open())
+             if len(r) > 4 and r[0] == folder.name and r[4].strip() == "unsat"}  # fmt: skip
+    ours = REPO / "configs" / f"{folder.name}.yaml"
+    out = []
+    for onnx, spec, timeout in csv.reader((folder / "instances.csv").open()):
+        if (os.path.normpath(onnx), os.path.normpath(spec)) not in unsat:
+            continue
+        theirs = abcrown_config(Path(os.environ.get("ABCROWN_PATH", ".")), folder.name, onnx, spec)
+        config = ours if ours.exists() else REPO / "configs" / "default.yaml"
+        files = {"onnx": gzipped(folder / onnx), "vnnlib": gzipped(folder / spec)}
+        out.append({**files, "timeout": float(timeout), "config": str(config), "abcrown_config": str(theirs)})
+    return out
 
 
 def vnnlib2_instances(folder: Path) -> list[dict]:
@@ -139,10 +173,11 @@ def verifier(
     onnx, spec = plain(row["onnx"], tmp), plain(row["vnnlib"], tmp)
     if engine == "native":
         cmd = [sys.executable, "-m", "complete_verifier_ext.worker", "run", "native", "cli",
-               "--config", str(REPO / "configs" / CONFIGS[row["suite"]]), "--general.csv_name", "null",
+               "--config", row.get("config") or str(REPO / "configs" / CONFIGS[row["suite"]]),
+               "--general.csv_name", "null",
                "--model.onnx_path", str(onnx), "--specification.vnnlib_path", str(spec)]  # fmt: skip
     else:
-        config = (
+        config = row.get("abcrown_config") or (
             Path(os.environ["ABCROWN_PATH"])
             / "complete_verifier"
             / "exp_configs"
@@ -211,6 +246,8 @@ def summarize(rows: dict) -> list[dict]:
         both = [r for r in written if r["bare"].get("verdict") == "unsat" and r["bare"]["time_s"] > 0]
         ratio = [r["proved"]["time_s"] / r["bare"]["time_s"] for r in both]
         check = [r["check_s"] / max(r["proved"]["time_s"], 1e-3) for r in written]
+        inner = [r["check_inner_s"] / max(r["proved"]["time_s"], 1e-3) for r in written]
+        verify_s = sum(r["proved"]["time_s"] for r in written)
         kb = [r["proof_bytes"] / 1024 for r in written]
         bare_s, proved_s = (sum(r[k]["time_s"] for r in both) for k in ("bare", "proved"))
         out.append({
@@ -220,6 +257,9 @@ def summarize(rows: dict) -> list[dict]:
             "overhead_total": round(proved_s / bare_s, 3) if both else None,
             "overhead_median": round(statistics.median(ratio), 3) if ratio else None,
             "check_vs_verify_median": round(statistics.median(check), 2) if check else None,
+            "inner_vs_verify_median": round(statistics.median(inner), 2) if inner else None,
+            "inner_vs_verify_total": round(sum(r["check_inner_s"] for r in written) / verify_s, 2)
+            if written and verify_s > 0 else None,
             "leaves": sum(r["leaves"] for r in written), "by_bounds": sum(r["by_bounds"] for r in written),
             "by_lp": sum(r["by_lp"] for r in written),
             "not_written": sorted({n for r in unsat if "answer" not in r for n in r["proved"]["notes"]}),
@@ -229,7 +269,8 @@ def summarize(rows: dict) -> list[dict]:
 
 def table(summary: list[dict]) -> str:
     cols = ["suite", "engine", "P", "instances", "unsat", "written", "valid", "median_kb", "overhead_total",
-            "overhead_median", "check_vs_verify_median", "leaves", "by_bounds", "by_lp"]  # fmt: skip
+            "overhead_median", "check_vs_verify_median", "inner_vs_verify_median", "inner_vs_verify_total",
+            "leaves", "by_bounds", "by_lp"]  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(s[c]) for c in cols) + " |" for s in summary]
     notes = [
@@ -279,7 +320,8 @@ def plot(rows: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--suites", nargs="+", default=["acasxu", "mnist_fc", "oval21"], choices=list(CONFIGS))
+    ap.add_argument("--suites", nargs="+", default=["acasxu", "mnist_fc", "oval21"],
+                    choices=[*CONFIGS, "vnncomp"])  # fmt: skip
     ap.add_argument("--engines", nargs="+", default=["native", "abcrown"], choices=["native", "abcrown"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--limit", type=int, default=0, help="the first N instances of each suite (0: all)")
@@ -287,6 +329,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=1, help="every K-th instance of each suite")
     ap.add_argument("--acasxu", type=Path, help="a VNN-COMP 2022 acasxu folder (all 45 networks)")
     ap.add_argument("--acasxu-results", type=Path, help="an official results csv giving its verdicts")
+    ap.add_argument("--vnncomp", type=Path, help="a VNN-COMP category folder (suite vnncomp)")
+    ap.add_argument("--vnncomp-results", type=Path, help="an official results csv giving its verdicts")
     ap.add_argument("--timeout", type=float, default=120.0, help="cap on each instance's own timeout (s)")
     ap.add_argument("--abcrown-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="α,β-CROWN config keys changed in its every run")  # fmt: skip
@@ -294,6 +338,8 @@ def main() -> None:
     args = ap.parse_args()
     if any("=" not in kv for kv in args.abcrown_set):
         sys.exit("--abcrown-set takes KEY=VALUE (e.g. solver.bound_prop_method=alpha-crown)")
+    if "vnncomp" in args.suites and not (args.vnncomp and args.vnncomp_results):
+        sys.exit("suite vnncomp takes --vnncomp DIR (a category folder) and --vnncomp-results CSV")
     if "abcrown" in args.engines and not os.environ.get("ABCROWN_PATH"):
         sys.exit("set ABCROWN_PATH for --engines abcrown (../shared/vendor/alpha-beta-CROWN)")
     args.out.mkdir(parents=True, exist_ok=True)
