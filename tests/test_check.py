@@ -1192,6 +1192,26 @@ def test_a_leaf_closed_only_over_lp_bounds(tmp_path, monkeypatch):
     assert status == "optimal" and value > 0.02, (value, status)
 
 
+@pytest.mark.skipif(not ACAS_4_1.is_file(), reason="the ACAS Xu benchmark files are not here")
+def test_the_lp_fallback_is_over_the_second_passs_bounds(monkeypatch):
+    """The box above with the bound pass made to prove nothing (a fault injected): the LP fallback runs
+    over the second pass's bounds (CROWN on every neuron, within the first pass's), over which it
+    closes the box (over the first pass's it gave 0), before any LP over LP bounds."""
+    import complete_verifier_ext.check as checker
+
+    net = onnx_net.parse(ACAS_4_1.read_bytes(), "N")
+    rows = query.Rows(
+        np.array([[-1.0, 0, 0, 0, 0]]), np.array([-3.991125645861615]), np.zeros((1, 5)), np.zeros(1)
+    )
+    lo = np.array([0.639928936958313, -0.125, -0.25, 0.48750001192092896, -0.48750001192092896])
+    hi = np.array([0.6598933935165405, 0.0, -0.125, 0.5, -0.4749999940395355])
+    leaf = tree.Leaf(0, 0, "root/0", lo, hi, (), tree.Evidence())
+    monkeypatch.setattr(bounds, "objective", lambda *args: np.full(len(args[3].lower), -1.0))
+    monkeypatch.setattr(checker, "by_lp_bounds", lambda *args: pytest.fail("an LP over LP bounds"))
+    ((_, _, kind, why),) = discharge(net, [rows], [leaf], {})
+    assert kind == "lp", why
+
+
 def crown(layers, c: np.ndarray, L: np.ndarray, U: np.ndarray) -> np.ndarray:
     """This file's CROWN (plain float64, adaptive slopes): lower bounds ``(B,)`` of ``c · y`` on boxes."""
     pre: list = []
