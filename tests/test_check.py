@@ -399,8 +399,8 @@ def test_an_lp_that_presolve_calls_infeasible_is_solved_again_without_it(monkeyp
     expected = lp.Solver(prob).minimum(c)
     real = lp.Solver._run
 
-    def wrong(self, solver: str, seconds: float, crossover: bool = False):
-        status = real(self, solver, seconds, crossover)
+    def wrong(self, solver: str, seconds: float, crossover: bool = False, presolve: bool | None = None):
+        status = real(self, solver, seconds, crossover, presolve)
         return highspy.HighsModelStatus.kInfeasible if self.presolve else status
 
     monkeypatch.setattr(lp.Solver, "_run", wrong)
@@ -411,10 +411,10 @@ def test_an_lp_that_presolve_calls_infeasible_is_solved_again_without_it(monkeyp
 
 
 def test_an_infeasible_verdict_no_ray_proves_is_solved_again_from_cold(monkeypatch):
-    """HiGHS's simplex, warm-started from an earlier objective, called feasible LPs of a dist_shift leaf
-    infeasible, with no dual ray to prove it: with every run before a cold start made to say so here
-    (a fault injected), the LP is solved again from cold and its bound is the one of a solver left
-    alone; where even that says infeasible with no ray, nothing is proved (``-inf``)."""
+    """HiGHS's simplex, warm-started from an earlier objective or run without presolve, called a feasible
+    LP of a dist_shift leaf infeasible, with no dual ray to prove it: with every run before a cold start
+    made to say so here (a fault injected), the LP is solved again from cold and its bound is the one
+    of a solver left alone; where even that says infeasible with no ray, nothing is proved (``-inf``)."""
     import highspy
 
     from complete_verifier_ext.check import lp
@@ -423,8 +423,8 @@ def test_an_infeasible_verdict_no_ray_proves_is_solved_again_from_cold(monkeypat
     expected = lp.Solver(prob).minimum(c)
     real, cold = lp.Solver._run, []
 
-    def wrong(self, solver: str, seconds: float, crossover: bool = False):
-        status = real(self, solver, seconds, crossover)
+    def wrong(self, solver: str, seconds: float, crossover: bool = False, presolve: bool | None = None):
+        status = real(self, solver, seconds, crossover, presolve)
         return status if cold else highspy.HighsModelStatus.kInfeasible
 
     solver = lp.Solver(prob)

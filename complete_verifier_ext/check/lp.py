@@ -239,11 +239,14 @@ class Solver:
         model.a_matrix_.start_, model.a_matrix_.index_, model.a_matrix_.value_ = A.indptr, A.indices, A.data
         self.h.passModel(model)
 
-    def _run(self, solver: str, seconds: float, crossover: bool = False):
-        """One HiGHS run within ``seconds`` (its own limit counts every run of the instance)."""
+    def _run(self, solver: str, seconds: float, crossover: bool = False, presolve: bool | None = None):
+        """One HiGHS run within ``seconds`` (its own limit counts every run of the instance); presolve as
+        ``self.presolve`` says unless ``presolve`` does."""
         self.h.setOptionValue("solver", solver)
         self.h.setOptionValue("run_crossover", "on" if crossover else "off")
-        self.h.setOptionValue("presolve", "on" if self.presolve else "off")
+        self.h.setOptionValue(
+            "presolve", "on" if (self.presolve if presolve is None else presolve) else "off"
+        )
         self.h.setOptionValue("time_limit", self.h.getRunTime() + seconds)
         self.h.run()
         return self.h.getModelStatus()
@@ -272,10 +275,10 @@ class Solver:
             self.presolve = False
             status = self._run(self.solver, self.time_limit)
         if status == kind.kInfeasible and not self._certified():
-            # no dual ray proves it: HiGHS's simplex, warm-started from the last objective's solution,
-            # called feasible LPs infeasible (dist_shift's LPs over LP bounds): once more from cold
+            # no dual ray proves it: once more from cold, with presolve (HiGHS's simplex warm-started
+            # from an earlier objective, and a run without presolve, called a feasible LP infeasible)
             self.h.clearSolver()
-            status = self._run(self.solver, self.time_limit)
+            status = self._run(self.solver, self.time_limit, presolve=True)
             if status == kind.kInfeasible and not self._certified():
                 return -np.inf, "infeasible"
         if status == kind.kOptimal:
