@@ -235,10 +235,11 @@ def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
 
 
 def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
-    """``sigmoid.lines`` and ``sigmoid.tangents`` on intervals below, above and across 0, tiny, wide and
-    far out (where ``e^-z`` overflows in float64), and ``sigmoid.value_bounds``: every line below / above
-    σ at 41 points of its interval and every enclosure around σ, with σ and the lines' values in 40-digit
-    arithmetic."""
+    """``sigmoid.lines``, ``sigmoid.tangents`` and ``sigmoid.lines_at`` (the hull's lines at a random point
+    of the interval, at one left of it, at its right end) on intervals below, above and across 0, tiny,
+    wide and far out (where ``e^-z`` overflows in float64), and ``sigmoid.value_bounds``: every line
+    below / above σ at 41 points of its interval and every enclosure around σ, with σ and the lines'
+    values in 40-digit arithmetic."""
     mpmath = pytest.importorskip("mpmath")
     from complete_verifier_ext.check import sigmoid
 
@@ -252,6 +253,8 @@ def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
     k_lo, c_lo, k_up, c_up = sigmoid.lines(l, u)
     k_t, lo_t, hi_t = sigmoid.tangents(l, u, 3)
     v_lo, v_hi = sigmoid.value_bounds(np.concatenate([l, u]))
+    p = np.stack([rng.uniform(l, u), l - 1.0, u, np.full(len(l), np.nan)], axis=1)  # (a NaN: lines of NaN)
+    at = sigmoid.lines_at(l[:, None], u[:, None], p)
 
     def sig(z):
         return 1 / (1 + mpmath.exp(-mpmath.mpf(z)))
@@ -264,6 +267,11 @@ def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
                 <= exact
                 <= mpmath.mpf(k_up[i]) * z + mpmath.mpf(c_up[i])
             )
+            for a_lo, b_lo, a_up, b_up in zip(*(x[i] for x in at), strict=True):
+                if np.isfinite([a_lo, b_lo]).all():
+                    assert mpmath.mpf(a_lo) * z + mpmath.mpf(b_lo) <= exact
+                if np.isfinite([a_up, b_up]).all():
+                    assert exact <= mpmath.mpf(a_up) * z + mpmath.mpf(b_up)
             for k, c_below, c_above in zip(k_t[i], lo_t[i], hi_t[i], strict=True):
                 assert (
                     mpmath.mpf(k) * z + mpmath.mpf(c_below)
@@ -320,6 +328,30 @@ def test_sigmoid_net_proofs(tmp_path):
     doc, q, n = sigmoid_instance(tmp_path, -0.01)
     r = check(tmp_path, doc, q, n)
     assert r.status == "invalid" and "not discharged" in r.message, r
+
+
+def test_the_sigmoid_hulls_lines_where_the_bound_is_attained_close_what_crowns_lines_do_not(tmp_path):
+    """``y = σ(x)`` on ``[-4, 4]``, counterexamples ``y <= 0.01`` (none: ``σ(-4) = 0.018``). CROWN's
+    lower line across 0 (the tangent through ``(4, σ(4))``, at about -1.5) is -0.19 at ``x = -4``; the
+    bound pass's second try takes the hull's line at the value ``x`` takes where the first bound is
+    attained (-4: the tangent there), and closes the leaf by itself."""
+    layers = [(np.array([[1.0]]), np.array([0.0])), (np.array([[1.0]]), np.array([0.0]))]
+    rows = [([1.0], 0.01)]
+    q = save_query(tmp_path / "q.vnnlib", [-4.0], [4.0], rows)
+    n = save_net(tmp_path / "n.onnx", layers, act="Sigmoid")
+    doc = proof(q, n, layers, [obligation([-4.0], [4.0], rows, {"leaf": {}})])
+    doc["relu_layers"] = []
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.by_bounds) == ("valid", 1), r
+    net = onnx_net.parse(read_bytes(str(n)), "n")
+    qrows = query.parse(read_bytes(str(q))).obligations[0].rows
+    batch = bounds.Batch(np.array([[-4.0]]), np.array([[4.0]]), {}, {}, {}, np.ones((1, 1, 1)))
+    bnd = bounds.node_bounds(net, batch)
+    nodes, top = bounds._with_clause(net, qrows, bnd)
+    crown, hull = (
+        f(nodes, bnd, top, batch.lam, batch)[0, 0] for f in (bounds.backward, bounds.best_backward)
+    )
+    assert crown < -0.15 and 0.0079 < hull <= 1 / (1 + np.exp(4.0)) - 0.01, (crown, hull)
 
 
 def test_a_leaf_only_a_weighting_of_its_rows_closes(tmp_path):

@@ -545,7 +545,7 @@ def _by_claim_alpha(net: onnx_net.Net, bnd: bounds.Bounds, z: int, alpha, need: 
                     ]
         batch = bounds.Batch(bnd.lower[0], bnd.upper[0], {}, slopes, {}, A)
         with np.errstate(all="ignore"):
-            res = bounds.backward(net.nodes, bnd, z, A, batch)[0]
+            res = bounds.best_backward(net.nodes, bnd, z, A, batch)[0]
         for (j, s), value in zip(part, res, strict=True):
             reached = _reached(value, s, used, j)
             if reached == "yes":

@@ -64,17 +64,50 @@ def tangents(l: np.ndarray, u: np.ndarray, count: int) -> tuple[np.ndarray, np.n
         return k, _intercept(l, u, k), up(1.0 - _intercept(-u, -l, k))
 
 
+def lines_at(
+    l: np.ndarray, u: np.ndarray, p: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(k_lo, c_lo, k_up, c_up)`` as :func:`lines` gives them, but each line the one of ``σ``'s convex
+    hull on ``[l, u]`` that is tightest at the point ``p`` (per neuron, or per row and neuron: ``p``
+    broadcast against ``l`` and ``u``): the lower line's slope is ``σ'`` at ``p`` moved into the part of
+    ``[l, u]`` where the hull is ``σ`` itself (``z <= 0``, left of where the tangent through ``(u, σ(u))``
+    touches), CROWN's chord where there is none; the upper line by symmetry. Valid for any ``p``, as
+    every slope is (a NaN ``p`` leaves NaN the lines it chooses, which prove nothing)."""
+    with np.errstate(all="ignore"):
+        k_lo = _hull_slope(l, u, p)
+        k_up = _hull_slope(-u, -l, -p)
+        return k_lo, _intercept(l, u, k_lo), k_up, up(1.0 - _intercept(-u, -l, k_up))
+
+
+def sigma(z: np.ndarray) -> np.ndarray:
+    """``σ(z)`` in float64, not enclosed (for choosing, never for bounding)."""
+    return _sigma(z)
+
+
+def _hull_slope(l: np.ndarray, u: np.ndarray, p: np.ndarray) -> np.ndarray:
+    d, touches = _touch(l, u)
+    convex = (l < 0) & ((u <= 0) | touches)
+    return np.where(convex, _slope(np.clip(p, l, np.where(u <= 0, u, d))), _crown_slope(l, u))
+
+
 def _crown_slope(l: np.ndarray, u: np.ndarray) -> np.ndarray:
     """The lower line's slope (only a choice: any slope is made valid by its intercept)."""
-    sl, su = _sigma(l), _sigma(u)
-    chord = np.where(u > l, (su - sl) / np.where(u > l, u - l, 1.0), _slope(l))
+    chord = np.where(u > l, (_sigma(u) - _sigma(l)) / np.where(u > l, u - l, 1.0), _slope(l))
+    d, touches = _touch(l, u)
+    cross = np.where(touches, _slope(d), chord)
+    return np.where(u <= 0, _slope(0.5 * (l + u)), np.where(l >= 0, chord, cross))
 
-    def h(d):  # the tangent at d, at u, above σ(u): its line is no lower bound
+
+def _touch(l: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(d, whether it exists)``: the ``d`` in ``[min(l, 0), 0]`` whose tangent passes through
+    ``(u, σ(u))``, which exists where ``l``'s tangent passes below it (bisection: any ``d`` right of it
+    has a tangent above ``σ(u)`` at ``u``, no lower line)."""
+    su = _sigma(u)
+
+    def h(d):
         return _sigma(d) + _slope(d) * (u - d) - su
 
-    d = _bisect(lambda m: h(m) < 0, np.minimum(l, 0.0), np.zeros_like(l))
-    cross = np.where(h(l) < 0, _slope(d), chord)
-    return np.where(u <= 0, _slope(0.5 * (l + u)), np.where(l >= 0, chord, cross))
+    return _bisect(lambda m: h(m) < 0, np.minimum(l, 0.0), np.zeros_like(l)), h(l) < 0
 
 
 def _bisect(left, a: np.ndarray, b: np.ndarray) -> np.ndarray:
