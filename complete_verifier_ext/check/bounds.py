@@ -270,10 +270,12 @@ def best_backward(nodes, bnd: Bounds, top: int, A: np.ndarray, batch: Batch | No
     float64: a choice, not a bound): the better of the two, per leaf and row. α-CROWN optimises each
     sigmoid's tangent points; this is one step towards them (a dist_shift leaf α-CROWN closed: -0.18
     with CROWN's lines, 0.087 so)."""
+    smooth = [k for k in range(top) if isinstance(nodes[k], Sigmoid)]
+    if not smooth:
+        return backward(nodes, bnd, top, A, batch)
     linear: dict = {}
     res = backward(nodes, bnd, top, A, batch, linear)
-    smooth = [k for k in range(top) if isinstance(nodes[k], Sigmoid)]
-    if not smooth or "a" not in linear:
+    if "a" not in linear:
         return res
     with np.errstate(all="ignore"):
         x = np.where(linear["a"] >= 0, bnd.lower[0][:, None, :], bnd.upper[0][:, None, :])
