@@ -14,7 +14,8 @@ concave: its minimum is at an end. On the convex part ``[a, b]`` ``g`` is convex
 valid at any ``d``). The slope is CROWN's: on a convex interval the tangent at the midpoint, on a
 concave one the chord, across 0 the tangent at the ``d <= 0`` whose line passes through ``(u, σ(u))``
 (the chord where none does). The upper line is the lower line of the mirror image, as
-``σ(z) = 1 - σ(-z)``.
+``σ(z) = 1 - σ(-z)``. :func:`lines_at` chooses the slopes of the convex hull's lines tightest at given
+points instead (the bound pass's second try), :func:`tangents` more lines for the LP.
 """
 
 from __future__ import annotations
