@@ -105,6 +105,7 @@ def vnncomp_instances(folder: Path, results: Path) -> list[dict]:
     """The instances of a VNN-COMP category folder that the results csv (its rows: category, onnx,
     vnnlib, …, verdict; paths within the category's folder after its name) answers ``unsat``, with the
     configs the VNN-COMP scripts would run."""
+    from complete_verifier_ext.abcrown_plugin.locate import PluginError
     from complete_verifier_ext.abcrown_plugin.vnncomp import abcrown_config
 
     def inside(path: str) -> str:
@@ -117,7 +118,10 @@ def vnncomp_instances(folder: Path, results: Path) -> list[dict]:
     for onnx, spec, timeout in csv.reader((folder / "instances.csv").open()):
         if (os.path.normpath(onnx), os.path.normpath(spec)) not in unsat:
             continue
-        theirs = abcrown_config(Path(os.environ.get("ABCROWN_PATH", ".")), folder.name, onnx, spec)
+        try:
+            theirs = abcrown_config(Path(os.environ.get("ABCROWN_PATH", ".")), folder.name, onnx, spec)
+        except PluginError as e:
+            sys.exit(str(e))
         config = ours if ours.exists() else REPO / "configs" / "default.yaml"
         files = {"onnx": gzipped(folder / onnx), "vnnlib": gzipped(folder / spec)}
         out.append({**files, "timeout": float(timeout), "config": str(config), "abcrown_config": str(theirs)})
@@ -340,6 +344,9 @@ def main() -> None:
         sys.exit("--abcrown-set takes KEY=VALUE (e.g. solver.bound_prop_method=alpha-crown)")
     if "vnncomp" in args.suites and not (args.vnncomp and args.vnncomp_results):
         sys.exit("suite vnncomp takes --vnncomp DIR (a category folder) and --vnncomp-results CSV")
+    for path in [args.vnncomp / "instances.csv", args.vnncomp_results] if "vnncomp" in args.suites else []:
+        if not path.is_file():
+            sys.exit(f"{path}: not found (--vnncomp names a VNN-COMP category folder with its instances.csv)")
     if "abcrown" in args.engines and not os.environ.get("ABCROWN_PATH"):
         sys.exit("set ABCROWN_PATH for --engines abcrown (../shared/vendor/alpha-beta-CROWN)")
     args.out.mkdir(parents=True, exist_ok=True)
