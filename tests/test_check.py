@@ -1192,6 +1192,18 @@ def test_acasxu_property_1_on_a_part_of_its_box(tmp_path):
 ACAS_4_1 = SHARED / "acasxu" / "onnx" / "ACASXU_run2a_4_1_batch_2000.onnx"
 
 
+def acas_4_1_box():
+    """A box of α,β-CROWN's ACAS Xu 4_1 property 1 proof (input split, CROWN bounds): the network, the
+    clause's row and the leaf."""
+    net = onnx_net.parse(ACAS_4_1.read_bytes(), "N")
+    rows = query.Rows(
+        np.array([[-1.0, 0, 0, 0, 0]]), np.array([-3.991125645861615]), np.zeros((1, 5)), np.zeros(1)
+    )
+    lo = np.array([0.639928936958313, -0.125, -0.25, 0.48750001192092896, -0.48750001192092896])
+    hi = np.array([0.6598933935165405, 0.0, -0.125, 0.5, -0.4749999940395355])
+    return net, rows, tree.Leaf(0, 0, "root/0", lo, hi, (), tree.Evidence())
+
+
 @pytest.mark.skipif(not ACAS_4_1.is_file(), reason="the ACAS Xu benchmark files are not here")
 def test_a_leaf_closed_only_over_lp_bounds(tmp_path, monkeypatch):
     """A box of α,β-CROWN's ACAS Xu 4_1 property 1 proof (its input split with CROWN bounds): auto_LiRPA's
@@ -1202,13 +1214,8 @@ def test_a_leaf_closed_only_over_lp_bounds(tmp_path, monkeypatch):
     the leaf's outcome."""
     from complete_verifier_ext.check import by_lp_bounds, lp
 
-    net = onnx_net.parse(ACAS_4_1.read_bytes(), "N")
-    rows = query.Rows(
-        np.array([[-1.0, 0, 0, 0, 0]]), np.array([-3.991125645861615]), np.zeros((1, 5)), np.zeros(1)
-    )
-    lo = np.array([0.639928936958313, -0.125, -0.25, 0.48750001192092896, -0.48750001192092896])
-    hi = np.array([0.6598933935165405, 0.0, -0.125, 0.5, -0.4749999940395355])
-    leaf = tree.Leaf(0, 0, "root/0", lo, hi, (), tree.Evidence())
+    net, rows, leaf = acas_4_1_box()
+    lo, hi = leaf.lower, leaf.upper
     batch = bounds.Batch(lo[None], hi[None], {}, {}, {}, np.ones((1, 1, 1)))
     bnd = bounds.node_bounds(net, batch)
     assert bounds.objective(net, rows, bnd, batch)[0] < 0
@@ -1231,13 +1238,7 @@ def test_the_lp_fallback_is_over_the_second_passs_bounds(monkeypatch):
     closes the box (over the first pass's it gave 0), before any LP over LP bounds."""
     import complete_verifier_ext.check as checker
 
-    net = onnx_net.parse(ACAS_4_1.read_bytes(), "N")
-    rows = query.Rows(
-        np.array([[-1.0, 0, 0, 0, 0]]), np.array([-3.991125645861615]), np.zeros((1, 5)), np.zeros(1)
-    )
-    lo = np.array([0.639928936958313, -0.125, -0.25, 0.48750001192092896, -0.48750001192092896])
-    hi = np.array([0.6598933935165405, 0.0, -0.125, 0.5, -0.4749999940395355])
-    leaf = tree.Leaf(0, 0, "root/0", lo, hi, (), tree.Evidence())
+    net, rows, leaf = acas_4_1_box()
     monkeypatch.setattr(bounds, "objective", lambda *args: np.full(len(args[3].lower), -1.0))
     monkeypatch.setattr(checker, "by_lp_bounds", lambda *args: pytest.fail("an LP over LP bounds"))
     ((_, _, kind, why),) = discharge(net, [rows], [leaf], {})
