@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from abcrown_common import BENCH, REPO
+from conformance import official, within
 from measure import provenance, run_summarized
 
 from complete_verifier_ext.spec.networks import label
@@ -108,15 +109,12 @@ def vnncomp_instances(folder: Path, results: Path) -> list[dict]:
     from complete_verifier_ext.abcrown_plugin.locate import PluginError
     from complete_verifier_ext.abcrown_plugin.vnncomp import abcrown_config
 
-    def inside(path: str) -> str:
-        return os.path.normpath(path.split(f"/{folder.name}/", 1)[-1])
-
-    unsat = {(inside(r[1]), inside(r[2])) for r in csv.reader(results.open())
-             if len(r) > 4 and r[0] == folder.name and r[4].strip() == "unsat"}  # fmt: skip
+    verdicts = official(results)
     ours = REPO / "configs" / f"{folder.name}.yaml"
     out = []
     for onnx, spec, timeout in csv.reader((folder / "instances.csv").open()):
-        if (os.path.normpath(onnx), os.path.normpath(spec)) not in unsat:
+        where = (folder.name, within(onnx, folder.name), within(spec, folder.name))
+        if verdicts.get(where, ("",))[0] != "unsat":
             continue
         try:
             theirs = abcrown_config(Path(os.environ.get("ABCROWN_PATH", ".")), folder.name, onnx, spec)
