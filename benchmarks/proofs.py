@@ -20,7 +20,9 @@ for the category, ``abcrown_plugin.vnncomp``; ours ``configs/CATEGORY.yaml`` or 
 
 Each instance, engine and P: the verifier once without and once with ``--general.proof`` (a fresh
 process each, the native engine through its resident worker; the instance's own time from its
-``--summary``, start-up left out), then ``complete-verifier-ext check --workers P`` (the leaves dealt
+``--summary``, start-up left out; ``--repeat N``: N times each, in the order without, with, with,
+without, …, and the median time of each: one run of each can differ by 10% on this machine's noise
+alone), then ``complete-verifier-ext check --workers P`` (the leaves dealt
 over as many processes as the run had ranks). The configs: the native
 engine's bundled ``configs/SUITE.yaml``; α,β-CROWN's own ``vnncomp21/acasxu.yaml``,
 ``vnncomp22/mnistfc.yaml`` and ``vnncomp22/oval22.yaml``, with and without a proof alike without
@@ -218,16 +220,38 @@ def checker(row: dict, proof: Path, tmp: Path, P: int) -> dict:
             "leaves": int(leaves), "by_bounds": int(by_bounds), "by_lp": int(by_lp)}  # fmt: skip
 
 
-def measure(row: dict, engine: str, P: int, timeout: float, extra: list[str]) -> dict:
-    """Without and with a proof, then the check."""
+def measure(row: dict, engine: str, P: int, timeout: float, extra: list[str], repeat: int = 1) -> dict:
+    """Without and with a proof, ``repeat`` times each in the order bare, proved, proved, bare, … (a
+    drift in the machine's speed then weighs on both alike), then the check of the last proof."""
     with tempfile.TemporaryDirectory(prefix="cve_proofs_") as t:
         tmp = Path(t)
-        bare = verifier(row, engine, P, None, tmp, timeout, extra)
         proof = tmp / "proof.json"
-        proved = verifier(row, engine, P, proof, tmp, timeout, extra)
-        out = {"bare": bare, "proved": proved}
+        runs: dict[str, list[dict]] = {"bare": [], "proved": []}
+        for i in range(repeat):
+            for kind in ("bare", "proved") if i % 2 == 0 else ("proved", "bare"):
+                if kind == "proved":
+                    proof.unlink(missing_ok=True)
+                given = proof if kind == "proved" else None
+                runs[kind].append(verifier(row, engine, P, given, tmp, timeout, extra))
+        out = {kind: _median(r) for kind, r in runs.items()}
         if proof.exists():
             out |= {"proof_bytes": proof.stat().st_size, **checker(row, proof, tmp, P)}
+    return out
+
+
+def _median(runs: list[dict]) -> dict:
+    """One verifier's runs as one: the last, with the median of their times (and each in ``times_s``);
+    the first error, or a note where the verdicts differ."""
+    bad = next((r for r in runs if "error" in r), None)
+    if bad is not None or len(runs) == 1:
+        return bad or runs[0]
+    out = dict(runs[-1])
+    for k in ("time_s", "wall_s"):
+        out[k] = round(statistics.median(r[k] for r in runs), 4)
+    out["times_s"] = [r["time_s"] for r in runs]
+    if len({r["verdict"] for r in runs}) > 1:
+        verdicts = " ".join(r["verdict"] for r in runs)
+        out["notes"] = [*out["notes"], f"note: verdicts differ between runs: {verdicts}"]
     return out
 
 
@@ -336,6 +360,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=120.0, help="cap on each instance's own timeout (s)")
     ap.add_argument("--abcrown-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="α,β-CROWN config keys changed in its every run")  # fmt: skip
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="each verifier run N times, with and without a proof in turn (medians)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "proofs")
     args = ap.parse_args()
     if any("=" not in kv for kv in args.abcrown_set):
@@ -358,7 +384,8 @@ def main() -> None:
                     k = key(row, engine, P)
                     if k in rows:
                         continue
-                    rows[k] = measure(row, engine, P, min(args.timeout, row["timeout"]), args.abcrown_set)
+                    timeout = min(args.timeout, row["timeout"])
+                    rows[k] = measure(row, engine, P, timeout, args.abcrown_set, args.repeat)
                     print(k, rows[k]["proved"].get("verdict", rows[k]["proved"].get("error")),
                           rows[k].get("answer", "-"), flush=True)  # fmt: skip
                     store.write_text(json.dumps({"provenance": provenance(), "rows": rows}, indent=1))
