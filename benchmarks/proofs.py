@@ -2,31 +2,33 @@
 their size, what writing them costs the verifier, and what checking them costs the independent checker.
 
     ABCROWN_PATH=../shared/vendor/alpha-beta-CROWN python benchmarks/proofs.py \\
-        [--suites acasxu mnist_fc oval21 vnnlib2 vnncomp] [--engines native abcrown] [--ranks 1 2] \\
-        [--limit N] [--acasxu DIR --acasxu-results CSV] [--vnncomp DIR --vnncomp-results CSV] \\
+        [--suites acasxu mnist_fc oval21 sri_resnet_a vnnlib2 vnncomp] \\
+        [--engines native abcrown] [--ranks 1 2] [--repeat N] [--limit N] \\
+        [--acasxu DIR --acasxu-results CSV] [--vnncomp DIR --vnncomp-results CSV] \\
         [--match REGEX] [--every K] [--timeout 120] \\
         [--abcrown-set KEY=VALUE ...] [--out benchmarks/results/proofs]
 
 Instances: the known ``unsat`` ones of ``../shared/benchmarks/SUITE/verdicts.csv`` (mnist_fc 256x2 and
-256x4, oval21, ACAS Xu's); with ``--acasxu DIR`` (a VNN-COMP 2022 ``acasxu`` folder: all 45 networks,
-properties 1–4 and more) and ``--acasxu-results`` (an official results csv), the ACAS Xu instances of
-properties 1–4 that the csv answers ``unsat``. ``--match REGEX``: the instances whose ``onnx|vnnlib``
-names it finds; ``--every K``: every K-th of those; ``--limit N``: the first N of each suite.
-``vnnlib2``: VNN-LIB 2.0 queries of one network and of two (:func:`vnnlib2_instances`). ``vnncomp``: a
-VNN-COMP category folder ``--vnncomp DIR`` (its ``instances.csv``, files plain or ``.gz``; e.g. VNN-COMP
-2024's ``dist_shift_2023``), the instances that the official results csv ``--vnncomp-results`` answers
-``unsat``, under the category's name; its configs are the ones the VNN-COMP scripts pick (α,β-CROWN's
-for the category, ``abcrown_plugin.vnncomp``; ours ``configs/CATEGORY.yaml`` or ``default.yaml``).
+256x4, oval21, sri_resnet_a, ACAS Xu's); with ``--acasxu DIR`` (a VNN-COMP 2022 ``acasxu`` folder:
+all 45 networks, properties 1–4 and more) and ``--acasxu-results`` (an official results csv), the
+ACAS Xu instances of properties 1–4 that the csv answers ``unsat``. ``--match REGEX``: the instances
+whose ``onnx|vnnlib`` names it finds; ``--every K``: every K-th of those; ``--limit N``: the first N
+of each suite. ``vnnlib2``: VNN-LIB 2.0 queries of one network and of two
+(:func:`vnnlib2_instances`). ``vnncomp``: a VNN-COMP category folder ``--vnncomp DIR`` (its
+``instances.csv``, files plain or ``.gz``; e.g. VNN-COMP 2024's ``dist_shift_2023``), the instances
+that the official results csv ``--vnncomp-results`` answers ``unsat``, under the category's name; its
+configs are the ones the VNN-COMP scripts pick (α,β-CROWN's for the category,
+``abcrown_plugin.vnncomp``; ours ``configs/CATEGORY.yaml`` or ``default.yaml``).
 
 Each instance, engine and P: the verifier once without and once with ``--general.proof`` (a fresh
 process each, the native engine through its resident worker; the instance's own time from its
 ``--summary``, start-up left out; ``--repeat N``: N times each, in the order without, with, with,
 without, …, and the median time of each: one run of each can differ by 10% on this machine's noise
-alone), then ``complete-verifier-ext check --workers P`` (the leaves dealt
-over as many processes as the run had ranks). The configs: the native
-engine's bundled ``configs/SUITE.yaml``; α,β-CROWN's own ``vnncomp21/acasxu.yaml``,
-``vnncomp22/mnistfc.yaml`` and ``vnncomp22/oval22.yaml``, with and without a proof alike without
-MILP refinement and cuts (``ABCROWN_OFF``: no proof can carry their bounds); ``--abcrown-set
+alone), then ``complete-verifier-ext check --workers P`` (the leaves dealt over as many processes as
+the run had ranks). The configs: the native engine's bundled ``configs/SUITE.yaml``; α,β-CROWN's own
+``vnncomp21/acasxu.yaml``, ``vnncomp22/mnistfc.yaml``, ``vnncomp22/oval22.yaml`` and
+``vnncomp22/resnet_A.yaml``, with and without a proof alike without MILP refinement and cuts
+(``ABCROWN_OFF``: no proof can carry their bounds); ``--abcrown-set
 solver.bound_prop_method=alpha-crown``: a key of α,β-CROWN's config changed in every run. Recorded:
 both verdicts and times, the proof's size, the checker's answer, time, leaves, and how many it closed
 by the leaves' own bounds or by its LP fallback. The checker's time is given with its process start-up
@@ -60,9 +62,10 @@ from measure import provenance, run_summarized
 from complete_verifier_ext.spec.networks import label
 
 CONFIGS = {"acasxu": "acasxu.yaml", "mnist_fc": "mnist_fc.yaml", "oval21": "oval21.yaml",
-           "vnnlib2": "acas_xu_vnnlib2.yaml"}  # fmt: skip
+           "sri_resnet_a": "sri_resnet_a.yaml", "vnnlib2": "acas_xu_vnnlib2.yaml"}  # fmt: skip
 ABCROWN_CONFIGS = {"acasxu": "vnncomp21/acasxu.yaml", "mnist_fc": "vnncomp22/mnistfc.yaml",
-                   "oval21": "vnncomp22/oval22.yaml", "vnnlib2": "vnncomp21/acasxu.yaml"}  # fmt: skip
+                   "oval21": "vnncomp22/oval22.yaml", "sri_resnet_a": "vnncomp22/resnet_A.yaml",
+                   "vnnlib2": "vnncomp21/acasxu.yaml"}  # fmt: skip
 # vnnlib2's two-network queries: a net and its pruned copy (../shared/benchmarks/vnnlib2/acasxu_isomorphic,
 # the box of its query) whose first outputs differ by at least this much
 GAP = 0.2
