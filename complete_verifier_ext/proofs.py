@@ -60,13 +60,14 @@ def leaf(**evidence: Any) -> dict:
 def with_bounds(
     claims: dict[int, tuple[np.ndarray, np.ndarray]], child: dict, alpha: dict[int, dict] | None = None
 ) -> dict:
-    """``child`` under claimed pre-activation bounds ``{relu layer id: (lower, upper)}`` (flat), with
-    the slopes that made them (``alpha``: layer id -> its ``alpha`` entry, docs/proofs.md)."""
+    """``child`` under claimed pre-activation bounds ``{layer key: (lower, upper)}`` (flat; a ReLU
+    layer's id, a Sigmoid layer's ``sID``), with the slopes that made them (``alpha``: layer key -> its
+    ``alpha`` entry, docs/proofs.md)."""
     table = {
         str(k): {"lower": np.asarray(lo, dtype=np.float64).reshape(-1).tolist(),
                  "upper": np.asarray(hi, dtype=np.float64).reshape(-1).tolist(),
                  **({"alpha": alpha[k]} if alpha and k in alpha else {})}
-        for k, (lo, hi) in sorted(claims.items())
+        for k, (lo, hi) in sorted(claims.items(), key=lambda kv: str(kv[0]))
     }  # fmt: skip
     return {"bounds": table, "children": [child]}
 
@@ -265,6 +266,7 @@ def write(
     relu_layers: list[dict],
     obligations: list[Obligation],
     producer: dict,
+    sigmoid_layers: list[dict] | None = None,
 ) -> None:
     """The proof file (gzipped where ``path`` ends in ``.gz``), written atomically; where ``path`` is a
     folder, a new file in it named after the network and the query (:func:`in_folder`)."""
@@ -279,6 +281,7 @@ def write(
         },
         "producer": producer,
         "relu_layers": relu_layers,
+        **({"sigmoid_layers": sigmoid_layers} if sigmoid_layers else {}),
         "obligations": [o.to_json() for o in obligations],
     }
     if path.endswith((".aptp", ".aptp.gz")):
@@ -366,14 +369,20 @@ def aptp_text(doc: dict, query: str) -> str:
 
 
 def named(
-    spec, model: str, networks: dict[str, str] | None, sizes: list[int], order: list[int] | None = None
+    spec,
+    model: str,
+    networks: dict[str, str] | None,
+    sizes: list[int],
+    order: list[int] | None = None,
+    op: str = "Relu",
 ) -> tuple[dict, list[dict]]:
-    """The proof's networks and ``relu_layers`` for the ``model`` file verified (:func:`relu_layers`):
-    a 1.x query's one network is that file; a 2.0 query's are its declared networks by name, their own
-    files (``networks``), each ReLU layer named by its network and its output there."""
+    """The proof's networks and ``relu_layers`` for the ``model`` file verified (:func:`relu_layers`;
+    ``op="Sigmoid"``: its ``sigmoid_layers``): a 1.x query's one network is that file; a 2.0 query's are
+    its declared networks by name, their own files (``networks``), each layer named by its network and
+    its output there."""
     from .model.joint import origin
 
-    layers = relu_layers(model, sizes, order)
+    layers = relu_layers(model, sizes, order, op)
     if spec.layout is None:
         return {"net": model}, layers
     for r in layers:
@@ -381,13 +390,15 @@ def named(
     return {n.name: networks[n.name] for n in spec.layout.networks}, layers
 
 
-def relu_layers(onnx_path: str, sizes: list[int], order: list[int] | None = None) -> list[dict]:
-    """The proof's ``relu_layers``: the ONNX graph's ``Relu`` nodes in its order, each named by its output
-    tensor, with the size ONNX shape inference gives it (a leading unknown dimension is the batch), and
-    as ``id`` the position among the verifier's ReLUs (``sizes``, in its order) of the one it is: node
-    ``order[i]`` is the verifier's ReLU ``i`` (a verifier may order the ReLUs of parallel branches, as
-    two networks are, otherwise than the graph), else node ``i``. ``ValueError`` where the sizes do not
-    match."""
+def relu_layers(
+    onnx_path: str, sizes: list[int], order: list[int] | None = None, op: str = "Relu"
+) -> list[dict]:
+    """The proof's ``relu_layers``: the ONNX graph's ``Relu`` nodes (``op``'s, for ``sigmoid_layers``)
+    in its order, each named by its output tensor, with the size ONNX shape inference gives it (a
+    leading unknown dimension is the batch), and as ``id`` the position among the verifier's ReLUs
+    (``sizes``, in its order) of the one it is: node ``order[i]`` is the verifier's ReLU ``i`` (a
+    verifier may order the ReLUs of parallel branches, as two networks are, otherwise than the graph),
+    else node ``i``. ``ValueError`` where the sizes do not match."""
     import onnx
 
     data = Path(onnx_path).read_bytes()
@@ -395,7 +406,7 @@ def relu_layers(onnx_path: str, sizes: list[int], order: list[int] | None = None
     graph = onnx.shape_inference.infer_shapes(model).graph
     shapes = {v.name: v.type.tensor_type.shape for v in (*graph.value_info, *graph.output)}
     out = []
-    for node in (n for n in graph.node if n.op_type == "Relu"):
+    for node in (n for n in graph.node if n.op_type == op):
         dims = [
             d.dim_value if d.HasField("dim_value") else None
             for d in getattr(shapes.get(node.output[0]), "dim", [])
@@ -409,7 +420,7 @@ def relu_layers(onnx_path: str, sizes: list[int], order: list[int] | None = None
     found = [r["size"] for r in sorted(out, key=lambda r: r["id"])]
     if found != [int(s) for s in sizes]:
         raise ValueError(
-            f"the ONNX graph's Relu nodes (sizes {found}) are not the verifier's ReLUs (sizes {list(sizes)})"
+            f"the ONNX graph's {op} nodes (sizes {found}) are not the verifier's (sizes {list(sizes)})"
         )
     return out
 

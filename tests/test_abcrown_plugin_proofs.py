@@ -216,7 +216,9 @@ def _sigmoid_onnx(path: Path, sizes=(4, 24, 24, 3), seed: int = 4) -> Path:
 @needs_abcrown
 def test_a_sigmoid_networks_input_split_proof(tmp_path):
     """A network with a Sigmoid and a ReLU (as dist_shift's), α,β-CROWN's input split under α-CROWN
-    bounds (dist_shift's settings): unsat, its proof valid; the checker reads the Sigmoid itself."""
+    bounds (dist_shift's settings): unsat, its proof valid; the checker reads the Sigmoid itself. The
+    root's claims include the sigmoid's input bounds, and those of the ReLU after it carry α-CROWN's
+    tangent points of the sigmoid."""
     from complete_verifier_ext.testing import write_vnnlib
 
     onnx = _sigmoid_onnx(tmp_path / "sig.onnx")
@@ -224,6 +226,12 @@ def test_a_sigmoid_networks_input_split_proof(tmp_path):
     vnnlib = Path(write_vnnlib(tmp_path / "p.vnnlib", x0 - 0.25, x0 + 0.25, 0, 3))  # sampled margin >= 0.26
     doc = _proved(tmp_path, INPUT_SPLIT_YAML, onnx, vnnlib, "sig")
     assert doc["producer"]["method"] == "incomplete+input-split", doc["producer"]  # (a clause each way)
+    # the root claims the sigmoid's input too, and the ReLU's claims carry the sigmoid's tangent points
+    assert doc["sigmoid_layers"] == [{"id": 0, "output": "h0", "size": 24}], doc["sigmoid_layers"]
+    tables = doc["bounds_tables"]
+    assert any("s0" in t for t in tables), [list(t) for t in tables]
+    points = [e for t in tables for c in t.values() for e in (c.get("alpha") or {}).get("lower", {}).values()]
+    assert any(len(e.get("lower_line", [])) for e in points), points
 
 
 def test_phase_tree_from_histories_in_any_order():

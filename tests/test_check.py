@@ -38,8 +38,9 @@ ABS = [(np.array([[1.0], [-1.0]]), np.zeros(2)), (np.array([[1.0, 1.0]]), np.zer
 # ------------------------------------------------------------------------------------------------------
 
 
-def save_net(path: Path, layers, dtype=TensorProto.DOUBLE, act: str = "Relu") -> Path:
-    """Gemm layers ``(W (out, in), b)`` with a Relu (``act``; output ``h{i}``) between consecutive ones."""
+def save_net(path: Path, layers, dtype=TensorProto.DOUBLE, act: str | tuple = "Relu") -> Path:
+    """Gemm layers ``(W (out, in), b)`` with a Relu (``act``, or ``act[i]`` after layer ``i``; output
+    ``h{i}``) between consecutive ones."""
     nodes, inits, prev = [], [], "x"
     np_type = np.float64 if dtype == TensorProto.DOUBLE else np.float32
     for i, (W, b) in enumerate(layers):
@@ -48,7 +49,7 @@ def save_net(path: Path, layers, dtype=TensorProto.DOUBLE, act: str = "Relu") ->
         inits += [numpy_helper.from_array(np.asarray(b, np_type), f"b{i}")]
         prev = f"z{i}"
         if i < len(layers) - 1:
-            nodes.append(helper.make_node(act, [prev], [f"h{i}"]))
+            nodes.append(helper.make_node(act if isinstance(act, str) else act[i], [prev], [f"h{i}"]))
             prev = f"h{i}"
     x = helper.make_tensor_value_info("x", dtype, [1, layers[0][0].shape[1]])
     y = helper.make_tensor_value_info(prev, dtype, [1, layers[-1][0].shape[0]])
@@ -236,10 +237,10 @@ def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
 
 def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
     """``sigmoid.lines``, ``sigmoid.tangents`` and ``sigmoid.lines_at`` (the hull's lines at a random point
-    of the interval, at one left of it, at its right end) on intervals below, above and across 0, tiny,
-    wide and far out (where ``e^-z`` overflows in float64), and ``sigmoid.value_bounds``: every line
-    below / above σ at 41 points of its interval and every enclosure around σ, with σ and the lines'
-    values in 40-digit arithmetic."""
+    of the interval, at one left of it, at its right end; the upper line at another of these) on
+    intervals below, above and across 0, tiny, wide and far out (where ``e^-z`` overflows in float64),
+    and ``sigmoid.value_bounds``: every line below / above σ at 41 points of its interval and every
+    enclosure around σ, with σ and the lines' values in 40-digit arithmetic."""
     mpmath = pytest.importorskip("mpmath")
     from complete_verifier_ext.check import sigmoid
 
@@ -254,7 +255,7 @@ def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
     k_t, lo_t, hi_t = sigmoid.tangents(l, u, 3)
     v_lo, v_hi = sigmoid.value_bounds(np.concatenate([l, u]))
     p = np.stack([rng.uniform(l, u), l - 1.0, u, np.full(len(l), np.nan)], axis=1)  # (a NaN: lines of NaN)
-    at = sigmoid.lines_at(l[:, None], u[:, None], p)
+    at = sigmoid.lines_at(l[:, None], u[:, None], p, p[:, ::-1])  # (the upper line at other points)
 
     def sig(z):
         return 1 / (1 + mpmath.exp(-mpmath.mpf(z)))
@@ -352,6 +353,67 @@ def test_the_sigmoid_hulls_lines_where_the_bound_is_attained_close_what_crowns_l
         f(nodes, bnd, top, batch.lam, batch)[0, 0] for f in (bounds.backward, bounds.best_backward)
     )
     assert crown < -0.15 and 0.0079 < hull <= 1 / (1 + np.exp(4.0)) - 0.01, (crown, hull)
+
+
+def sigmoid_relu_instance(tmp_path: Path, d: float, claims: dict):
+    """``y = relu(2σ(x) - σ(x) + 0.2)`` on ``[-4, 4]``, its two sigmoids apart (the ReLU's input: minimum
+    ``σ(-4) + 0.2 = 0.218``; interval propagation -0.75, CROWN's lines -0.18), counterexamples
+    ``y <= d``; the proof: the root's ``claims`` (a bounds node), one leaf under it."""
+    layers = [(np.array([[1.0], [1.0]]), np.zeros(2)), (np.array([[2.0, -1.0]]), np.array([0.2]))]
+    layers.append((np.array([[1.0]]), np.array([0.0])))
+    rows = [([1.0], d)]
+    q = save_query(tmp_path / "q.vnnlib", [-4.0], [4.0], rows)
+    n = save_net(tmp_path / "n.onnx", layers, act=("Sigmoid", "Relu"))
+    node = {"bounds": claims, "children": [{"leaf": {}}]}
+    doc = proof(q, n, layers, [obligation([-4.0], [4.0], rows, node)])
+    doc["relu_layers"] = [{"id": 0, "output": "h1", "size": 1}]
+    doc["sigmoid_layers"] = [{"id": 0, "output": "h0", "size": 2}]
+    return doc, q, n
+
+
+def test_a_claim_after_a_sigmoid_is_reached_with_its_tangent_points(tmp_path, monkeypatch):
+    """A claim on the ReLU's input after the sigmoids (``2σ(x) - σ(x) + 0.2 >= 0.10``, true), with the
+    tangent points of its pass as evidence (the first sigmoid's lower line at -2.4, the second's upper
+    line at -4: 0.104): reached by that pass, no LP, and the leaf (``y <= 0.05``) closes under it. The
+    bound pass's own try at the hull's lines where the bound is attained is turned off (its points made
+    NaN), as on a net where it misses: without the points CROWN's lines give -0.18, and the claim needs
+    an LP."""
+    from complete_verifier_ext import check as C
+
+    nowhere = lambda nodes, x, top: [np.full(x.shape[:2] + (2,), np.nan)] * top
+    monkeypatch.setattr(bounds, "_evaluate", nowhere)
+    lps = []
+    real_minima = C._minima
+    monkeypatch.setattr(C, "_minima", lambda *a: lps.append(a) or real_minima(*a))
+    points = {"index": [0, 1], "lower_line": [[-2.4, -2.4]], "upper_line": [[-4.0, -4.0]]}
+    claim = {"lower": [0.10], "upper": [2.5],
+             "alpha": {"neurons": [0], "lower": {"s0": points}, "upper": {"s0": points}}}  # fmt: skip
+    doc, q, n = sigmoid_relu_instance(tmp_path, 0.05, {"0": claim})
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.by_bounds, len(lps)) == ("valid", 1, 0), (r, lps)
+    del claim["alpha"]
+    check(tmp_path, doc, q, n)
+    assert len(lps) == 1, lps
+
+
+def test_a_false_claim_on_a_sigmoids_input_proves_nothing(tmp_path):
+    """An instance with a counterexample (``y <= 0.3``: ``x = -4`` gives 0.218) and a proof whose root
+    claims the sigmoids' inputs ``>= 0`` (false: they reach -4), which would close its leaf (CROWN's
+    lines over ``[0, 4]`` give ``y >= 0.53``): the checker verifies the claim (an LP gives -4), does not
+    use it, and the leaf stays open: ``invalid``. A proof naming a sigmoid layer the header does not
+    list, or a Relu node as a sigmoid layer, or a sigmoid in a leaf's evidence, is ``invalid`` too."""
+    doc, q, n = sigmoid_relu_instance(tmp_path, 0.3, {"s0": {"lower": [0.0, 0.0], "upper": [4.0, 4.0]}})
+    r = check(tmp_path, doc, q, n)
+    assert r.status == "invalid" and "not discharged" in r.message, r
+    bad = copy.deepcopy(doc)
+    bad["sigmoid_layers"] = [{"id": 0, "output": "h1", "size": 1}]
+    assert "names no Sigmoid node" in check(tmp_path, bad, q, n).message
+    bad = copy.deepcopy(doc)
+    bad["obligations"][0]["tree"]["bounds"] = {"s1": {"lower": [-4.0] * 2, "upper": [4.0] * 2}}
+    assert "layer 's1'" in check(tmp_path, bad, q, n).message
+    bad = copy.deepcopy(doc)
+    bad["obligations"][0]["tree"]["children"] = [{"leaf": {"alpha": {"s0": [0.5, 0.5]}}}]
+    assert check(tmp_path, bad, q, n).status == "invalid"
 
 
 def test_a_leaf_only_a_weighting_of_its_rows_closes(tmp_path):

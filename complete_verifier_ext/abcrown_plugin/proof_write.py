@@ -80,7 +80,7 @@ class Share:
 
 
 def _joined_alpha(mine: dict, theirs: dict) -> dict:
-    """Two ranks' slopes of one build's claims (``alpha`` entries by ReLU index, each rank those of the
+    """Two ranks' slopes of one build's claims (``alpha`` entries by layer key, each rank those of the
     rows it bounded): a layer's rows joined where both name the same slope columns, else one rank's."""
     out = dict(mine)
     for k, b in theirs.items():
@@ -96,7 +96,7 @@ def _joined_alpha(mine: dict, theirs: dict) -> dict:
         out[k] = {"neurons": a["neurons"] + [b["neurons"][m] for m in new]}
         for side in ("lower", "upper"):
             out[k][side] = {
-                i: {"index": e["index"], "values": e["values"] + [b[side][i]["values"][m] for m in new]}
+                i: {f: v if f == "index" else v + [b[side][i][f][m] for m in new] for f, v in e.items()}
                 for i, e in a[side].items()
             }
     return out
@@ -139,6 +139,7 @@ def _write(run: Run, proof: Proofs, share: Share) -> None:
     spec = load_vnnlib(vnnlib)
     try:
         networks, layers = proofs.named(spec, *model_for(arg, spec), proof.relu_sizes, proof.relu_order)
+        smooth = proofs.named(spec, *model_for(arg, spec), proof.sigmoid_sizes, op="Sigmoid")[1]
     except ValueError as e:
         raise NoProof(str(e)) from None
     obligations, methods = [], set()
@@ -151,7 +152,7 @@ def _write(run: Run, proof: Proofs, share: Share) -> None:
             methods.add(method)
     method = "+".join(m for m in METHODS if m in methods)
     producer = {"engine": "abcrown", "world_size": run.world, "mode": run.par.mode, "method": method}
-    proofs.write(proof.path, vnnlib, networks, layers, obligations, producer)
+    proofs.write(proof.path, vnnlib, networks, layers, obligations, producer, smooth)
 
 
 def _outward(region) -> tuple[np.ndarray, np.ndarray]:
@@ -224,10 +225,10 @@ def _near(lower: np.ndarray, upper: np.ndarray, region) -> bool:
 
 
 def _under(built: Bounded | None, child: dict) -> dict:
-    """``child`` under the build's pre-activation bounds as claims (the ReLUs with finite bounds), with
-    the slopes that made them."""
+    """``child`` under the build's input bounds of its activations as claims (those with finite bounds),
+    with the slopes that made them."""
     if built is None or built.claims is None:
         return child
-    claims = {i: proofs.widened(lo, hi) for i, (lo, hi) in enumerate(built.claims)}
+    claims = {key: proofs.widened(lo, hi) for key, (lo, hi) in built.claims.items()}
     finite = {i: c for i, c in claims.items() if np.isfinite(c[0]).all() and np.isfinite(c[1]).all()}
     return proofs.with_bounds(finite, child, built.alpha) if finite else child

@@ -122,33 +122,46 @@ def build(run: Run, orig):
 
 
 def _record_build(proof: Proofs, lirpa, x, c, rhs, global_lb, result) -> None:
-    relus = list(lirpa.net.relus)
+    relus, sigmoids = list(lirpa.net.relus), sigmoid_nodes(lirpa.net)
     proof.relu_sizes = [int(np.prod(r.inputs[0].output_shape[1:])) for r in relus]
+    proof.sigmoid_sizes = [int(np.prod(s.inputs[0].output_shape[1:])) for s in sigmoids]
     traced = [id(n) for n in lirpa.net.nodes() if id(n) in {id(r) for r in relus}]  # the ONNX graph's order
     proof.relu_order = [traced.index(id(r)) for r in relus]
     if getattr(x.ptb, "x_L", None) is None:
         raise Refused("the input set is not a box")
     lo, hi = _flat(x.ptb.x_L), _flat(x.ptb.x_U)  # (B, n)
-    bounds = _relu_bounds(relus, result or {})
+    acts = layer_keys(relus, sigmoids)
+    bounds = _pre_bounds(list(acts.values()), result or {})
     proven = _proven_rows(global_lb, c, rhs, len(lo))
     groups: dict[bytes, list[int]] = {}
     for b in range(len(lo)):
         groups.setdefault(lo[b].tobytes() + hi[b].tobytes(), []).append(b)
     for members in groups.values():
-        claims = _claims(bounds, members, len(lo), len(groups) == 1)
+        claims = _claims(bounds, list(acts), members, len(lo), len(groups) == 1)
         rows = frozenset().union(*(proven[b] for b in members))
-        alpha = (
-            _claim_slopes(relus, claims, proof.slopes or {}) if claims is not None and len(lo) == 1 else {}
-        )
+        alpha = _claim_slopes(acts, claims, proof.slopes or {}) if claims is not None and len(lo) == 1 else {}
         proof.builds.append(Bounded(lo[members[0]], hi[members[0]], claims, rows, alpha))
 
 
-def _relu_bounds(relus: list, result: dict) -> list[tuple[np.ndarray, np.ndarray]] | None:
-    """Each ReLU's pre-activation bounds ``(B, size)`` as the build left them (its result's where it has
+def sigmoid_nodes(module) -> list:
+    """The network's Sigmoid nodes, in the traced graph's order (the ONNX graph's)."""
+    from auto_LiRPA.operators import BoundSigmoid
+
+    return [n for n in module.nodes() if type(n) is BoundSigmoid]
+
+
+def layer_keys(relus: list, sigmoids: list) -> dict:
+    """The activations whose inputs a proof's bounds nodes claim, by their keys there (docs/proofs.md):
+    α,β-CROWN's ReLU ``i`` as ``i``, its Sigmoid ``m`` as ``"sm"``."""
+    return {**dict(enumerate(relus)), **{f"s{m}": s for m, s in enumerate(sigmoids)}}
+
+
+def _pre_bounds(acts: list, result: dict) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Each activation's input bounds ``(B, size)`` as the build left them (its result's where it has
     them: every spec's, before any pruning), None where some are missing."""
     lower, upper = result.get("lower_bounds") or {}, result.get("upper_bounds") or {}
     out = []
-    for r in relus:
+    for r in acts:
         node = r.inputs[0]
         lo, hi = lower.get(node.name, node.lower), upper.get(node.name, node.upper)
         if lo is None or hi is None:
@@ -188,7 +201,7 @@ def _record_slopes(proof: Proofs, layouts, acts: list, interm_bounds: dict | Non
             rec = proof.slopes[start.name] = StartSlopes((lo.clone(), hi.clone()), [lo.clone(), hi.clone()])
         better = (lo >= rec.best[0], hi <= rec.best[1])
         rec.best = [torch.maximum(rec.best[0], lo), torch.minimum(rec.best[1], hi)]
-        for relu in acts:
+        for relu in acts:  # (or a sigmoid)
             alpha = (getattr(relu, "alpha", None) or {}).get(start.name)
             lookup = (getattr(relu, "alpha_lookup_idx", None) or {}).get(start.name)
             if alpha is None or alpha.ndim < 4 or alpha.shape[2] != 1:
@@ -201,45 +214,78 @@ def _record_slopes(proof: Proofs, layouts, acts: list, interm_bounds: dict | Non
                 spec = _spec_rows(lookup, alpha.shape[1], tuple(start.output_shape[1:]))
             if spec is None:
                 continue
-            a = alpha.detach()[:, :, 0].flatten(2).float()  # (2, S, features)
+            values = _act_values(relu, alpha.detach()[:, :, 0].flatten(2).float())
+            if values is None:
+                continue
             if relu.name not in rec.alpha:
-                rec.alpha[relu.name] = [torch.full((len(lo), a.shape[2]), float("nan")) for _ in range(2)]
+                rec.alpha[relu.name] = [torch.full((len(lo), v.shape[1]), float("nan")) for v in values]
                 rec.features[relu.name] = _feature_index(relu)
             neurons, rows = (torch.as_tensor(x, dtype=torch.long) for x in spec)
-            for side in (0, 1):
-                mask = better[side][neurons].cpu()
-                rec.alpha[relu.name][side][neurons[mask]] = a[side, rows[mask]].cpu()
+            for k, (store, v) in enumerate(zip(rec.alpha[relu.name], values, strict=True)):
+                mask = better[k % 2][neurons].cpu()  # (a pass from +z: its lower bound; from -z: upper)
+                store[neurons[mask]] = v[rows[mask]].cpu()
 
 
-def _claim_slopes(relus: list, claims: tuple, slopes: dict) -> dict[int, dict]:
-    """The ``alpha`` entries (docs/proofs.md) of each ReLU's pre-activation bounds, by ReLU index, from
-    the slopes recorded while the build optimised them (``slopes``, :class:`~.run.StartSlopes`): for the
-    neurons unstable at the first iteration seen (a stable one's claim changes no bound the checker
-    uses), each side's slopes at the neurons the claims leave unstable in every ReLU before it."""
+def _act_values(act, a) -> list | None:
+    """What α (``a``: ``(params, S, features)``) gives the proof: a ReLU's lower slopes of the lower and
+    the upper bound's pass; a Sigmoid's tangent points (auto_LiRPA's, per case: ``[0:2]`` the upper line's
+    where its input is ``>= 0``, ``[2:4]`` the lower line's where ``<= 0``, ``[4:6]``, ``[6:8]`` the lower
+    and upper line's across 0; at the input bounds of this iteration) of its lower line in each pass,
+    then of its upper line. None where its input bounds are not known."""
+    import torch
+
+    if len(a) == 2:
+        return [a[0], a[1]]
+    lower, upper = getattr(act.inputs[0], "lower", None), getattr(act.inputs[0], "upper", None)
+    if lower is None or upper is None or len(a) < 8 or lower.shape[0] != 1:
+        return None
+    l, u = lower.detach().flatten().float(), upper.detach().flatten().float()
+    lo_line = [torch.where(u <= 0, a[2 + s], a[4 + s]) for s in (0, 1)]
+    return lo_line + [torch.where(l >= 0, a[s], a[6 + s]) for s in (0, 1)]
+
+
+def _claim_slopes(acts: dict, claims: dict, slopes: dict) -> dict:
+    """The ``alpha`` entries (docs/proofs.md) of each activation's input bounds, by its key
+    (:func:`layer_keys`), from the slopes recorded while the build optimised them (``slopes``,
+    :class:`~.run.StartSlopes`): for the neurons unstable at the first iteration seen (a ReLU's: a
+    stable one's claim changes no bound the checker uses; a Sigmoid's: all), each side's slopes at the
+    neurons the claims leave unstable in every ReLU before it, and the tangent points of every Sigmoid
+    before it."""
+    import torch
+
     out = {}
-    for k, start in enumerate(r.inputs[0] for r in relus):
-        rec = slopes.get(start.name)
+    for key, act in acts.items():
+        rec = slopes.get(act.inputs[0].name)
         if rec is None:
             continue
         lo0, hi0 = rec.first
-        rows = (lo0 < 0) & (hi0 > 0)
-        known = {}  # ReLU index -> ([lower, upper] slopes, their flat neurons)
-        for i, relu in enumerate(relus[:k]):
-            sides, flat = rec.alpha.get(relu.name), rec.features.get(relu.name)
-            if sides is not None and len(flat) == sides[0].shape[1]:
-                rows &= ~(sides[0].isnan().any(1) | sides[1].isnan().any(1))
-                known[i] = (sides, flat)
+        rows = (lo0 < 0) & (hi0 > 0) if isinstance(key, int) else torch.ones_like(lo0, dtype=torch.bool)
+        known = {}  # layer key -> (the recorded values, their flat neurons)
+        for other, node in acts.items():
+            values, flat = rec.alpha.get(node.name), rec.features.get(node.name)
+            if values is not None and len(flat) == values[0].shape[1]:
+                rows &= ~torch.stack([v.isnan().any(1) for v in values]).any(0)
+                known[other] = (values, flat)
         neurons = rows.nonzero().flatten().cpu().numpy()
         if not len(neurons) or not known:
             continue
         entry: dict = {"neurons": neurons.tolist(), "lower": {}, "upper": {}}
-        for i, (sides, flat) in known.items():
-            keep = np.flatnonzero((claims[i][0][flat] < 0) & (claims[i][1][flat] > 0))
-            for name, side in zip(("lower", "upper"), sides, strict=True):
-                values = np.round(side[neurons][:, keep].double().numpy(), 7)
-                entry[name][str(i)] = {"index": flat[keep].tolist(), "values": values.tolist()}
-        out[k] = entry
+        for other, (values, flat) in known.items():
+            for s, side in enumerate(("lower", "upper")):
+                if isinstance(other, int):
+                    keep = np.flatnonzero((claims[other][0][flat] < 0) & (claims[other][1][flat] > 0))
+                    given = {"values": _rows(values[s], neurons, keep)}
+                else:
+                    keep = np.arange(len(flat))
+                    given = {"lower_line": _rows(values[s], neurons, keep),
+                             "upper_line": _rows(values[2 + s], neurons, keep)}  # fmt: skip
+                entry[side][str(other)] = {"index": flat[keep].tolist(), **given}
+        out[key] = entry
     return out
+
+
+def _rows(values, neurons: np.ndarray, columns: np.ndarray) -> list:
+    return np.round(values[neurons][:, columns].double().numpy(), 7).tolist()
 
 
 def _spec_rows(lookup, size: int, shape: tuple) -> tuple[np.ndarray, np.ndarray] | None:
@@ -267,13 +313,13 @@ def _feature_index(relu) -> np.ndarray:
     return np.ravel_multi_index(tuple(t.cpu().numpy() for t in index), shape)
 
 
-def _claims(bounds, members: list[int], n_boxes: int, single: bool) -> tuple | None:
-    """The bounds that hold over the box of the batch elements ``members``: a shared row, or the
-    intersection of theirs (each a valid bound over the box; all of them where there is one box)."""
+def _claims(bounds, keys: list, members: list[int], n_boxes: int, single: bool) -> dict | None:
+    """The bounds that hold over the box of the batch elements ``members``, by layer key: a shared row,
+    or the intersection of theirs (each a valid bound over the box; all of them where there is one box)."""
     if bounds is None:
         return None
-    out = []
-    for lo, hi in bounds:
+    out = {}
+    for key, (lo, hi) in zip(keys, bounds, strict=True):
         if len(lo) == 1:
             rows = [0]
         elif len(lo) == n_boxes:
@@ -282,8 +328,8 @@ def _claims(bounds, members: list[int], n_boxes: int, single: bool) -> tuple | N
             rows = list(range(len(lo)))
         else:
             return None
-        out.append((lo[rows].max(0), hi[rows].min(0)))
-    return tuple(out)
+        out[key] = (lo[rows].max(0), hi[rows].min(0))
+    return out
 
 
 def above(lb, thresholds):
@@ -348,7 +394,9 @@ def _bab_start(proof: Proofs, net, x, c, rhs, reference: dict | None) -> None:
     proof.bab_specs.update(_clauses(proof, c, rhs))
     proof.bab_claims = proof.builds[-1] if proof.builds else None
     if reference and reference.get("lower_bounds") and proof.bab_claims is not None:
-        _check_not_refined(proof.bab_claims, list(net.net.relus), reference)
+        _check_not_refined(
+            proof.bab_claims, layer_keys(list(net.net.relus), sigmoid_nodes(net.net)), reference
+        )
 
 
 def _split_relus(module) -> dict[str, int]:
@@ -363,13 +411,13 @@ def _split_relus(module) -> dict[str, int]:
     return out
 
 
-def _check_not_refined(build: Bounded, relus: list, reference: dict) -> None:
+def _check_not_refined(build: Bounded, acts: dict, reference: dict) -> None:
     """The bounds BaB starts from are no tighter than the build's (else a step in between, MIP
     refinement, tightened them: a proof cannot re-derive that)."""
     if build.claims is None:
         return
-    for r, (lo, hi) in zip(relus, build.claims, strict=True):
-        name = r.inputs[0].name
+    for key, (lo, hi) in build.claims.items():
+        name = acts[key].inputs[0].name
         ref_lo, ref_hi = reference["lower_bounds"].get(name), reference["upper_bounds"].get(name)
         if ref_lo is None or ref_hi is None:
             continue

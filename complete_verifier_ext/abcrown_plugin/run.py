@@ -124,14 +124,15 @@ class Rounds:
 
 @dataclass(frozen=True)
 class Bounded:
-    """One box that ``LiRPANet.build`` bounded: the box (float64, flat), the pre-activation bounds of
-    each α,β-CROWN ReLU over it (flat float64 ``(lower, upper)`` in its ReLU order; None: not known for
-    this box alone), the output rows it proved (:func:`.proofs.row_key`), and the slopes that made the
-    pre-activation bounds (by ReLU index, the ``alpha`` entries of docs/proofs.md; empty where unknown)."""
+    """One box that ``LiRPANet.build`` bounded: the box (float64, flat), the input bounds of each
+    α,β-CROWN ReLU and Sigmoid over it (flat float64 ``(lower, upper)`` by the proof's layer key,
+    :func:`.proofs.layer_keys`; None: not known for this box alone), the output rows it proved
+    (:func:`.proofs.row_key`), and the slopes that made the input bounds (by layer key, the ``alpha``
+    entries of docs/proofs.md; empty where unknown)."""
 
     lower: Any
     upper: Any
-    claims: tuple[tuple[Any, Any], ...] | None
+    claims: dict | None
     proven: frozenset[bytes]
     alpha: dict = field(default_factory=dict)
 
@@ -159,6 +160,7 @@ class Proofs:
     refused: str | None = None  # the first reason the instance can have no proof
     relu_sizes: list[int] = field(default_factory=list)  # α,β-CROWN's ReLUs in its order: their neurons
     relu_order: list[int] | None = None  # of each of them, its position among the ONNX graph's Relu nodes
+    sigmoid_sizes: list[int] = field(default_factory=list)  # its Sigmoids in the ONNX graph's order
     builds: list[Bounded] = field(default_factory=list)  # every box LiRPANet.build bounded
     bab_claims: Bounded | None = None  # activation BaB: the build whose bounds its root kept
     split_relu: dict[str, int] = field(default_factory=dict)  # split node name -> its ReLU's index

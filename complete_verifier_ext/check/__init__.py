@@ -137,10 +137,10 @@ def _same_claims(item: tree.Claims, verified: dict) -> bytes:
     h = hashlib.sha256(repr(item.phases).encode())
     for key in item.claims:
         h.update(b"above")
-        for layer, (lo, hi) in sorted(verified[key].items()):
+        for layer, (lo, hi) in sorted(verified[key].items(), key=str):
             h.update(repr(layer).encode() + lo.tobytes() + hi.tobytes())
     h.update(b"claimed" + item.lower.tobytes() + item.upper.tobytes())
-    for layer, (lo, hi) in sorted(item.claimed.items()):
+    for layer, (lo, hi) in sorted(item.claimed.items(), key=str):
         h.update(repr(layer).encode() + lo.tobytes() + hi.tobytes())
     return h.digest()
 
@@ -216,10 +216,10 @@ def _joint(q: query.Query, nets: list[onnx_net.Net]) -> onnx_net.Net:
     return onnx_net.joint(parts, q.n_inputs, q.n_outputs)
 
 
-def _header(doc: dict, q_sha: str, shas: dict, net: onnx_net.Net) -> tuple[dict[int, int], onnx_net.Net]:
-    """The proof's files and ReLU layers against ours (``shas``: the query's networks' sha256 by name):
-    the sizes of the layers by the ids the proof gives them (each names a Relu node by its output), and
-    the net with its layers numbered so."""
+def _header(doc: dict, q_sha: str, shas: dict, net: onnx_net.Net) -> tuple[dict, onnx_net.Net]:
+    """The proof's files, ReLU and Sigmoid layers against ours (``shas``: the query's networks' sha256 by
+    name): the sizes of the layers by the keys the proof gives them (each names a Relu node by its output,
+    by its id; a Sigmoid node ``sID``), and the net with its layers numbered so."""
     if doc.get("format") != FORMAT:
         raise Invalid(f"format {str(doc.get('format'))[:40]!r}, not {FORMAT}")
     about = doc.get("query") if isinstance(doc.get("query"), dict) else {}
@@ -239,21 +239,36 @@ def _header(doc: dict, q_sha: str, shas: dict, net: onnx_net.Net) -> tuple[dict[
             raise Invalid(
                 f"the proof is about another network{which} (its sha256 differs from the ONNX file's)"
             )
-    mine = {(r.network, r.output): r for r in net.relu_layers}
-    listed = doc.get("relu_layers", [])
+    relus = _named(doc.get("relu_layers", []), net.relu_layers, "relu_layers", "Relu")
+    sigmoids = _named(doc.get("sigmoid_layers", []), net.sigmoid_layers, "sigmoid_layers", "Sigmoid")
+    sizes = {i: r.size for i, r in relus.items()} | {f"s{i}": r.size for i, r in sigmoids.items()}
+    return sizes, dataclasses.replace(
+        net,
+        relu_layers=_numbered(relus, net.relu_layers),
+        sigmoid_layers=_numbered(sigmoids, net.sigmoid_layers),
+    )
+
+
+def _named(listed, mine: tuple, what: str, op: str) -> dict[int, onnx_net.ReluLayer]:
+    """The proof's list ``what`` of ``op`` nodes against the net's (``mine``): each by its id."""
+    by_name = {(r.network, r.output): r for r in mine}
     named: dict[int, onnx_net.ReluLayer] = {}
     for entry in listed if isinstance(listed, list) else [None]:
         ok = isinstance(entry, dict) and type(entry.get("id")) is int
-        r = mine.get((entry.get("network"), entry.get("output"))) if ok else None
+        r = by_name.get((entry.get("network"), entry.get("output"))) if ok else None
         if r is None or entry.get("size") != r.size or entry["id"] in named or r in named.values():
             raise Invalid(
-                f"relu_layers: {str(entry)[:80]} names no Relu node (output, size, network) or one twice"
+                f"{what}: {str(entry)[:80]} names no {op} node (output, size, network) or one twice"
             )
         named[entry["id"]] = r
-    rest, top = [r for r in net.relu_layers if r not in named.values()], max(named, default=-1) + 1
+    return named
+
+
+def _numbered(named: dict, mine: tuple) -> tuple:
+    """The net's layers numbered as the proof names them, those it does not name after."""
+    rest, top = [r for r in mine if r not in named.values()], max(named, default=-1) + 1
     ids = [*named, *range(top, top + len(rest))]
-    layers = tuple(dataclasses.replace(r, id=i) for i, r in zip(ids, [*named.values(), *rest], strict=True))
-    return {i: r.size for i, r in named.items()}, dataclasses.replace(net, relu_layers=layers)
+    return tuple(dataclasses.replace(r, id=i) for i, r in zip(ids, [*named.values(), *rest], strict=True))
 
 
 def _cover(doc: dict, q: query.Query) -> list[tuple]:
@@ -429,6 +444,12 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
     return lp.Solver(lp.build(net, bnd, 0, rows)).minimum()
 
 
+def _inputs(net: onnx_net.Net) -> dict:
+    """The node a claim of each layer bounds, by the layer's key: a ReLU layer's id, a Sigmoid's ``sID``."""
+    out = {r.id: net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}
+    return out | {f"s{r.id}": net.nodes[r.node].src for r in net.sigmoid_layers if r.node >= 0}
+
+
 def verify(
     net: onnx_net.Net, item: tree.Claims, above: dict, pool: _Pool | None = None
 ) -> tuple[bool, object]:
@@ -441,7 +462,7 @@ def verify(
     index, "undecided", why))`` where an LP stopped at its time limit. ``pool``: where a layer's LPs
     are dealt (else in this process)."""
     batch = _batch(net, [item], 0, above)
-    pre = {r.id: net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}
+    pre = _inputs(net)
     batch.checking = {
         pre[i]: (lo[None].copy(), hi[None].copy()) for i, (lo, hi) in item.claimed.items() if i in pre
     }
@@ -529,21 +550,15 @@ def _by_claim_alpha(net: onnx_net.Net, bnd: bounds.Bounds, z: int, alpha, need: 
     row = {(int(j), s): m for s, side in ((1.0, "lower"), (-1.0, "upper")) for m, j in enumerate(neurons)}
     given = [(j, s) for j, s in need if (j, s) in row]
     layers = {r.id: r.node for r in net.relu_layers if r.node >= 0}
+    smooth = {f"s{r.id}": r.node for r in net.sigmoid_layers if r.node >= 0}
     done, near = set(), {}
     step = max(1, _BATCH_FLOATS // max(net.sizes))
     for start in range(0, len(given), step):
         part = given[start : start + step]
         A = np.zeros((1, len(part), net.sizes[z]))
         A[0, np.arange(len(part)), [j for j, _ in part]] = [s for _, s in part]
-        slopes = {}
-        for layer, node in layers.items():
-            for q, (j, s) in enumerate(part):
-                a = sides["lower" if s > 0 else "upper"].get(layer)
-                if a is not None:
-                    slopes.setdefault(node, np.full((1, len(part), a.shape[1]), np.nan))[0, q] = a[
-                        row[(j, s)]
-                    ]
-        batch = bounds.Batch(bnd.lower[0], bnd.upper[0], {}, slopes, {}, A)
+        slopes, points = _given(layers, sides, part, row), _given(smooth, sides, part, row)
+        batch = bounds.Batch(bnd.lower[0], bnd.upper[0], {}, slopes, {}, A, points=points)
         with np.errstate(all="ignore"):
             res = bounds.best_backward(net.nodes, bnd, z, A, batch)[0]
         for (j, s), value in zip(part, res, strict=True):
@@ -553,6 +568,23 @@ def _by_claim_alpha(net: onnx_net.Net, bnd: bounds.Bounds, z: int, alpha, need: 
             elif reached == "near":
                 near[j, s] = value
     return [x for x in need if x not in done and x not in near], near
+
+
+def _given(layers: dict, sides: dict, part: list, row: dict) -> dict:
+    """What the claims of ``part`` give at the layers ``layers`` (key -> its node): a ReLU layer's slopes
+    (1, Q, n), a Sigmoid layer's pair of those, its two lines' points (NaN: none given)."""
+    out: dict = {}
+    for layer, node in layers.items():
+        for q, (j, s) in enumerate(part):
+            given = sides["lower" if s > 0 else "upper"].get(layer)
+            if given is None:
+                continue
+            arrays = given if isinstance(given, tuple) else (given,)
+            if node not in out:
+                out[node] = [np.full((1, len(part), a.shape[1]), np.nan) for a in arrays]
+            for store, a in zip(out[node], arrays, strict=True):
+                store[0, q] = a[row[(j, s)]]
+    return {node: tuple(v) if len(v) > 1 else v[0] for node, v in out.items()}
 
 
 def _reached(value: float, s: float, used: tuple, j: int) -> str | None:
@@ -584,10 +616,10 @@ def _failed(lp_status: str) -> str:
 
 def _batch(net: onnx_net.Net, items: list, k: int, verified: dict | None) -> bounds.Batch:
     """Leaves (or a bounds node) as arrays over ReLU nodes: regions, evidence, the verified claims of the
-    bounds nodes above them (``None``: none used); the row weightings tried: each of the ``k`` rows, the
-    sum, and the leaf's ``lambda`` (else the sum)."""
+    bounds nodes above them (at ReLUs' and Sigmoids' inputs; ``None``: none used); the row weightings
+    tried: each of the ``k`` rows, the sum, and the leaf's ``lambda`` (else the sum)."""
     B = len(items)
-    layers = {r.id: r for r in net.relu_layers if r.node >= 0}
+    layers, inputs = {r.id: r for r in net.relu_layers if r.node >= 0}, _inputs(net)
     batch = bounds.Batch(np.stack([x.lower for x in items]), np.stack([x.upper for x in items]), {}, {}, {},
                          np.concatenate([np.eye(k), np.ones((2, k))])[None].repeat(B, axis=0))  # fmt: skip
 
@@ -600,8 +632,8 @@ def _batch(net: onnx_net.Net, items: list, k: int, verified: dict | None) -> bou
         for layer, j, sign in (p for p in x.phases if p[0] in layers):
             put(batch.phase, layers[layer].node, layers[layer].size, 0, np.int8)[i, j] = sign
         for key in x.claims if verified is not None else ():
-            for layer, (lo, hi) in ((c, v) for c, v in verified[key].items() if c in layers):
-                z = net.nodes[layers[layer].node].src
+            for layer, (lo, hi) in ((c, v) for c, v in verified[key].items() if c in inputs):
+                z = inputs[layer]
                 low, high = put(lows, z, len(lo), -np.inf), put(highs, z, len(lo), np.inf)
                 low[i], high[i] = np.maximum(low[i], lo), np.minimum(high[i], hi)
         ev = x.evidence if isinstance(x, Leaf) else tree.Evidence()

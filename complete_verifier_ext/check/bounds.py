@@ -56,7 +56,8 @@ class Batch:
     lam: np.ndarray  # (B, Q, k) row weightings >= 0
     claims: dict = field(default_factory=dict)  # pre-activation node -> (lower, upper) (B, n), verified
     checking: dict = field(default_factory=dict)  # the same, to verify (used where ``own`` is unstable)
-    points: dict = field(default_factory=dict)  # sigmoid node -> (B, Q, n): its lines' points (lines_at)
+    # sigmoid node -> (B, Q, n): its lines' points (lines_at), or a pair: the lower line's, the upper's
+    points: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -103,8 +104,9 @@ def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True, every: bool 
             _crown(net, bnd, k, every, any(isinstance(net.nodes[r], Sigmoid) for r in acts[k]))
             _restrict(bnd, k, phases, None)
         if k in batch.checking:  # claims used (and to verify) only where the own bounds are unstable
-            bnd.own[k] = (bnd.lower[k].copy(), bnd.upper[k].copy())
-            unstable = ~((bnd.lower[k] >= 0) | (bnd.upper[k] <= 0))
+            bnd.own[k] = (bnd.lower[k].copy(), bnd.upper[k].copy())  # (a sigmoid's input: everywhere)
+            smooth = any(isinstance(net.nodes[r], Sigmoid) for r in acts[k])
+            unstable = smooth | ~((bnd.lower[k] >= 0) | (bnd.upper[k] <= 0))
             lo, hi = batch.checking[k]
             _restrict(bnd, k, [], (np.where(unstable, lo, -np.inf), np.where(unstable, hi, np.inf)))
         if isinstance(node, Relu):
@@ -249,11 +251,15 @@ def _sigmoid_step(node: Sigmoid, k: int, a: np.ndarray, bnd: Bounds, batch: Batc
     """The sigmoid step of the module docstring, as :func:`_relu_step` returns it: ``a⁺`` takes the
     lower line, ``a⁻`` the upper one; the rounding of the products ``a_j k_j`` and of the intercepts'
     dot product."""
+    k_lo, c_lo, k_up, c_up = (x[:, None, :] for x in bnd.relax[k])
     if batch is not None and k in batch.points:
         l, u = bnd.lower[node.src][:, None, :], bnd.upper[node.src][:, None, :]
-        k_lo, c_lo, k_up, c_up = sigmoid.lines_at(l, u, batch.points[k])
-    else:
-        k_lo, c_lo, k_up, c_up = (x[:, None, :] for x in bnd.relax[k])
+        p = batch.points[k]
+        p_lo, p_up = p if isinstance(p, tuple) else (p, p)
+        at = sigmoid.lines_at(l, u, p_lo, p_up)
+        lo, hi = ~np.isnan(p_lo), ~np.isnan(p_up)  # (CROWN's lines where no point is given)
+        k_lo, c_lo = np.where(lo, at[0], k_lo), np.where(lo, at[1], c_lo)
+        k_up, c_up = np.where(hi, at[2], k_up), np.where(hi, at[3], c_up)
     pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
     q = pos * k_lo + neg * k_up
     n = a.shape[2]
@@ -308,10 +314,12 @@ def _activation(node) -> bool:
 
 def objective(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
     """Step 2 of the module docstring: the best lower bound ``(B,)`` over the batch's weightings of
-    the rows (the clause ``λ·(C y - d)`` as one more affine node after the output); ``+inf`` for a leaf
-    whose region is empty, ``-inf`` where a bound is not finite."""
+    the rows (the clause ``λ·(C y - d)`` as one more affine node after the output), and each row's
+    alone from the output's bounds (claims near the output can make those tighter than the pass);
+    ``+inf`` for a leaf whose region is empty, ``-inf`` where a bound is not finite."""
     nodes, top = _with_clause(net, rows, bnd)
     res = best_backward(nodes, bnd, top, batch.lam, batch)
+    res = np.concatenate([res, _interval(nodes[top], top, bnd, batch)[0]], axis=1)
     best = np.where(np.isnan(res), -np.inf, res).max(axis=1, initial=-np.inf)
     return np.where(bnd.finite, np.where(bnd.empty, np.inf, best), -np.inf)
 

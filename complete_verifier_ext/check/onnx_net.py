@@ -87,9 +87,9 @@ class Sum:
 
 @dataclass(frozen=True)
 class ReluLayer:
-    """A Relu node of the graph as proofs name it: ``id`` (its position among the Relu nodes), its
-    output tensor's name, its size; ``node``: its index in :attr:`Net.nodes` (-1: it does not reach
-    the output)."""
+    """A Relu node of the graph as proofs name it (a Sigmoid node, in :attr:`Net.sigmoid_layers`):
+    ``id`` (its position among the Relu, or Sigmoid, nodes), its output tensor's name, its size;
+    ``node``: its index in :attr:`Net.nodes` (-1: it does not reach the output)."""
 
     id: int
     output: str
@@ -104,6 +104,7 @@ class Net:
     sizes: tuple[int, ...]
     output: int
     relu_layers: tuple[ReluLayer, ...]
+    sigmoid_layers: tuple[ReluLayer, ...] = ()
 
 
 def sources(node) -> tuple[int, ...]:
@@ -130,13 +131,13 @@ def parse(data: bytes, name: str) -> Net:
         raise Unsupported(f"graph {g.name}: one input with a shape and one output are needed")
     shape = tuple(max(d.dim_value, 1) for d in inputs[0].type.tensor_type.shape.dim)
     env[inputs[0].name] = _Var(0, shape)
-    b = _Builder([Input(math.prod(shape))], env, [], list(model.opset_import))
+    b = _Builder([Input(math.prod(shape))], env, [], [], list(model.opset_import))
     for node in g.node:
         b.add(node)
     out = env.get(g.output[0].name)
     if not isinstance(out, _Var):
         raise Unsupported(f"{g.output[0].name} output (a constant)")
-    return _prune(b.nodes, out.node, b.relus)
+    return _prune(b.nodes, out.node, b.relus, b.sigmoids)
 
 
 def joint(parts: list[tuple[str | None, Net, tuple[int, ...], int]], n_in: int, n_out: int) -> Net:
@@ -144,9 +145,11 @@ def joint(parts: list[tuple[str | None, Net, tuple[int, ...], int]], n_in: int, 
     network's name, net, the joint input's position of each of its inputs, the first position of its
     outputs): a network's input picked from the joint input by a 0/1 affine node (none where it is the
     joint input in order), its output placed by one, the placed outputs summed. Its ReLU layers are the
-    networks' in order, numbered on, each named by its network (``None``: a 1.x query's one network)."""
+    networks' in order, numbered on, each named by its network (``None``: a 1.x query's one network);
+    its Sigmoid layers alike."""
     nodes: list = [Input(n_in)]
     layers: list[ReluLayer] = []
+    smooth: list[ReluLayer] = []
     placed = []
     for name, net, index, start in parts:
         at = 0
@@ -161,9 +164,13 @@ def joint(parts: list[tuple[str | None, Net, tuple[int, ...], int]], n_in: int, 
             nodes.append(
                 dataclasses.replace(node, layer=node.layer + first) if isinstance(node, Relu) else node
             )
-        for r in net.relu_layers:
-            node = new[r.node] if r.node >= 0 else -1
-            layers.append(dataclasses.replace(r, id=r.id + first, node=node, network=name))
+        for listed, into in ((net.relu_layers, layers), (net.sigmoid_layers, smooth)):
+            into += [
+                dataclasses.replace(
+                    r, id=r.id + len(into), node=new[r.node] if r.node >= 0 else -1, network=name
+                )
+                for r in listed
+            ]
         m, out = net.sizes[net.output], new[net.output]
         if (start, m) != (0, n_out):
             embed = np.zeros((n_out, m))
@@ -176,7 +183,7 @@ def joint(parts: list[tuple[str | None, Net, tuple[int, ...], int]], n_in: int, 
         nodes.append(Sum(out, other, 1.0))
         out = len(nodes) - 1
     sizes = tuple(_size(nodes, k) for k in range(len(nodes)))
-    return Net(tuple(nodes), sizes, out, tuple(layers))
+    return Net(tuple(nodes), sizes, out, tuple(layers), tuple(smooth))
 
 
 def _finite(a: np.ndarray, what: str) -> np.ndarray:
@@ -192,7 +199,7 @@ def _size(nodes: list, k: int) -> int:
     return node.W.shape[0] if isinstance(node, Affine) else _size(nodes, sources(node)[0])
 
 
-def _prune(nodes: list, out: int, relus: list[ReluLayer]) -> Net:
+def _prune(nodes: list, out: int, relus: list[ReluLayer], sigmoids: list[ReluLayer]) -> Net:
     """Only the nodes the output depends on (a composed affine node leaves the one before it unused)."""
     live = {0, out}
     for k in range(len(nodes) - 1, -1, -1):
@@ -200,9 +207,11 @@ def _prune(nodes: list, out: int, relus: list[ReluLayer]) -> Net:
             live.update(sources(nodes[k]))
     new = {k: i for i, k in enumerate(sorted(live))}
     kept = [_moved(nodes[k], new) for k in sorted(live)]
-    layers = tuple(dataclasses.replace(r, node=new.get(r.node, -1)) for r in relus)
+    layers, smooth = (
+        tuple(dataclasses.replace(r, node=new.get(r.node, -1)) for r in x) for x in (relus, sigmoids)
+    )
     sizes = tuple(_size(kept, k) for k in range(len(kept)))
-    return Net(tuple(kept), sizes, new[out], layers)
+    return Net(tuple(kept), sizes, new[out], tuple(layers), tuple(smooth))
 
 
 def _moved(node, new):
@@ -238,6 +247,7 @@ class _Builder:
     nodes: list
     env: dict
     relus: list[ReluLayer]
+    sigmoids: list[ReluLayer]
     opsets: list
 
     def add(self, node: onnx.NodeProto) -> None:
@@ -362,7 +372,9 @@ class _Builder:
         return out
 
     def _op_sigmoid(self, node, ins, at) -> _Var:
-        return self._push(Sigmoid(ins[0].node), ins[0].shape)
+        out = self._push(Sigmoid(ins[0].node), ins[0].shape)
+        self.sigmoids.append(ReluLayer(len(self.sigmoids), node.output[0], math.prod(ins[0].shape), out.node))
+        return out
 
     def _op_flatten(self, node, ins, at) -> _Var:
         x = ins[0]

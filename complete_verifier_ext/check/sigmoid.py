@@ -66,17 +66,18 @@ def tangents(l: np.ndarray, u: np.ndarray, count: int) -> tuple[np.ndarray, np.n
 
 
 def lines_at(
-    l: np.ndarray, u: np.ndarray, p: np.ndarray
+    l: np.ndarray, u: np.ndarray, p: np.ndarray, p_up: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(k_lo, c_lo, k_up, c_up)`` as :func:`lines` gives them, but each line the one of ``σ``'s convex
-    hull on ``[l, u]`` that is tightest at the point ``p`` (per neuron, or per row and neuron: ``p``
-    broadcast against ``l`` and ``u``): the lower line's slope is ``σ'`` at ``p`` moved into the part of
-    ``[l, u]`` where the hull is ``σ`` itself (``z <= 0``, left of where the tangent through ``(u, σ(u))``
-    touches), CROWN's chord where there is none; the upper line by symmetry. Valid for any ``p``, as
-    every slope is (a NaN ``p`` leaves NaN the lines it chooses, which prove nothing)."""
+    hull on ``[l, u]`` that is tightest at the point ``p`` (the upper line at ``p_up`` where given; per
+    neuron, or per row and neuron: broadcast against ``l`` and ``u``): the lower line's slope is ``σ'``
+    at ``p`` moved into the part of ``[l, u]`` where the hull is ``σ`` itself (``z <= 0``, left of where
+    the tangent through ``(u, σ(u))`` touches), CROWN's chord where there is none; the upper line by
+    symmetry. Valid for any point, as every slope is (a NaN point leaves NaN the lines it chooses, which
+    prove nothing)."""
     with np.errstate(all="ignore"):
         k_lo = _hull_slope(l, u, p)
-        k_up = _hull_slope(-u, -l, -p)
+        k_up = _hull_slope(-u, -l, -(p if p_up is None else p_up))
         return k_lo, _intercept(l, u, k_lo), k_up, up(1.0 - _intercept(-u, -l, k_up))
 
 

@@ -54,9 +54,9 @@ class Leaf:
 
 @dataclass(frozen=True)
 class Claims:
-    """A bounds node's ``claimed`` bounds (layer id -> (lower, upper) of its pre-activation) over its
-    region, to verify with those of the bounds nodes above it (``claims``: their keys); ``index``: the
-    leaves before it."""
+    """A bounds node's ``claimed`` bounds (layer key -> (lower, upper) of its pre-activation: a ReLU
+    layer's id, a Sigmoid layer's ``sID``) over its region, to verify with those of the bounds nodes
+    above it (``claims``: their keys); ``index``: the leaves before it."""
 
     obligation: int
     index: int
@@ -66,7 +66,8 @@ class Claims:
     phases: tuple[tuple[int, int, int], ...]
     claims: tuple
     claimed: dict
-    # layer id -> (claimed neurons (m,), {"lower"|"upper": {layer id: (m, n) slopes, NaN: none given}})
+    # layer key -> (claimed neurons (m,), {"lower"|"upper": {ReLU layer id: (m, n) slopes, NaN: none
+    # given; Sigmoid layer key: ((m, n) lower lines' points, (m, n) upper lines' points), NaN: none}})
     alpha: dict = field(default_factory=dict)
 
     @property
@@ -166,10 +167,12 @@ def leaves(
     ob: ProofObligation, k: int, layers: dict[int, int], within=None, parsed: dict | None = None
 ) -> Iterator[Leaf | Claims]:
     """The leaves of obligation ``k``'s tree and the claims of its bounds nodes, depth first;
-    ``layers``: ReLU layer id -> size. The tree is validated on the proof's boxes; the regions to
+    ``layers``: layer key -> size (a ReLU layer's id, a Sigmoid layer's ``sID``: the latter only in
+    bounds nodes). The tree is validated on the proof's boxes; the regions to
     discharge are those boxes within ``(lower, upper)``, the query's box (an empty one: nothing to do).
     ``parsed``: bounds tables read so far, by identity (a shared table is read once)."""
     parsed = {} if parsed is None else parsed
+    relus = {key: n for key, n in layers.items() if isinstance(key, int)}
     w_lo, w_hi = within if within is not None else (ob.lower, ob.upper)
     stack = [(ob.tree, ob.lower, ob.upper, (), (), "root")]
     count = 0
@@ -178,7 +181,7 @@ def leaves(
         r_lo, r_hi = np.maximum(lo, w_lo), np.minimum(hi, w_hi)
         try:
             if isinstance(node, dict) and "leaf" in node:
-                ev = _evidence(node["leaf"], len(ob.d), layers)
+                ev = _evidence(node["leaf"], len(ob.d), relus)
                 yield Leaf(k, count, path, r_lo, r_hi, phases, ev, known)
                 count += 1
                 continue
@@ -194,7 +197,7 @@ def leaves(
                     count += 1
                 stack.append((kids[0], new_lo, new_hi, phases, known, f"{path}/0"))
             elif "relu" in node:
-                split = _phase(node["relu"], kids, phases, layers)
+                split = _phase(node["relu"], kids, phases, relus)
                 stack += [(kids[1], lo, hi, (*phases, (*split, 1)), known, f"{path}/1")]
                 stack += [(kids[0], lo, hi, (*phases, (*split, -1)), known, f"{path}/0")]
             elif "bounds" in node:
@@ -227,9 +230,11 @@ def _claims(spec, layers: dict[int, int]) -> tuple[dict, dict]:
     return out, alpha
 
 
-def _claim_alpha(obj, n: int, layers: dict[int, int], what: str) -> tuple:
+def _claim_alpha(obj, n: int, layers: dict, what: str) -> tuple:
     """A claim's slopes: ``{"neurons": [j…], "lower"|"upper": {layer id: {"index": [i…], "values":
-    [[α per index] per neuron]}}}`` as ``(neurons, {side: {layer id: (m, size) slopes, NaN elsewhere}})``."""
+    [[α per index] per neuron]}}}`` as ``(neurons, {side: {layer id: (m, size) slopes, NaN elsewhere}})``;
+    a Sigmoid layer's entry ``sID: {"index": [i…], "lower_line": [[point per index] per neuron],
+    "upper_line": […]}`` as its two lines' tangent points, ``((m, size), (m, size))``."""
     if not isinstance(obj, dict) or not isinstance(obj.get("neurons"), list):
         raise Invalid(f"{what}: expected an object with a list of neurons")
     neurons = np.array([integer(j, 0, n, f"{what}: neuron") for j in obj["neurons"]], dtype=np.int64)
@@ -241,13 +246,22 @@ def _claim_alpha(obj, n: int, layers: dict[int, int], what: str) -> tuple:
             if not isinstance(index, list):
                 raise Invalid(f"{what}: {side} of layer {key}: expected an index and values")
             cols = np.array([integer(i, 0, layers[key], f"{what}: index") for i in index], dtype=np.int64)
-            rows = value.get("values")
-            if not isinstance(rows, list) or len(rows) != len(neurons):
-                raise Invalid(f"{what}: {side} of layer {key}: expected one row of values per neuron")
-            a = np.full((len(neurons), layers[key]), np.nan)
-            a[:, cols] = [numbers(row, len(cols), f"{what}: values") for row in rows] if len(rows) else 0.0
-            sides[side][key] = np.clip(a, 0.0, 1.0)
+            fields = ("values",) if isinstance(key, int) else ("lower_line", "upper_line")
+            where = f"{what}: {side} of layer {key}"
+            parts = [_rows(value, f, len(neurons), cols, layers[key], where) for f in fields]
+            sides[side][key] = np.clip(parts[0], 0.0, 1.0) if isinstance(key, int) else tuple(parts)
     return neurons, sides
+
+
+def _rows(value: dict, field: str, m: int, cols: np.ndarray, size: int, what: str) -> np.ndarray:
+    """``value[field]``: a row of numbers per neuron, at the columns ``cols`` of ``(m, size)`` (NaN
+    elsewhere)."""
+    rows = value.get(field)
+    if not isinstance(rows, list) or len(rows) != m:
+        raise Invalid(f"{what}: expected one row of {field} per neuron")
+    a = np.full((m, size), np.nan)
+    a[:, cols] = [numbers(row, len(cols), f"{what}: {field}") for row in rows] if len(rows) else 0.0
+    return a
 
 
 def _children(node) -> list:
@@ -336,12 +350,23 @@ def _evidence(obj, n_rows: int, layers: dict[int, int]) -> Evidence:
     return Evidence(lam, alpha, beta)
 
 
-def _layer_map(obj, layers: dict[int, int], what: str) -> list:
+def _layer_map(obj, layers: dict, what: str) -> list:
+    """``obj``'s entries by the layer keys of ``layers`` (a ReLU layer's id, ``sID`` a Sigmoid layer's)."""
     if obj is None:
         return []
     if not isinstance(obj, dict):
         raise Invalid(f"{what}: expected an object layer id -> values")
-    return [(_key(key, max(layers, default=-1) + 1, f"{what}: layer"), v) for key, v in obj.items()]
+    out = []
+    for key, v in obj.items():
+        if key in layers:  # a Sigmoid layer's
+            out.append((key, v))
+        else:
+            relus = [k for k in layers if isinstance(k, int)]
+            k = _key(key, max(relus, default=-1) + 1, f"{what}: layer")
+            if k not in layers:
+                raise Invalid(f"{what}: layer {key!r}: no such layer")
+            out.append((k, v))
+    return out
 
 
 def _key(text: str, n: int, what: str) -> int:
