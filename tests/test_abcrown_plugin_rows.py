@@ -3,6 +3,8 @@ under ``fsdp`` and ``tp``: the bounds are unpatched α,β-CROWN's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from plugin_support import (
@@ -12,6 +14,7 @@ from plugin_support import (
     instance,
     needs_abcrown,
     plugin_env,
+    python,
     run,
 )
 from support import relative_error as rel
@@ -126,6 +129,46 @@ def test_a_layer_with_fewer_rows_than_passes_on_every_rank(tmp_path):
     assert p1.returncode == 0 and p3.returncode == 0, p3.stderr[-2000:]
     assert rel(ref["bounds"]["crown"], got["bounds"]["crown"]) < 1e-6
     assert rel(ref["bounds"]["alpha_crown"], got["bounds"]["alpha_crown"]) < 1e-5
+
+
+OWNERS = """
+import json
+import torch
+from auto_LiRPA import BoundedModule, BoundedTensor
+from auto_LiRPA.perturbations import PerturbationLpNorm
+from complete_verifier_ext.abcrown_plugin.rows.deal import start_owners
+from complete_verifier_ext.abcrown_plugin.run import Rows
+torch.manual_seed(0)
+L = torch.nn.Linear
+relu, sigmoid = torch.nn.ReLU(), torch.nn.Sigmoid()
+net = torch.nn.Sequential(L(4, 8), relu, L(8, 6), sigmoid, L(6, 5), torch.nn.ReLU(), L(5, 2))
+x = torch.zeros(1, 4)
+m = BoundedModule(net, x)
+m.compute_bounds(x=(BoundedTensor(x, PerturbationLpNorm(x_L=x - 0.05, x_U=x + 0.05)),), method="CROWN")
+for act in m.nodes():
+    if type(act).__name__ in ("BoundRelu", "BoundSigmoid"):
+        z = act.inputs[0]
+        crossing = ((z.lower < 0) & (z.upper > 0)).flatten().tolist()
+        print(json.dumps([type(act).__name__, start_owners(Rows(active=True), m, z).tolist(), crossing]))
+"""
+
+
+@needs_abcrown
+def test_a_sigmoids_input_is_dealt_whole():
+    """auto_LiRPA keeps an α row for every neuron of a sigmoid's input (no sparse-spec α there: every
+    neuron's bound matters, whether or not its interval crosses 0), and so do the ranks: every neuron
+    of it has an owner, where a ReLU's input has owners only where its interval crosses 0. (They had
+    kept the crossing ones only, the others' α untrained: on dist_shift's index2101 the sigmoid input's
+    bounds were 1.7% wider at P = 2 than at P = 1; now equal to float32 rounding.)"""
+    out = python(OWNERS)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = [json.loads(line) for line in out.stdout.strip().splitlines()]
+    assert [kind for kind, _, _ in found] == ["BoundRelu", "BoundSigmoid", "BoundRelu"], found
+    for kind, owners, crossing in found:
+        if kind == "BoundSigmoid":
+            assert not any(crossing) and min(owners) >= 0, found  # (no sigmoid input crosses 0 here)
+        else:
+            assert [o >= 0 for o in owners] == crossing, found
 
 
 RESNET_YAML = """general:

@@ -90,7 +90,8 @@ def start_owners(state: Rows, module, node, dense: bool = False) -> Tensor:
     """The rank of every neuron (flat position) of start node ``node``: whole channels where α is per
     channel (auto_LiRPA's rule of ``get_alpha_crown_start_nodes``; a stable neuron, bounded where
     auto_LiRPA bounds every neuron, uses its channel's α), else contiguous blocks of the unstable
-    neurons, -1 for the others (then dealt round-robin: their α rows are never trained); ``dense`` (a conv
+    neurons (of every neuron where the node does not feed a ReLU alone, :func:`_feeds_relu`), -1 for
+    the others (then dealt round-robin: their α rows are never trained); ``dense`` (a conv
     start node bounded with dense patches, :func:`_dense_passes`: every neuron a row): contiguous blocks
     of whole channels. Computed from the node's current bounds, the ones auto_LiRPA creates its α from;
     kept in ``state.owners`` while its α is kept by row."""
@@ -99,6 +100,8 @@ def start_owners(state: Rows, module, node, dense: bool = False) -> Tensor:
     shape = [int(s) for s in node.output_shape[1:]]
     idx, size = module.get_unstable_locations(node.lower, node.upper, conv=conv)
     flat = flat_positions(idx, shape).cpu()
+    if not conv and not _feeds_relu(module, node):  # (auto_LiRPA's α: a row per neuron, every one bounded)
+        flat = torch.arange(math.prod(shape))
     owners = torch.full((math.prod(shape),), -1, dtype=torch.long)
     opts = module.bound_opts
     per_channel = conv and (
@@ -113,6 +116,15 @@ def start_owners(state: Rows, module, node, dense: bool = False) -> Tensor:
         owners[flat] = even_blocks(int(flat.numel()))
     state.owners[node.name] = owners
     return owners
+
+
+def _feeds_relu(module, node) -> bool:
+    """Whether ``node`` feeds a piecewise-linear activation alone, where auto_LiRPA keeps α rows for its
+    unstable neurons only (``get_alpha_crown_start_nodes``); a Sigmoid's input has one for every neuron,
+    and every one's bound matters."""
+    names = node.output_name
+    kinds = ("BoundRelu", "BoundSignMerge", "BoundMaxPool")
+    return len(names) == 1 and type(module[names[0]]).__name__ in kinds
 
 
 def owners_of(state: Rows, node, idx) -> Tensor:
