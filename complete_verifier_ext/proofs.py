@@ -418,9 +418,10 @@ def relu_layers(
         for i, j in enumerate(order):
             out[j]["id"] = i
     found = [r["size"] for r in sorted(out, key=lambda r: r["id"])]
+    kind = "ReLUs" if op == "Relu" else f"{op}s"
     if found != [int(s) for s in sizes]:
         raise ValueError(
-            f"the ONNX graph's {op} nodes (sizes {found}) are not the verifier's (sizes {list(sizes)})"
+            f"the ONNX graph's {op} nodes (sizes {found}) are not the verifier's {kind} (sizes {list(sizes)})"
         )
     return out
 

@@ -314,12 +314,10 @@ def _activation(node) -> bool:
 
 def objective(net: Net, rows: Rows, bnd: Bounds, batch: Batch) -> np.ndarray:
     """Step 2 of the module docstring: the best lower bound ``(B,)`` over the batch's weightings of
-    the rows (the clause ``λ·(C y - d)`` as one more affine node after the output), and each row's
-    alone from the output's bounds (claims near the output can make those tighter than the pass);
-    ``+inf`` for a leaf whose region is empty, ``-inf`` where a bound is not finite."""
+    the rows (the clause ``λ·(C y - d)`` as one more affine node after the output); ``+inf`` for a leaf
+    whose region is empty, ``-inf`` where a bound is not finite."""
     nodes, top = _with_clause(net, rows, bnd)
     res = best_backward(nodes, bnd, top, batch.lam, batch)
-    res = np.concatenate([res, _interval(nodes[top], top, bnd, batch)[0]], axis=1)
     best = np.where(np.isnan(res), -np.inf, res).max(axis=1, initial=-np.inf)
     return np.where(bnd.finite, np.where(bnd.empty, np.inf, best), -np.inf)
 
