@@ -280,6 +280,12 @@ def test_sigmoid_lines_and_values_hold_in_real_arithmetic():
                     <= mpmath.mpf(k) * z + mpmath.mpf(c_above)
                 )
     assert all(a <= sig(z) <= b for z, a, b in zip(np.concatenate([l, u]), v_lo, v_hi, strict=True))
+    # CROWN's lines as auto_LiRPA draws them: across 0, the tangent at the midpoint where that lies left
+    # of the point whose tangent passes through (u, σ(u)) (on [-4, 0.5]: -1.75), else at that point
+    k_lo, _, _, _ = sigmoid.lines(np.array([-4.0, -4.0]), np.array([0.5, 4.0]))
+    m = np.array([-1.75, 0.0])
+    assert np.isclose(k_lo[0], sigmoid.sigma(m[0]) * (1 - sigmoid.sigma(m[0])))
+    assert k_lo[1] < sigmoid.sigma(-1.0) * (1 - sigmoid.sigma(-1.0))  # (the point there: about -1.5)
     # CROWN's lines: on a narrow interval both lines are within its rounding of σ
     k_lo, c_lo, k_up, c_up = sigmoid.lines(np.array([0.3]), np.array([0.3 + 1e-4]))
     assert 0 < (k_up - k_lo)[0] * 0.3 + (c_up - c_lo)[0] < 1e-8

@@ -11,9 +11,10 @@ over ``[l, u]``. ``σ`` is convex on ``z <= 0`` and concave on ``z >= 0``. On th
 concave: its minimum is at an end. On the convex part ``[a, b]`` ``g`` is convex: for any ``d`` in it,
 ``g(z) >= g(d) + g'(d)(z - d)``, so ``min g >= g(d) - max((g'(d))⁺ (d - a), (-g'(d))⁺ (b - d))``, with
 ``g'(d) = σ'(d) - k`` enclosed. ``d`` is where ``σ'(d) = k`` (bisection; only a choice, the formula is
-valid at any ``d``). The slope is CROWN's: on a convex interval the tangent at the midpoint, on a
-concave one the chord, across 0 the tangent at the ``d <= 0`` whose line passes through ``(u, σ(u))``
-(the chord where none does). The upper line is the lower line of the mirror image, as
+valid at any ``d``). The slope is CROWN's as auto_LiRPA draws it (its default "smoothness"): on a
+convex interval the tangent at the midpoint ``m``, on a concave one the chord, across 0 the tangent at
+``min(d, m)``, ``d <= 0`` the point whose tangent passes through ``(u, σ(u))`` (the chord where none
+does): the hull's line tightest at ``m``. The upper line is the lower line of the mirror image, as
 ``σ(z) = 1 - σ(-z)``. :func:`lines_at` chooses the slopes of the convex hull's lines tightest at given
 points instead (the bound pass's second try), :func:`tangents` more lines for the LP.
 """
@@ -47,10 +48,8 @@ def value_bounds(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def lines(l: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(k_lo, c_lo, k_up, c_up)`` of each neuron's interval ``[l, u]`` (module docstring)."""
-    with np.errstate(all="ignore"):
-        k_lo = _crown_slope(l, u)
-        k_up = _crown_slope(-u, -l)
-        return k_lo, _intercept(l, u, k_lo), k_up, up(1.0 - _intercept(-u, -l, k_up))
+    with np.errstate(all="ignore"):  # (an infinite bound: NaN lines, which prove nothing)
+        return lines_at(l, u, 0.5 * (l + u))
 
 
 def tangents(l: np.ndarray, u: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -89,15 +88,14 @@ def sigma(z: np.ndarray) -> np.ndarray:
 def _hull_slope(l: np.ndarray, u: np.ndarray, p: np.ndarray) -> np.ndarray:
     d, touches = _touch(l, u)
     convex = (l < 0) & ((u <= 0) | touches)
-    return np.where(convex, _slope(np.clip(p, l, np.where(u <= 0, u, d))), _crown_slope(l, u))
+    return np.where(convex, _slope(np.clip(p, l, np.where(u <= 0, u, d))), _chord(l, u))
 
 
-def _crown_slope(l: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """The lower line's slope (only a choice: any slope is made valid by its intercept)."""
-    chord = np.where(u > l, (_sigma(u) - _sigma(l)) / np.where(u > l, u - l, 1.0), _slope(l))
-    d, touches = _touch(l, u)
-    cross = np.where(touches, _slope(d), chord)
-    return np.where(u <= 0, _slope(0.5 * (l + u)), np.where(l >= 0, chord, cross))
+def _chord(l: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The chord's slope (``σ'(l)`` on a point): the hull's lower line where ``σ`` is concave, or where no
+    tangent left of 0 passes through ``(u, σ(u))`` (only a choice: any slope is made valid by its
+    intercept)."""
+    return np.where(u > l, (_sigma(u) - _sigma(l)) / np.where(u > l, u - l, 1.0), _slope(l))
 
 
 def _touch(l: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
