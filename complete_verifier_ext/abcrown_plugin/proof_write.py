@@ -138,8 +138,11 @@ def _write(run: Run, proof: Proofs, share: Share) -> None:
 
     spec = load_vnnlib(vnnlib)
     try:
-        networks, layers = proofs.named(spec, *model_for(arg, spec), proof.relu_sizes, proof.relu_order)
-        smooth = proofs.named(spec, *model_for(arg, spec), proof.sigmoid_sizes, op="Sigmoid")[1]
+        model = model_for(arg, spec)
+        networks, layers = proofs.named(spec, *model, proof.relu_sizes, proof.relu_order)
+        smooth = []  # (no second read of the ONNX graph for a network without sigmoids)
+        if proof.sigmoid_sizes:
+            smooth = proofs.named(spec, *model, proof.sigmoid_sizes, op="Sigmoid")[1]
     except ValueError as e:
         raise NoProof(str(e)) from None
     obligations, methods = [], set()
