@@ -716,6 +716,41 @@ def test_claims_are_verified_by_their_slopes_an_lp_only_where_they_fall_short(tm
     assert -0.5 - 1e-9 < lower(-0.5 + 1e-5, [1.0, 0.5, np.nan]) <= -0.5 and not lps
 
 
+def test_false_claims_at_every_layer_are_proved_over_what_the_layers_before_proved(tmp_path):
+    """A 3-8-8-8-1 ReLU net whose three layers each claim a false interval (the middle of each
+    neuron's own bounds, 1e-3 wide): each layer's claims are verified over the bounds proved for the
+    layers before it (only the nodes from a layer whose claims changed on are bounded again), so what
+    ``verify`` proves contains every sampled input's values, and equals one fresh pass over the proved
+    claims."""
+    from complete_verifier_ext import check as checker
+
+    net = onnx_net.parse(
+        read_bytes(str(save_net(tmp_path / "n.onnx", random_layers(7, (3, 8, 8, 8, 1))))), "n"
+    )
+    lo, hi = -np.ones(3), np.ones(3)
+    own = bounds.node_bounds(net, bounds.Batch(lo[None], hi[None], {}, {}, {}, np.ones((1, 1, 1))))
+    pre = checker._inputs(net)
+    mid = {i: (own.lower[z][0] + own.upper[z][0]) / 2 for i, z in pre.items()}
+    claimed = {i: (m - 5e-4, m + 5e-4) for i, m in mid.items()}
+    ok, proved = checker.verify(net, tree.Claims(0, 0, "root", lo, hi, (), (), claimed, {}), {})
+    assert ok and all((proved[i][1] - proved[i][0] > 1e-3).any() for i in pre)
+    x = np.random.default_rng(0).uniform(lo, hi, (4000, 3))
+    values = [x]
+    for node in net.nodes[1:]:
+        is_affine = isinstance(node, onnx_net.Affine)
+        values.append(values[node.src] @ node.W.T + node.b if is_affine else np.maximum(values[node.src], 0))
+    for i, z in pre.items():
+        assert (proved[i][0] <= values[z].min(axis=0) + 1e-9).all()
+        assert (values[z].max(axis=0) <= proved[i][1] + 1e-9).all()
+    batch = checker._batch(net, [tree.Claims(0, 0, "root", lo, hi, (), (), {}, {})], 0, {})
+    batch.checking = {z: (proved[i][0][None].copy(), proved[i][1][None].copy()) for i, z in pre.items()}
+    fresh = bounds.node_bounds(net, batch)
+    for i, z in pre.items():
+        assert np.array_equal(fresh.lower[z][0], proved[i][0]) and np.array_equal(
+            fresh.upper[z][0], proved[i][1]
+        )
+
+
 def test_a_claim_whose_slopes_give_nan_or_inf_is_left_to_the_lp(monkeypatch):
     """The slopes' pass proves a claim only with a number at or above it, or takes one within ``NEAR``
     of it: a NaN or ``-inf`` bound is neither (the LP decides)."""
@@ -1052,6 +1087,39 @@ def test_the_onnx_reader_agrees_with_onnx_reference():
     assert (
         (lower <= expected + tol).all() and (expected - tol <= upper).all() and (upper - lower < 1e-9).all()
     )
+
+
+def test_a_conv_is_a_sparse_matrix_that_stays_sparse_through_batchnorm():
+    """A Conv node's matrix (CSR) is the convolution's, column by column (onnx.reference on each unit
+    input), with one entry per kernel tap that meets the input; a BatchNormalization composed with it
+    keeps those entries, its radii on them only (a zero coefficient times the scale is an exact zero);
+    a backward product through it equals the dense matrix's."""
+    import scipy.sparse as sp
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(4)
+    K, shape = rng.normal(size=(3, 2, 3, 3)), (1, 2, 6, 5)
+    conv = helper.make_node("Conv", ["x", "K"], ["c"], pads=[1, 0, 1, 1], strides=[2, 1])
+    bn = helper.make_node("BatchNormalization", ["c", "s", "t", "m", "v"], ["y"])
+    inits = [numpy_helper.from_array(K, "K")] + [
+        numpy_helper.from_array(rng.uniform(0.5, 2, 3), k) for k in ("s", "t", "m", "v")
+    ]
+    x_info = helper.make_tensor_value_info("x", TensorProto.DOUBLE, list(shape))
+    models = [
+        helper.make_model(helper.make_graph(nodes, "g", [x_info], [helper.make_tensor_value_info(
+            out, TensorProto.DOUBLE, None)], inits), opset_imports=[helper.make_opsetid("", 15)])
+        for nodes, out in (([conv], "c"), ([conv, bn], "y"))
+    ]  # fmt: skip
+    plain, folded = (onnx_net.parse(m.SerializeToString(), "conv").nodes[-1] for m in models)
+    run = ReferenceEvaluator(models[0])
+    dense = np.stack([run.run(None, {"x": e.reshape(shape)})[0].ravel() for e in np.eye(60)], axis=1)
+    assert sp.issparse(plain.W) and np.array_equal(plain.W.toarray(), dense)
+    assert plain.W.nnz == np.count_nonzero(dense) and plain.W.nnz < dense.size / 4
+    assert sp.issparse(folded.W) and np.array_equal(folded.W.indices, plain.W.indices)
+    assert folded.W_rad.nnz == plain.W.nnz and (folded.W_rad.data > 0).all()
+    a = rng.normal(size=(2, 4, dense.shape[0]))
+    gap = np.abs(onnx_net.matmul(a, folded.W) - a @ folded.W.toarray())
+    assert (gap <= 1e-14 * (np.abs(a) @ np.abs(folded.W.toarray()))).all()
 
 
 def test_ops_that_move_elements_agree_with_onnx_reference():

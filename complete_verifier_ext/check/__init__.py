@@ -467,18 +467,16 @@ def verify(
         pre[i]: (lo[None].copy(), hi[None].copy()) for i, (lo, hi) in item.claimed.items() if i in pre
     }
     order = sorted(((i, z) for i, z in pre.items() if z in batch.checking), key=lambda p: p[1])
-    bnd, stale, done = None, True, 0
-    while True:
-        if stale:
-            with np.errstate(all="ignore"):
-                bnd = bounds.node_bounds(net, batch)
-        if done == len(order):
+    bnd, first = None, 0  # the nodes bounded up to each layer's input, its claims verified, and on
+    for layer, z in [*order, (None, None)]:
+        with np.errstate(all="ignore"):
+            bnd = bounds.node_bounds(net, batch, since=None if bnd is None else (bnd, first), until=z)
+        if z is None:
             break
-        layer, z = order[done]
-        done += 1
         stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, layer, pool or _Pool(net, 1))
         if outcome is not None:
             return False, outcome
+        first = z if stale else z + 1  # (a claim changed: node z from its own bounds again)
     return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
 
 

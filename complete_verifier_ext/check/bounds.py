@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import sigmoid
-from .onnx_net import Affine, Input, Net, Relu, Sigmoid, affine, sources
+from .onnx_net import Affine, Input, Net, Relu, Sigmoid, affine, matmul, sources
 from .query import Rows
 from .rounding import down, err, sum_up, up
 
@@ -85,24 +85,44 @@ def _mv(a: np.ndarray, v: np.ndarray) -> np.ndarray:
     return a @ v if v.ndim == 1 else (a @ v[:, :, None])[..., 0]
 
 
-def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True, every: bool = False) -> Bounds:
+def node_bounds(
+    net: Net,
+    batch: Batch,
+    claimed_crown: bool = True,
+    every: bool = False,
+    since: tuple | None = None,
+    until: int | None = None,
+) -> Bounds:
     """Step 1 of the module docstring; ``claimed_crown=False``: no back-substitution at a node with a
     verified claim (its bounds: interval propagation, the claim and the phases, as a verifier's BaB
     keeps the root's bounds below it; much less work on a conv net); ``every``: back-substitution for
-    every neuron of a ReLU's input, the stable ones too (tighter later layers, at more cost)."""
+    every neuron of a ReLU's input, the stable ones too (tighter later layers, at more cost); ``since``:
+    ``(bnd, z)``, the bounds ``bnd`` made of this batch again from node ``z`` on, the nodes before it
+    kept, node ``z``'s own bounds too where ``bnd`` has them (where only ``batch.checking`` at ``z`` and
+    after it has changed); ``until``: the last node bounded (the later ones left ``None``)."""
     B, N = len(batch.lower), len(net.nodes)
     bnd = Bounds([None] * N, [None] * N, {}, {}, np.zeros(B, dtype=bool), np.ones(B, dtype=bool))
+    first = 0 if since is None else since[1]
+    if since is not None:  # (the kept nodes' arrays are shared: nothing below changes them)
+        old = since[0]
+        bnd = Bounds(list(old.lower), list(old.upper), dict(old.relax), dict(old.em), bnd.empty, bnd.finite)
+        bnd.own = dict(old.own)
     acts = {k: [r for r in range(N) if _activation(net.nodes[r]) and net.nodes[r].src == k] for k in range(N)}
     deep = [False] * N  # an activation at or below the node
-    for k, node in enumerate(net.nodes):
+    for k, node in enumerate(net.nodes[: N if until is None else until + 1]):
         deep[k] = _activation(node) or any(deep[s] for s in sources(node))
-        bnd.lower[k], bnd.upper[k] = _interval(node, k, bnd, batch)
-        phases = [batch.phase.get(r) for r in acts[k]]
-        _restrict(bnd, k, phases, batch.claims.get(k))
-        crown = acts[k] and not _activation(node) and any(deep[s] for s in sources(node))
-        if crown and (claimed_crown or k not in batch.claims):  # (an activation's output: its own bounds)
-            _crown(net, bnd, k, every, any(isinstance(net.nodes[r], Sigmoid) for r in acts[k]))
-            _restrict(bnd, k, phases, None)
+        if k < first:
+            continue
+        if k == first and k in bnd.own:  # only its claims to verify have changed
+            bnd.lower[k], bnd.upper[k] = (x.copy() for x in bnd.own[k])
+        else:
+            bnd.lower[k], bnd.upper[k] = _interval(node, k, bnd, batch)
+            phases = [batch.phase.get(r) for r in acts[k]]
+            _restrict(bnd, k, phases, batch.claims.get(k))
+            crown = acts[k] and not _activation(node) and any(deep[s] for s in sources(node))
+            if crown and (claimed_crown or k not in batch.claims):  # (an activation's output: its own)
+                _crown(net, bnd, k, every, any(isinstance(net.nodes[r], Sigmoid) for r in acts[k]))
+                _restrict(bnd, k, phases, None)
         if k in batch.checking:  # claims used (and to verify) only where the own bounds are unstable
             bnd.own[k] = (bnd.lower[k].copy(), bnd.upper[k].copy())  # (a sigmoid's input: everywhere)
             smooth = any(isinstance(net.nodes[r], Sigmoid) for r in acts[k])
@@ -113,8 +133,9 @@ def node_bounds(net: Net, batch: Batch, claimed_crown: bool = True, every: bool 
             bnd.relax[k] = _relaxation(bnd.lower[node.src], bnd.upper[node.src])
         elif isinstance(node, Sigmoid):
             bnd.relax[k] = sigmoid.lines(bnd.lower[node.src], bnd.upper[node.src])
-        bnd.empty |= (bnd.lower[k] > bnd.upper[k]).any(axis=1)
-        bnd.finite &= np.isfinite(bnd.lower[k]).all(axis=1) & np.isfinite(bnd.upper[k]).all(axis=1)
+    for lo, hi in (x for x in zip(bnd.lower, bnd.upper, strict=True) if x[0] is not None):
+        bnd.empty |= (lo > hi).any(axis=1)
+        bnd.finite &= np.isfinite(lo).all(axis=1) & np.isfinite(hi).all(axis=1)
     return bnd
 
 
@@ -155,9 +176,9 @@ def _interval(node, k: int, bnd: Bounds, batch: Batch) -> tuple[np.ndarray, np.n
         return sigmoid.value_bounds(bnd.lower[node.src])[0], sigmoid.value_bounds(bnd.upper[node.src])[1]
     if isinstance(node, Affine):
         l, u, n = bnd.lower[node.src], bnd.upper[node.src], node.W.shape[1]
-        bnd.em[k] = up(sum_up(bnd.mag(node.src) @ node.E.T, n) + node.eb)
-        Wp, Wn = node.Wp, node.Wn
-        return down(l @ Wp + u @ Wn + node.b - bnd.em[k]), up(u @ Wp + l @ Wn + node.b + bnd.em[k])
+        bnd.em[k] = up(sum_up(matmul(bnd.mag(node.src), node.E.T), n) + node.eb)
+        lo, hi = matmul(l, node.Wp) + matmul(u, node.Wn), matmul(u, node.Wp) + matmul(l, node.Wn)
+        return down(lo + node.b - bnd.em[k]), up(hi + node.b + bnd.em[k])
     la, ua, lb, ub = bnd.lower[node.a], bnd.upper[node.a], bnd.lower[node.b], bnd.upper[node.b]
     if node.sign > 0:
         return down(la + lb), up(ua + ub)
@@ -207,7 +228,7 @@ def backward(nodes, bnd: Bounds, top: int, A: np.ndarray, batch: Batch | None, l
         elif isinstance(node, Affine):
             const = down(const + _mv(a, node.b))
             slack = up(slack + sum_up(_mv(np.abs(a), bnd.em[k]), a.shape[2]))
-            slack = _give(pending, bnd, node.src, a @ node.W, slack)
+            slack = _give(pending, bnd, node.src, matmul(a, node.W), slack)
         elif isinstance(node, (Relu, Sigmoid)):
             step_of = _relu_step if isinstance(node, Relu) else _sigmoid_step
             q, c, step = step_of(node, k, a, bnd, batch)
@@ -298,7 +319,7 @@ def _evaluate(nodes, x: np.ndarray, top: int) -> list:
         if isinstance(node, Input):
             v.append(x)
         elif isinstance(node, Affine):
-            v.append(v[node.src] @ node.W.T + node.b)
+            v.append(matmul(v[node.src], node.W.T) + node.b)
         elif isinstance(node, Relu):
             v.append(np.maximum(v[node.src], 0.0))
         elif isinstance(node, Sigmoid):
@@ -327,7 +348,7 @@ def _with_clause(net: Net, rows: Rows, bnd: Bounds) -> tuple[tuple, int]:
     (its rounding per unit of ``|y|`` in ``bnd.em``), and that node's index."""
     clause = affine(net.output, rows.C, -rows.d, rows.C_rad, rows.d_rad)
     top = len(net.nodes)
-    bnd.em[top] = up(sum_up(bnd.mag(net.output) @ clause.E.T, rows.C.shape[1]) + clause.eb)
+    bnd.em[top] = up(sum_up(matmul(bnd.mag(net.output), clause.E.T), rows.C.shape[1]) + clause.eb)
     return (*net.nodes, clause), top
 
 

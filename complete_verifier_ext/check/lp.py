@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from . import sigmoid
 from .bounds import Bounds
-from .onnx_net import Affine, Input, Net, Relu, Sigmoid
+from .onnx_net import Affine, Input, Net, Relu, Sigmoid, entries
 from .query import Rows
 from .rounding import down, err, sum_up, up
 
@@ -105,13 +105,12 @@ def build(net: Net, bnd: Bounds, b: int, rows: Rows | None = None, top: int | No
     for k, node in enumerate(net.nodes[: top + 1]):
         me = off[k] + np.arange(net.sizes[k])
         if isinstance(node, Affine):
-            W_rad = np.zeros_like(node.W) if node.W_rad is None else node.W_rad
             b_rad = 0.0 if node.b_rad is None else node.b_rad
-            i, j = np.nonzero((node.W != 0) | (W_rad != 0))  # a conv layer's dense matrix: mostly zeros
+            i, j, w, w_rad = entries(node)
             R.add_sparse(
                 len(me),
                 (np.arange(len(me)), me, 1.0, 0.0),
-                (i, off[node.src] + j, -node.W[i, j], W_rad[i, j]),
+                (i, off[node.src] + j, -w, w_rad),
                 lo=down(node.b - b_rad),
                 hi=up(node.b + b_rad),
             )

@@ -4,8 +4,10 @@ sigmoids on flat float64 vectors.
 Every tensor is a flat vector in row-major order, batch dimension 1 (a symbolic dimension counts as
 1). Node 0 is the input; the others follow the graph's (topological) order:
 
-* :class:`Affine` ``z = W x_src + b``: Gemm, MatMul with one constant side, Conv as its dense matrix
-  (groups 1), and a constant Add / Sub / BatchNormalization composed with the affine node before it;
+* :class:`Affine` ``z = W x_src + b``: Gemm, MatMul with one constant side, Conv as its matrix
+  (groups 1; a sparse one, ``scipy.sparse`` CSR: each output reads one kernel's taps), and a constant
+  Add / Sub / BatchNormalization composed with the affine node before it (a sparse matrix stays sparse:
+  a zero coefficient times anything is an exact zero);
 * :class:`Relu` ``h = max(z, 0)`` elementwise;
 * :class:`Sigmoid` ``h = 1 / (1 + e^-z)`` elementwise (``sigmoid.py``);
 * :class:`Sum` ``z = x_a + sign·x_b``: Add or Sub of two tensors of one shape (a residual connection).
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import scipy.sparse as sp
 from onnx import helper, numpy_helper
 
 from .files import Unsupported
@@ -45,26 +48,60 @@ class Input:
 class Affine:
     """``z = W x_src + b``; ``E = up(γ |W| + W_rad)`` and ``eb = up(γ |b| + b_rad)``, with ``γ`` =
     ``gamma(2 n_in + n_out)``: per unit of ``|x|``, a bound on the rounding error of ``W x + b`` (or of
-    ``a W`` in a backward pass) plus the radii."""
+    ``a W`` in a backward pass) plus the radii. ``W`` is a dense array or a CSR matrix; ``W_rad``, ``E``,
+    ``Wp`` and ``Wn`` are then CSR matrices with ``W``'s entries (:func:`matmul` takes either). A
+    product over a sparse matrix sums fewer terms than the dense one, the others exact zeros: the same
+    error bound holds."""
 
     src: int
-    W: np.ndarray  # (n_out, n_in)
+    W: np.ndarray | sp.csr_array  # (n_out, n_in)
     b: np.ndarray  # (n_out,)
-    W_rad: np.ndarray | None
+    W_rad: np.ndarray | sp.csr_array | None
     b_rad: np.ndarray | None
-    E: np.ndarray
+    E: np.ndarray | sp.csr_array
     eb: np.ndarray
-    Wp: np.ndarray  # max(W, 0)^T and min(W, 0)^T: interval propagation's
-    Wn: np.ndarray
+    Wp: np.ndarray | sp.csr_array  # max(W, 0)^T and min(W, 0)^T: interval propagation's
+    Wn: np.ndarray | sp.csr_array
 
 
 def affine(src: int, W, b, W_rad=None, b_rad=None) -> Affine:
-    W, b = np.ascontiguousarray(W, dtype=F64), np.ascontiguousarray(b, dtype=F64)
+    b = np.ascontiguousarray(b, dtype=F64)
     g = gamma(2 * W.shape[1] + W.shape[0] + 2)
-    E, eb = g * np.abs(W), g * np.abs(b)
-    E, eb = (up(E + W_rad) if W_rad is not None else E), (up(eb + b_rad) if b_rad is not None else eb)
+    eb = up(g * np.abs(b) + b_rad) if b_rad is not None else g * np.abs(b)
+    if sp.issparse(W):
+        rad = 0.0 if W_rad is None else W_rad.data
+        E = _like(W, up(g * np.abs(W.data) + rad) if W_rad is not None else g * np.abs(W.data))
+        Wp, Wn = (_like(W, f(W.data, 0.0)).T.tocsr() for f in (np.maximum, np.minimum))
+        return Affine(src, W, b, W_rad, b_rad, E, eb, Wp, Wn)
+    W = np.ascontiguousarray(W, dtype=F64)
+    E = up(g * np.abs(W) + W_rad) if W_rad is not None else g * np.abs(W)
     Wp, Wn = np.ascontiguousarray(np.maximum(W, 0.0).T), np.ascontiguousarray(np.minimum(W, 0.0).T)
     return Affine(src, W, b, W_rad, b_rad, E, eb, Wp, Wn)
+
+
+def _like(W: sp.csr_array, data: np.ndarray) -> sp.csr_array:
+    """A CSR matrix with ``W``'s entries (positions) and the values ``data``."""
+    return sp.csr_array((np.asarray(data, dtype=F64), W.indices, W.indptr), shape=W.shape)
+
+
+def matmul(x: np.ndarray, M) -> np.ndarray:
+    """``x @ M`` for ``x`` of shape ``(..., n)`` and ``M`` ``(n, m)``, dense or sparse: ``(..., m)``."""
+    if not sp.issparse(M):
+        return x @ M
+    flat = x.reshape(-1, x.shape[-1])
+    return np.asarray(M.T @ flat.T).T.reshape(*x.shape[:-1], M.shape[1])
+
+
+def entries(node: Affine) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Row, column, coefficient and radius of every entry of ``node.W`` that is non-zero or has a
+    radius (a conv layer's dense matrix: mostly zeros)."""
+    if sp.issparse(node.W):
+        i = np.repeat(np.arange(node.W.shape[0]), np.diff(node.W.indptr))
+        rad = np.zeros(len(i)) if node.W_rad is None else node.W_rad.data
+        return i, node.W.indices, node.W.data, rad
+    W_rad = np.zeros_like(node.W) if node.W_rad is None else node.W_rad
+    i, j = np.nonzero((node.W != 0) | (W_rad != 0))
+    return i, j, node.W[i, j], W_rad[i, j]
 
 
 @dataclass(frozen=True)
@@ -228,7 +265,8 @@ def _times(a, a_rad, s, s_rad):
         return p, a_rad
     t = 2 * U * np.abs(p) + (0.0 if a_rad is None else np.abs(s) * a_rad)
     t = t + (0.0 if s_rad is None else (np.abs(a) + (0.0 if a_rad is None else a_rad)) * s_rad)
-    return p, up(t * (1 + 8 * U) + 4 * ETA)
+    zero = (a == 0) if a_rad is None else (a == 0) & (a_rad == 0)  # exactly 0: so is the product
+    return p, np.where(zero, 0.0, up(t * (1 + 8 * U) + 4 * ETA))
 
 
 def _plus(a, a_rad, c, c_rad):
@@ -297,8 +335,15 @@ class _Builder:
             W, b, W_rad, b_rad, src = node.W, node.b, node.W_rad, node.b_rad, node.src
         else:
             n = math.prod(x.shape)
-            W, b, W_rad, b_rad, src = np.eye(n), np.zeros(n), None, None, x.node
-        W2, W2_rad = _times(W, W_rad, s[:, None], None if s_rad is None else s_rad[:, None])
+            eye = sp.csr_array((np.ones(n), np.arange(n), np.arange(n + 1)), shape=(n, n))
+            W, b, W_rad, b_rad, src = eye, np.zeros(n), None, None, x.node
+        if sp.issparse(W):  # each entry times its row's scale
+            r = np.repeat(np.arange(W.shape[0]), np.diff(W.indptr))
+            rad = None if W_rad is None else W_rad.data
+            d, d_rad = _times(W.data, rad, s[r], None if s_rad is None else s_rad[r])
+            W2, W2_rad = _like(W, d), None if d_rad is None else _like(W, d_rad)
+        else:
+            W2, W2_rad = _times(W, W_rad, s[:, None], None if s_rad is None else s_rad[:, None])
         b2, b2_rad = _plus(*_times(b, b_rad, s, s_rad), c, c_rad)
         return self._push(affine(src, W2, b2, W2_rad, b2_rad), x.shape)
 
@@ -436,17 +481,10 @@ class _Builder:
         return np.array(ins[0].shape, dtype=np.int64)[at.get("start", 0) : at.get("end", None)]
 
 
-PICK_MAX = 50_000_000  # entries of a dense 0/1 matrix that moves elements
-
-
-def _pick(node, pos: np.ndarray, n_in: int) -> np.ndarray:
-    """The 0/1 matrix whose row ``j`` picks input element ``pos[j]`` (none where ``pos[j] < 0``)."""
-    if pos.size * n_in > PICK_MAX:
-        raise _unsupported(node, f"(moves {pos.size} of {n_in} elements: too large a matrix)")
-    W = np.zeros((pos.size, n_in))
+def _pick(node, pos: np.ndarray, n_in: int) -> sp.csr_array:
+    """The 0/1 matrix (CSR) whose row ``j`` picks input element ``pos[j]`` (none where ``pos[j] < 0``)."""
     rows = np.flatnonzero(pos >= 0)
-    W[rows, pos[rows]] = 1.0
-    return W
+    return sp.csr_array((np.ones(rows.size), (rows, pos[rows])), shape=(pos.size, n_in))
 
 
 def _unsupported(node, why: str = "") -> Unsupported:
@@ -476,19 +514,21 @@ def _constant(node, at: dict) -> np.ndarray:
     raise _unsupported(node, "(no value)")
 
 
-def _conv_matrix(K: np.ndarray, chw, pads, strides, dil) -> tuple[np.ndarray, int, int]:
-    """The dense matrix of a 2-D convolution without bias, on a ``(C, H, W)`` input (row-major):
+def _conv_matrix(K: np.ndarray, chw, pads, strides, dil) -> tuple[sp.csr_array, int, int]:
+    """The matrix (CSR) of a 2-D convolution without bias, on a ``(C, H, W)`` input (row-major):
     output ``(m, oh, ow)`` reads input ``(c, oh·s0 - p0 + i·d0, ow·s1 - p1 + j·d1)`` with weight
     ``K[m, c, i, j]`` (each pair of positions meets at most one kernel tap: an exact copy)."""
     M, C, kh, kw = K.shape
     _, H, Wd = chw
     oh = (H + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (Wd + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // strides[1] + 1
-    W = np.zeros((M * oh * ow, C * H * Wd))
     m, y, x = np.meshgrid(np.arange(M), np.arange(oh), np.arange(ow), indexing="ij")
     rows = (m * oh + y) * ow + x
+    at: list = [[], [], []]  # rows, columns, values
     for c, i, j in itertools.product(range(C), range(kh), range(kw)):
         iy, ix = y * strides[0] - pads[0] + i * dil[0], x * strides[1] - pads[1] + j * dil[1]
         ok = (iy >= 0) & (iy < H) & (ix >= 0) & (ix < Wd)
-        W[rows[ok], (c * H + iy[ok]) * Wd + ix[ok]] = K[m[ok], c, i, j]
-    return W, oh, ow
+        for into, part in zip(at, (rows[ok], (c * H + iy[ok]) * Wd + ix[ok], K[m[ok], c, i, j]), strict=True):
+            into.append(part)
+    r, col, v = (np.concatenate(p) for p in at)
+    return sp.csr_array((v.astype(F64), (r, col)), shape=(M * oh * ow, C * H * Wd)), oh, ow
