@@ -147,9 +147,9 @@ def _same_claims(item: tree.Claims, verified: dict) -> bytes:
 
 class _Pool:
     """``map(fn, args)``: ``fn(net, *a)`` for each ``a`` of ``args``, dealt over ``workers`` forked
-    processes (the network reaches them by the fork: a conv net's dense matrices are hundreds of MB, too
-    many to pickle with each task; the results come back pickled), or in this process (one worker, or
-    a platform that cannot fork)."""
+    processes (the network reaches them by the fork: a large net's matrices are too many MB to pickle
+    with each task; the results come back pickled), or in this process (one worker, or a platform that
+    cannot fork)."""
 
     def __init__(self, net: onnx_net.Net, workers: int) -> None:
         forks = "fork" in multiprocessing.get_all_start_methods()
