@@ -468,15 +468,14 @@ def verify(
     }
     order = sorted(((i, z) for i, z in pre.items() if z in batch.checking), key=lambda p: p[1])
     bnd, first = None, 0  # the nodes bounded up to each layer's input, its claims verified, and on
-    for layer, z in [*order, (None, None)]:
+    for layer, z in [*order, (None, None)]:  # (the last: the nodes after every claimed layer)
         with np.errstate(all="ignore"):
             bnd = bounds.node_bounds(net, batch, since=None if bnd is None else (bnd, first), until=z)
-        if z is None:
-            break
-        stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, layer, pool or _Pool(net, 1))
-        if outcome is not None:
-            return False, outcome
-        first = z if stale else z + 1  # (a claim changed: node z from its own bounds again)
+        if z is not None:
+            stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, layer, pool or _Pool(net, 1))
+            if outcome is not None:
+                return False, outcome
+            first = z if stale else z + 1  # (a claim changed: node z from its own bounds again)
     return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
 
 

@@ -69,8 +69,7 @@ def affine(src: int, W, b, W_rad=None, b_rad=None) -> Affine:
     g = gamma(2 * W.shape[1] + W.shape[0] + 2)
     eb = up(g * np.abs(b) + b_rad) if b_rad is not None else g * np.abs(b)
     if sp.issparse(W):
-        rad = 0.0 if W_rad is None else W_rad.data
-        E = _like(W, up(g * np.abs(W.data) + rad) if W_rad is not None else g * np.abs(W.data))
+        E = _like(W, up(g * np.abs(W.data) + W_rad.data) if W_rad is not None else g * np.abs(W.data))
         Wp, Wn = (_like(W, f(W.data, 0.0)).T.tocsr() for f in (np.maximum, np.minimum))
         return Affine(src, W, b, W_rad, b_rad, E, eb, Wp, Wn)
     W = np.ascontiguousarray(W, dtype=F64)
@@ -94,7 +93,7 @@ def matmul(x: np.ndarray, M) -> np.ndarray:
 
 def entries(node: Affine) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Row, column, coefficient and radius of every entry of ``node.W`` that is non-zero or has a
-    radius (a conv layer's dense matrix: mostly zeros)."""
+    radius: a sparse matrix's stored entries, a dense one's non-zeros."""
     if sp.issparse(node.W):
         i = np.repeat(np.arange(node.W.shape[0]), np.diff(node.W.indptr))
         rad = np.zeros(len(i)) if node.W_rad is None else node.W_rad.data
