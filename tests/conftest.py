@@ -34,6 +34,7 @@ LONG_CHECKS = (
     "test_joint.py::test_two_network_queries_on_the_plugin_route",  # two-network queries at P = 1 to 3
     "test_abcrown_plugin_rows.py::test_residual_sums_in_patches_mode_are_dealt",
     "test_abcrown_plugin_search_cuts.py::test_biccos_multi_tree_",
+    "test_abcrown_plugin_proofs.py::test_a_resnet_proof_",  # sri_resnet_a by α-CROWN, checked
     # faults replayed: killed, stopped or skewed ranks, signals, dead peers, out of memory on one rank
     "test_abcrown_plugin_parent.py::test_a_rank_killed_mid_bab_",
     "test_abcrown_plugin_parent.py::test_a_killed_rank_",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from plugin_support import BAB_YAML, INPUT_SPLIT_YAML, MNIST, config, needs_abcrown, run
+from plugin_support import BAB_YAML, BENCH, INPUT_SPLIT_YAML, MNIST, VENDOR, config, needs_abcrown, run
 
 from complete_verifier_ext import proofs
 from complete_verifier_ext.check import check_proof
@@ -94,11 +94,61 @@ def _leaves(node: dict) -> list[dict]:
 
 @needs_abcrown
 def test_an_unsat_alpha_crown_proves_has_a_valid_proof(tmp_path):
-    """256x2 prop_0_0.03: α-CROWN proves every clause; each is a leaf under its pre-activation bounds."""
-    doc = _proved(tmp_path, ALPHA_YAML, NET, MNIST / "vnnlib" / "prop_0_0.03.vnnlib", "alpha")
-    assert doc["producer"] == {"engine": "abcrown", "world_size": 1, "mode": "none", "method": "incomplete"}
-    assert [r["size"] for r in doc["relu_layers"]] == [256, 256]
-    assert all(_kinds(o["tree"]) == {"bounds", "leaf"} for o in doc["obligations"])
+    """256x2 prop_0_0.03: α-CROWN proves every clause; each is a leaf under its pre-activation bounds,
+    with its evidence: the proving row (``lambda``, one of the clause's) and α-CROWN's output slopes
+    for it, at neurons the claims leave unstable, in [0, 1]. At P = 2 (each rank holds the output α of
+    its own spec rows) the leaves carry the same rows and neurons."""
+    vnnlib = MNIST / "vnnlib" / "prop_0_0.03.vnnlib"
+    docs = [_proved(tmp_path, ALPHA_YAML, NET, vnnlib, f"alpha{P}", P=P) for P in (1, 2)]
+    assert docs[0]["producer"] == {
+        "engine": "abcrown",
+        "world_size": 1,
+        "mode": "none",
+        "method": "incomplete",
+    }
+    assert [r["size"] for r in docs[0]["relu_layers"]] == [256, 256]
+    evidence = []
+    for doc in docs:
+        assert all(_kinds(o["tree"]) == {"bounds", "leaf"} for o in doc["obligations"])
+        evidence.append([])
+        for o in doc["obligations"]:
+            claims, leaf = o["tree"]["bounds"], o["tree"]["children"][0]["leaf"]
+            assert sorted(leaf["lambda"]) == [0.0] * (len(o["rows"]["d"]) - 1) + [1.0], leaf["lambda"]
+            assert leaf["alpha"], o["rows"]
+            for layer, slopes in leaf["alpha"].items():
+                lo, hi = (np.array(claims[layer][k]) for k in ("lower", "upper"))
+                neurons = np.array([int(j) for j in slopes])
+                assert ((lo[neurons] < 0) & (hi[neurons] > 0)).all()
+                assert all(0 <= v <= 1 for v in slopes.values())
+            evidence[-1].append((leaf["lambda"], {k: sorted(v) for k, v in leaf["alpha"].items()}))
+    assert evidence[0] == evidence[1]
+
+
+@needs_abcrown
+def test_a_resnet_proof_of_alpha_crown_is_checked_without_an_lp(tmp_path, monkeypatch):
+    """sri_resnet_a idx 4836 with α,β-CROWN's own ``vnncomp22/resnet_A.yaml``: α-CROWN proves it. Its
+    claims carry the slopes of the neurons that its iteration 0 leaves unstable (auto_LiRPA records
+    its best iteration only where the output improved, from iteration 1 or later: the neurons stable
+    by then had no slopes, and 18 claims went to LPs of 5-13 s each); the claims' sides that decide no
+    phase are not proved (18 more LPs); the leaves carry the output slopes of their row (a leaf that
+    the checker's own slopes leave open took an every-neuron pass and an LP, 50 s). The checker
+    solves no LP and takes no second pass."""
+    import yaml
+
+    from complete_verifier_ext import check as checker
+
+    data = yaml.safe_load((VENDOR / "complete_verifier/exp_configs/vnncomp22/resnet_A.yaml").read_text())
+    data["general"] = {"device": "cpu"}
+    folder = BENCH / "sri_resnet_a"
+    onnx = folder / "onnx" / "resnet_3b2_bn_mixup_adv_4.0_bs128_lr-1.onnx"
+    vnnlib = folder / "vnnlib" / "cifar10_spec_idx_4836_eps_0.00350.vnnlib"
+    lps, second = [], []
+    monkeypatch.setattr(checker.lp.Solver, "minimum", lambda *a, **k: lps.append(a) or (-np.inf, "optimal"))
+    real = checker._every_neuron
+    monkeypatch.setattr(checker, "_every_neuron", lambda *a: second.append(1) or real(*a))
+    doc = _proved(tmp_path, yaml.safe_dump(data), onnx, vnnlib, "resnet")
+    assert doc["producer"]["method"] == "incomplete"
+    assert not lps and not second, (len(lps), len(second))
 
 
 @needs_abcrown

@@ -751,6 +751,45 @@ def test_false_claims_at_every_layer_are_proved_over_what_the_layers_before_prov
         )
 
 
+def test_the_side_of_a_claim_that_does_not_decide_a_neurons_phase_is_left_at_the_own_bound(
+    tmp_path, monkeypatch
+):
+    """Claims that make the first layer's unstable neurons stable, both sides false (the first layer's
+    own bounds over a box are its exact range): inactive ``[l/2, l/4]`` at even neurons, active
+    ``[u/4, u/2]`` at odd ones. Only the side that decides the phase goes to the LP (the upper bound
+    of an inactive claim, the lower of an active one), and is replaced by what it proves; the other
+    side is the own bound, not an LP's. Claims of an empty interval (``lower > upper``) and a Sigmoid's
+    keep both sides."""
+    from complete_verifier_ext import check as checker
+
+    net = onnx_net.parse(read_bytes(str(save_net(tmp_path / "n.onnx", random_layers(3, (3, 8, 8, 1))))), "n")
+    lo, hi = -np.ones(3), np.ones(3)
+    own = bounds.node_bounds(net, bounds.Batch(lo[None], hi[None], {}, {}, {}, np.ones((1, 1, 1))))
+    first, z = min(checker._inputs(net).items(), key=lambda kv: kv[1])
+    l, u = own.lower[z][0], own.upper[z][0]
+    unstable = np.flatnonzero((l < 0) & (u > 0))
+    assert len(unstable) >= 4
+    even = np.arange(len(l)) % 2 == 0
+    claim_lo, claim_hi = np.where(even, l / 2, u / 4), np.where(even, l / 4, u / 2)
+    asked = []
+    real = checker._minima
+    monkeypatch.setattr(checker, "_minima", lambda n, m, cols: asked.extend(cols) or real(n, m, cols))
+    item = tree.Claims(0, 0, "root", lo, hi, (), (), {first: (claim_lo, claim_hi)}, {})
+    ok, proved = checker.verify(net, item, {})
+    at = sum(net.sizes[:z])
+    assert ok and sorted(asked) == sorted((at + j, 1.0 if j % 2 else -1.0) for j in unstable)
+    p_lo, p_hi = proved[first]
+    assert np.allclose(p_lo[unstable][even[unstable]], l[unstable][even[unstable]], rtol=0, atol=0)
+    assert np.allclose(p_hi[unstable][~even[unstable]], u[unstable][~even[unstable]], rtol=0, atol=0)
+    assert (p_hi[unstable][even[unstable]] > 0).all() and (p_lo[unstable][~even[unstable]] < 0).all()
+    keep = checker._deciding(0, np.array([1.0, -2.0]), np.array([-1.0, -1.0]))
+    assert [x.tolist() for x in keep] == [[[1.0, -np.inf]], [[-1.0, -1.0]]]
+    assert [x.tolist() for x in checker._deciding("s0", np.array([-2.0]), np.array([-1.0]))] == [
+        [[-2.0]],
+        [[-1.0]],
+    ]
+
+
 def test_a_claim_whose_slopes_give_nan_or_inf_is_left_to_the_lp(monkeypatch):
     """The slopes' pass proves a claim only with a number at or above it, or takes one within ``NEAR``
     of it: a NaN or ``-inf`` bound is neither (the LP decides)."""

@@ -30,7 +30,7 @@ import numpy as np
 from .. import proofs
 from ..parallel import comm
 from .inputs import short
-from .proofs import clause, row_key
+from .proofs import c_key, clause, row_key
 from .run import Bounded, Proofs, Run
 
 METHODS = ("incomplete", "activation-bab", "input-split")
@@ -53,11 +53,13 @@ class Share:
     clips: dict = field(default_factory=dict)
     verified: set = field(default_factory=set)
     build_alpha: list = field(default_factory=list)  # per build, its claims' slopes (each rank its rows)
+    build_output: list = field(default_factory=list)  # per build, its output rows' slopes (the same)
 
     @classmethod
     def of(cls, p: Proofs) -> Share:
+        builds = ([b.alpha for b in p.builds], [b.output for b in p.builds])
         return cls(p.refused, p.bab_specs, p.roots_closed, p.phase_leaves, p.phase_evidence, p.splits,
-                   p.clips, p.verified, [b.alpha for b in p.builds])  # fmt: skip
+                   p.clips, p.verified, *builds)  # fmt: skip
 
     def join(self, other: Share) -> None:
         """Add another rank's share (a box split or clipped two ways: no proof)."""
@@ -72,11 +74,12 @@ class Share:
         self.phase_evidence.update(other.phase_evidence)
         self.verified |= other.verified
         if not self.build_alpha:
-            self.build_alpha = list(other.build_alpha)
+            self.build_alpha, self.build_output = list(other.build_alpha), list(other.build_output)
         elif len(self.build_alpha) == len(other.build_alpha):
             self.build_alpha = [
                 _joined_alpha(a, b) for a, b in zip(self.build_alpha, other.build_alpha, strict=True)
             ]
+            self.build_output = [a | b for a, b in zip(self.build_output, other.build_output, strict=True)]
 
 
 def _joined_alpha(mine: dict, theirs: dict) -> dict:
@@ -114,10 +117,10 @@ def finish(run: Run, verdict: str) -> None:
     joined = Share()
     for share in every:
         joined.join(share)
-    for built, alpha in zip(proof.builds, joined.build_alpha, strict=False):
-        alpha = dict(alpha)  # (at P = 1, the build's own dict)
-        built.alpha.clear()
-        built.alpha.update(alpha)
+    for built, *joins in zip(proof.builds, joined.build_alpha, joined.build_output, strict=False):
+        for mine, whole in zip((built.alpha, built.output), map(dict, joins), strict=True):
+            mine.clear()  # (a copy first: at P = 1 it is the build's own dict)
+            mine.update(whole)
     try:
         _write(run, proof, joined)
     except NoProof as e:
@@ -195,7 +198,7 @@ def _clause_tree(proof: Proofs, share: Share, region, single: bool, cl, where: s
     name = clause(cl.C, cl.d)
     for built in proof.builds:
         if (single or _near(built.lower, built.upper, region)) and name & built.proven:
-            return _under(built, proofs.leaf()), "incomplete"
+            return _under(built, proofs.leaf(**_build_evidence(built, cl))), "incomplete"
     try:
         if name in share.bab_specs:
             if name in share.roots_closed:
@@ -212,6 +215,16 @@ def _clause_tree(proof: Proofs, share: Share, region, single: bool, cl, where: s
     except ValueError as e:
         raise NoProof(f"{where}: the search's records are no proof ({e})") from None
     raise NoProof(f"{where} was proved by a step that records none (such as MIP)")
+
+
+def _build_evidence(built: Bounded, cl) -> dict:
+    """The leaf evidence of a clause a build proved: the first of its rows the build proved with
+    output slopes recorded, as ``lambda``, and those slopes (none: the checker's own, as CROWN's)."""
+    for m, (c, d) in enumerate(zip(cl.C, cl.d, strict=True)):
+        slopes = built.output.get(c_key(c))
+        if slopes is not None and row_key(c, d) in built.proven:
+            return {"lambda": [float(k == m) for k in range(len(cl.d))], "alpha": slopes}
+    return {}
 
 
 def _evidence(recorded: dict, cl) -> dict:

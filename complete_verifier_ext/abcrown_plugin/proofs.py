@@ -63,8 +63,12 @@ def _flat(t) -> np.ndarray:
 def row_key(c: np.ndarray, rhs: float) -> bytes:
     """One output row ``c · y <= rhs`` as bytes: float32 (α,β-CROWN's reading and ours agree there),
     -0.0 as 0.0."""
-    zero = np.float32(0)
-    return (np.asarray(c, dtype=np.float32) + zero).tobytes() + (np.float32(rhs) + zero).tobytes()
+    return c_key(c) + (np.float32(rhs) + np.float32(0)).tobytes()
+
+
+def c_key(c: np.ndarray) -> bytes:
+    """An output row's coefficients as bytes, as :func:`row_key` has them."""
+    return (np.asarray(c, dtype=np.float32) + np.float32(0)).tobytes()
 
 
 def clause(C: np.ndarray, d: np.ndarray) -> frozenset[bytes]:
@@ -112,7 +116,7 @@ def build(run: Run, orig):
             run.proof.slopes = {}
         try:
             global_lb, result = orig(self, x, c, rhs, *args, **kwargs)
-            _guarded(run.proof, _record_build, self, x, c, rhs, global_lb, result)
+            _guarded(run.proof, _record_build, run.rows.alpha, self, x, c, rhs, global_lb, result)
         finally:
             if run.proof is not None:
                 run.proof.slopes = None
@@ -121,7 +125,7 @@ def build(run: Run, orig):
     return build
 
 
-def _record_build(proof: Proofs, lirpa, x, c, rhs, global_lb, result) -> None:
+def _record_build(proof: Proofs, layouts, lirpa, x, c, rhs, global_lb, result) -> None:
     relus, sigmoids = list(lirpa.net.relus), sigmoid_nodes(lirpa.net)
     proof.relu_sizes = [int(np.prod(r.inputs[0].output_shape[1:])) for r in relus]
     proof.sigmoid_sizes = [int(np.prod(s.inputs[0].output_shape[1:])) for s in sigmoids]
@@ -139,8 +143,41 @@ def _record_build(proof: Proofs, lirpa, x, c, rhs, global_lb, result) -> None:
     for members in groups.values():
         claims = _claims(bounds, list(acts), members, len(lo), len(groups) == 1)
         rows = frozenset().union(*(proven[b] for b in members))
-        alpha = _claim_slopes(acts, claims, proof.slopes or {}) if claims is not None and len(lo) == 1 else {}
-        proof.builds.append(Bounded(lo[members[0]], hi[members[0]], claims, rows, alpha))
+        alone = claims is not None and len(lo) == 1
+        alpha = _claim_slopes(acts, claims, proof.slopes or {}) if alone else {}
+        output = _output_slopes(layouts, lirpa, relus, claims) if alone else {}
+        proof.builds.append(Bounded(lo[members[0]], hi[members[0]], claims, rows, alpha, output))
+
+
+def _output_slopes(layouts, lirpa, relus: list, claims: dict) -> dict:
+    """The lower slopes α-CROWN kept for each output row it optimised (the rows of the build's ``c``:
+    those initial CROWN did not prove, where α,β-CROWN pruned them), by the row's :func:`c_key`: per
+    ReLU index, at the neurons the claims leave unstable, a leaf's ``alpha`` (docs/proofs.md). At P > 1
+    each rank holds the α of its own spec rows (``layouts``, :mod:`.rows.alpha`) and gives those."""
+    final, c = lirpa.final_name, getattr(lirpa, "c", None)
+    if c is None or c.shape[0] != 1:
+        return {}
+    rows, out = c[0].detach().cpu().float().numpy(), {}
+    for i, relu in enumerate(relus):
+        a = (getattr(relu, "alpha", None) or {}).get(final)
+        if a is None or a.ndim < 4 or a.shape[2] != 1 or i not in claims:
+            continue
+        layout = (layouts.get(relu) or {}).get(final)
+        if layout is not None and layout.owns(a):
+            held = layout.held[comm.rank()].tolist()
+            local = range(1, 1 + len(held))
+        elif a.shape[1] == len(rows):
+            held = local = range(len(rows))
+        else:
+            continue
+        values, flat = a[0, :, 0].detach().flatten(1).cpu().double().numpy(), _feature_index(relu)
+        if len(flat) != values.shape[1]:
+            continue
+        keep = (claims[i][0][flat] < 0) & (claims[i][1][flat] > 0)
+        for g, m in zip(held, local, strict=True):
+            given = np.round(values[m, keep], 7).tolist()
+            out.setdefault(c_key(rows[g]), {})[i] = dict(zip(flat[keep].tolist(), given, strict=True))
+    return out
 
 
 def sigmoid_nodes(module) -> list:
@@ -178,15 +215,23 @@ def update_best(run: Run, orig):
     def update(optimizable_activations, interm_bounds, fix_interm_bounds, *args):
         if run.proof is not None and run.proof.slopes is not None:
             _guarded(run.proof, _record_slopes, run.rows.alpha, optimizable_activations, interm_bounds,
-                     fix_interm_bounds)  # fmt: skip
+                     fix_interm_bounds, args[0] if args else None)  # fmt: skip
         return orig(optimizable_activations, interm_bounds, fix_interm_bounds, *args)
 
     return update
 
 
-def _record_slopes(proof: Proofs, layouts, acts: list, interm_bounds: dict | None, fixed: bool) -> None:
+def _record_slopes(
+    proof: Proofs, layouts, acts: list, interm_bounds: dict | None, fixed: bool, kept: dict | None
+) -> None:
     """(``layouts``: ReLU -> start node name -> the :class:`~.rows.alpha.AlphaLayout` of α rows this rank
-    keeps, at P > 1: it records the rows it keeps, :mod:`.proof_write` joins the ranks'.)"""
+    keeps, at P > 1: it records the rows it keeps, :mod:`.proof_write` joins the ranks'; ``kept``:
+    auto_LiRPA's best intermediate bounds by activation, before this call updates them. α-CROWN calls
+    this only at an iteration whose output bound improved, often not its first: a start node's
+    ``first`` bounds are those of iteration 0, as ``kept`` has them at the first call, so that the
+    neurons a later iteration made stable before the first call keep their rows. A neuron's slopes
+    are those of the iteration that strictly improved its bound: at one that left it alone (stable in
+    the best bounds so far, not bounded again) its α rows were not used.)"""
     import torch
 
     for node in acts:
@@ -196,10 +241,13 @@ def _record_slopes(proof: Proofs, layouts, acts: list, interm_bounds: dict | Non
         if start.lower.shape[0] != 1:
             continue  # one box only
         lo, hi = start.lower.detach().flatten(), start.upper.detach().flatten()
-        rec = proof.slopes.get(start.name)
+        rec, new = proof.slopes.get(start.name), start.name not in proof.slopes
         if rec is None:
-            rec = proof.slopes[start.name] = StartSlopes((lo.clone(), hi.clone()), [lo.clone(), hi.clone()])
-        better = (lo >= rec.best[0], hi <= rec.best[1])
+            zero = [b.detach().flatten() for b in (kept or {}).get(node.name, ())]
+            first = tuple(zero) if len(zero) == 2 and zero[0].shape == lo.shape else (lo, hi)
+            rec = StartSlopes(tuple(b.clone() for b in first), [lo.clone(), hi.clone()])
+            proof.slopes[start.name] = rec
+        better = (new | (lo > rec.best[0]), new | (hi < rec.best[1]))
         rec.best = [torch.maximum(rec.best[0], lo), torch.minimum(rec.best[1], hi)]
         for relu in acts:  # (or a sigmoid)
             alpha = (getattr(relu, "alpha", None) or {}).get(start.name)

@@ -128,13 +128,15 @@ class Bounded:
     α,β-CROWN ReLU and Sigmoid over it (flat float64 ``(lower, upper)`` by the proof's layer key,
     :func:`.proofs.layer_keys`; None: not known for this box alone), the output rows it proved
     (:func:`.proofs.row_key`), and the slopes that made the input bounds (by layer key, the ``alpha``
-    entries of docs/proofs.md; empty where unknown)."""
+    entries of docs/proofs.md; empty where unknown), and the output slopes of each row it optimised
+    (:func:`.proofs._output_slopes`)."""
 
     lower: Any
     upper: Any
     claims: dict | None
     proven: frozenset[bytes]
     alpha: dict = field(default_factory=dict)
+    output: dict = field(default_factory=dict)  # an output row's c_key -> its leaf's ``alpha``
 
 
 @dataclass

@@ -463,9 +463,7 @@ def verify(
     are dealt (else in this process)."""
     batch = _batch(net, [item], 0, above)
     pre = _inputs(net)
-    batch.checking = {
-        pre[i]: (lo[None].copy(), hi[None].copy()) for i, (lo, hi) in item.claimed.items() if i in pre
-    }
+    batch.checking = {pre[i]: _deciding(i, lo, hi) for i, (lo, hi) in item.claimed.items() if i in pre}
     order = sorted(((i, z) for i, z in pre.items() if z in batch.checking), key=lambda p: p[1])
     bnd, first = None, 0  # the nodes bounded up to each layer's input, its claims verified, and on
     for layer, z in [*order, (None, None)]:  # (the last: the nodes after every claimed layer)
@@ -477,6 +475,19 @@ def verify(
                 return False, outcome
             first = z if stale else z + 1  # (a claim changed: node z from its own bounds again)
     return True, {i: (bnd.lower[z][0], bnd.upper[z][0]) for i, z in pre.items() if z in batch.checking}
+
+
+def _deciding(layer, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's claims to verify, (1, n): of a ReLU's input, the side that decides a neuron's phase
+    alone where the claims make it stable (the lower bound of a neuron claimed ``<= 0``, the upper
+    bound of one claimed ``> 0``: neither its ReLU's output nor its relaxation uses that side, so it
+    is left at the checker's own bound rather than proved by an LP; claims with ``lower > upper``, an
+    empty region, keep both); a Sigmoid's input: both sides."""
+    lo, hi = lower[None].copy(), upper[None].copy()
+    if isinstance(layer, int):  # (a Sigmoid layer's key is "s<id>")
+        lo[0, (upper <= 0) & (lower <= upper)] = -np.inf
+        hi[0, (lower >= 0) & (upper > lower)] = np.inf
+    return lo, hi
 
 
 def _layer_claims(
