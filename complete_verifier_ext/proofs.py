@@ -534,12 +534,33 @@ def widened(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return lo - slack, hi + slack
 
 
-def root_tree(graph, state) -> dict:
-    """A clause proved by the incomplete bounds over the whole box: one leaf, under the sweep's
-    intermediate bounds as claims where there is a sweep (α-CROWN may have tightened them)."""
-    return (
-        with_bounds(claims(graph, state), leaf(), claim_alpha(graph, state)) if state is not None else leaf()
-    )
+def root_trees(graph, state, rows: dict[int, tuple[int, int, int] | None]) -> dict[int, dict]:
+    """Clauses proved by the incomplete bounds over the whole box (``rows``: clause -> its proving row
+    in the spec, that row's place among the clause's rows and their number; None: not known): one
+    leaf each, under the sweep's intermediate bounds as claims where there is a sweep (α-CROWN may have
+    tightened them), with the proving row (``lambda``) and α-CROWN's output slopes of it as evidence."""
+    if state is None:
+        return {i: leaf() for i in rows}
+    table, slopes = claims(graph, state), claim_alpha(graph, state)
+    return {i: with_bounds(table, leaf(**_row_evidence(graph, state, r)), slopes) for i, r in rows.items()}
+
+
+def _row_evidence(graph, state, row: tuple[int, int, int] | None) -> dict:
+    """A root leaf's evidence: its proving row and that row's output slopes (``CrownState.out_alpha``,
+    one box) at the neurons the sweep's bounds leave unstable; none without them."""
+    if row is None or not state.out_alpha:
+        return {}
+    s, m, k = row
+    layer, alpha = _layer_of(graph), {}
+    for j, a in state.out_alpha.items():
+        z = graph.nodes[j].inputs[0]
+        if a.shape[1] != 1 or z not in layer or z not in state.bounds:
+            continue
+        lo, hi = (t.detach().reshape(len(t), -1)[0].cpu().numpy() for t in state.bounds[z])
+        unstable = np.flatnonzero((lo < 0) & (hi > 0))
+        values = np.round(a[s, 0].detach().reshape(-1).double().cpu().numpy()[unstable], 7)
+        alpha[layer[z]] = dict(zip(unstable.tolist(), values.tolist(), strict=True))
+    return {"lambda": [float(q == m) for q in range(k)], "alpha": alpha} if alpha else {}
 
 
 def search_tree(graph, state, lower: np.ndarray, upper: np.ndarray, leaves: list) -> dict:

@@ -151,15 +151,25 @@ class RegionRun:
     def proven(self) -> bool:
         return bool((self.cb > 0).all())
 
-    def record(self, method: str, before: np.ndarray | None = None) -> None:
+    def record(self, method: str, before: np.ndarray | None = None, lb: Tensor | None = None) -> None:
         """The clause bounds of ``method`` for the summary; with ``general.proof``, a one-leaf tree for
-        every clause it proved that was open ``before``."""
+        every clause it proved that was open ``before`` (``lb``: the rows' bounds ``(1, S)``, where
+        ``state`` holds their output slopes: each leaf's evidence is its best row's)."""
         self.bounds.setdefault(method, []).extend(self.cb.tolist())
         if self.cfg.general.proof is not None and before is not None:
             proved = np.nonzero((self.cb > 0) & (before <= 0))[0]
-            tree = proofs.root_tree(self.graph, self.state) if len(proved) else None  # one for them all
-            for i in proved:
-                self.proof[int(i)] = tree
+            rows = {int(i): self._best_row(int(i), lb) for i in proved}
+            self.proof.update(proofs.root_trees(self.graph, self.state, rows) if rows else {})
+
+    def _best_row(self, i: int, lb: Tensor | None) -> tuple[int, int, int] | None:
+        """Clause ``i``'s row of the largest margin by ``lb``: its spec row, its place among the
+        clause's rows, their number (None without ``lb``)."""
+        if lb is None:
+            return None
+        rows = np.flatnonzero(self.clauses.owner.numpy() == i)
+        margin = lb.detach()[0].double().cpu().numpy()[rows] - self.clauses.d.numpy()[rows]
+        m = int(np.argmax(margin))
+        return int(rows[m]), m, len(rows)
 
 
 def bound_region(run: RegionRun) -> bool:
@@ -192,7 +202,7 @@ def bound_region(run: RegionRun) -> bool:
     opts = alpha_options(cfg)
     lb, run.state = alpha_crown(run.graph, box, C, run.state, opts, should_stop=clock.expired, on_step=step)
     before, run.cb = run.cb, np.maximum(cl.bound(lb), run.cb)
-    run.record("alpha_crown", before)
+    run.record("alpha_crown", before, lb)
     return run.proven
 
 

@@ -962,6 +962,11 @@ def claim_slopes_short(doc: dict) -> None:
     ob["tree"] = {"bounds": claims, "children": [ob["tree"]]}
 
 
+def claim_slope_a_boolean(doc: dict) -> None:
+    claim_slopes_short(doc)
+    doc["obligations"][0]["tree"]["bounds"]["1"]["alpha"]["lower"]["0"]["values"] = [[0.5, True]]
+
+
 def other_format(doc: dict) -> None:
     doc["format"] = "cve-proof-0"
 
@@ -985,6 +990,11 @@ def other_format(doc: dict) -> None:
             claim_slopes_short,
             r"obligation 0 leaf 0: at root: alpha of the bounds of layer 1: lower of layer 0: values: "
             r"expected a list of 2 num",
+        ),
+        (
+            claim_slope_a_boolean,
+            r"obligation 0 leaf 0: at root: alpha of the bounds of layer 1: lower of layer 0: values: "
+            r"expected a number, got true",
         ),
     ],
 )

@@ -224,6 +224,38 @@ def test_relu_split_proofs_are_valid_and_the_same_at_p1_and_p2(tmp_path, monkeyp
     assert result.status == "valid" and result.by_lp == 0, result
 
 
+@needs_mnist
+def test_a_clause_alpha_crown_proves_carries_its_row_and_output_slopes(tmp_path):
+    """mnist-net_256x2 prop_4_0.03: CROWN proves 8 clauses, α-CROWN the last. Its leaf carries the
+    clause's best row (``lambda``) and α-CROWN's output slopes of that row, at neurons the claims leave
+    unstable, in [0, 1] (CROWN's leaves: none, its slopes are the checker's own); two ranks (every spec
+    row's slopes on every rank) give the same rows and neurons; the checker closes every leaf by its
+    bounds."""
+    onnx, spec = MNIST / "onnx" / "mnist-net_256x2.onnx", MNIST / "vnnlib" / "prop_4_0.03.vnnlib"
+    config = str(REPO / "configs" / "mnist_fc.yaml")
+    one = _prove(tmp_path, "p1", config, onnx, spec)
+    two = _prove(tmp_path, "p2", config, onnx, spec, "--parallel.mode", "fsdp", "--parallel.world_size", "2")
+    evidence = []
+    for doc in (one, two):
+        evidence.append([])
+        for o in doc["obligations"]:
+            claims, leaf = o["tree"]["bounds"], o["tree"]["children"][0]["leaf"]
+            if not leaf:
+                continue
+            assert sorted(leaf["lambda"]) == [0.0] * (len(o["rows"]["d"]) - 1) + [1.0], leaf
+            for layer, slopes in leaf["alpha"].items():
+                lo, hi = (np.array(claims[layer][k]) for k in ("lower", "upper"))
+                neurons = np.array([int(j) for j in slopes])
+                assert ((lo[neurons] < 0) & (hi[neurons] > 0)).all() and len(neurons) > 10
+                assert all(0 <= v <= 1 for v in slopes.values())
+            evidence[-1].append((leaf["lambda"], {k: sorted(v) for k, v in leaf["alpha"].items()}))
+    assert evidence[0] == evidence[1] and len(evidence[0]) == 1
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(one))
+    result = check_proof(str(spec), {"N": str(onnx)}, str(path))
+    assert result.status == "valid" and result.by_bounds == 9, result
+
+
 def _leaves(node: dict) -> list[dict]:
     return [node] if "leaf" in node else [x for c in node.get("children", []) for x in _leaves(c)]
 
