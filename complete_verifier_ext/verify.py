@@ -168,7 +168,7 @@ class RegionRun:
             return None
         rows = np.flatnonzero(self.clauses.owner.numpy() == i)
         margin = lb.detach()[0].double().cpu().numpy()[rows] - self.clauses.d.numpy()[rows]
-        m = int(np.argmax(margin))
+        m = int(np.argmax(np.nan_to_num(margin, nan=-np.inf)))  # (a NaN bound proves nothing)
         return int(rows[m]), m, len(rows)
 
 

@@ -480,7 +480,7 @@ def verify(
 def _deciding(layer, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A layer's claims to verify, (1, n): of a ReLU's input, the side that decides a neuron's phase
     alone where the claims make it stable (the lower bound of a neuron claimed ``<= 0``, the upper
-    bound of one claimed ``> 0``: neither its ReLU's output nor its relaxation uses that side, so it
+    bound of one claimed ``>= 0``: neither its ReLU's output nor its relaxation uses that side, so it
     is left at the checker's own bound rather than proved by an LP; claims with ``lower > upper``, an
     empty region, keep both); a Sigmoid's input: both sides."""
     lo, hi = lower[None].copy(), upper[None].copy()
