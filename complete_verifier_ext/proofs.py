@@ -541,8 +541,9 @@ def root_trees(graph, state, rows: dict[int, tuple[int, int, int] | None]) -> di
     tightened them), with the proving row (``lambda``) and α-CROWN's output slopes of it as evidence."""
     if state is None:
         return {i: leaf() for i in rows}
-    table, slopes = claims(graph, state), claim_alpha(graph, state)
-    return {i: with_bounds(table, leaf(**_row_evidence(graph, state, r)), slopes) for i, r in rows.items()}
+    table = with_bounds(claims(graph, state), leaf(), claim_alpha(graph, state))["bounds"]  # (one, shared)
+    evidence = {i: leaf(**_row_evidence(graph, state, r)) for i, r in rows.items()}
+    return {i: {"bounds": table, "children": [child]} for i, child in evidence.items()}
 
 
 def _row_evidence(graph, state, row: tuple[int, int, int] | None) -> dict:

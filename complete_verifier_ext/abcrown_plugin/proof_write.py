@@ -148,12 +148,12 @@ def _write(run: Run, proof: Proofs, share: Share) -> None:
             smooth = proofs.named(spec, *model, proof.sigmoid_sizes, op="Sigmoid")[1]
     except ValueError as e:
         raise NoProof(str(e)) from None
-    obligations, methods = [], set()
+    obligations, methods, tables = [], set(), {}
     single = len(spec.regions) == 1
     for k, region in enumerate(spec.regions):
         lo, hi = (a.astype(np.float64) for a in _outward(region))
         for i, cl in enumerate(region.clauses):
-            tree, method = _clause_tree(proof, share, region, single, cl, f"region {k} clause {i}")
+            tree, method = _clause_tree(proof, share, (region, single, cl), tables, f"region {k} clause {i}")
             obligations.append(proofs.Obligation(lo, hi, cl.C, cl.d, tree))
             methods.add(method)
     method = "+".join(m for m in METHODS if m in methods)
@@ -193,21 +193,24 @@ def _instance_files(config) -> tuple[str, str]:
     return onnx, os.path.join(config["specification"]["vnnlib_path_prefix"] or "", vnnlib)
 
 
-def _clause_tree(proof: Proofs, share: Share, region, single: bool, cl, where: str) -> tuple[dict, str]:
-    """The tree of one clause of ``region``, by the first step that proved it, and that step."""
+def _clause_tree(proof: Proofs, share: Share, clause_of: tuple, tables: dict, where: str) -> tuple[dict, str]:
+    """The tree of one clause ``cl`` of ``region`` (``clause_of``: ``(region, single, cl)``, ``single``:
+    the query's only region), by the first step that proved it, and that step (``tables``: the bounds
+    table of each build so far, :func:`_under`)."""
+    region, single, cl = clause_of
     name = clause(cl.C, cl.d)
     for built in proof.builds:
         if (single or _near(built.lower, built.upper, region)) and name & built.proven:
-            return _under(built, proofs.leaf(**_build_evidence(built, cl))), "incomplete"
+            return _under(built, proofs.leaf(**_build_evidence(built, cl)), tables), "incomplete"
     try:
         if name in share.bab_specs:
             if name in share.roots_closed:
-                return _under(proof.bab_claims, proofs.leaf()), "activation-bab"
+                return _under(proof.bab_claims, proofs.leaf(), tables), "activation-bab"
             histories = [h for n, h in share.phase_leaves if n == name]
             evidence = {
                 h: _evidence(share.phase_evidence[n, h], cl) for n, h in share.phase_evidence if n == name
             }
-            return _under(proof.bab_claims, proofs.phase_tree(histories, evidence)), "activation-bab"
+            return _under(proof.bab_claims, proofs.phase_tree(histories, evidence), tables), "activation-bab"
         log = proofs.BoxLog(share.splits, share.clips, frozenset(share.verified))
         for root in proof.input_roots:
             if root[0] == name and (single or _near(*proofs.box_of(root), region)):
@@ -240,11 +243,15 @@ def _near(lower: np.ndarray, upper: np.ndarray, region) -> bool:
     )
 
 
-def _under(built: Bounded | None, child: dict) -> dict:
+def _under(built: Bounded | None, child: dict, tables: dict) -> dict:
     """``child`` under the build's input bounds of its activations as claims (those with finite bounds),
-    with the slopes that made them."""
+    with the slopes that made them: one table per build (``tables``, by the build's id), which every
+    clause under it shares (a query's nine clauses: one copy to make and write)."""
     if built is None or built.claims is None:
         return child
-    claims = {key: proofs.widened(lo, hi) for key, (lo, hi) in built.claims.items()}
-    finite = {i: c for i, c in claims.items() if np.isfinite(c[0]).all() and np.isfinite(c[1]).all()}
-    return proofs.with_bounds(finite, child, built.alpha) if finite else child
+    if id(built) not in tables:
+        claims = {key: proofs.widened(lo, hi) for key, (lo, hi) in built.claims.items()}
+        finite = {i: c for i, c in claims.items() if np.isfinite(c[0]).all() and np.isfinite(c[1]).all()}
+        tables[id(built)] = proofs.with_bounds(finite, {}, built.alpha)["bounds"] if finite else None
+    table = tables[id(built)]
+    return {"bounds": table, "children": [child]} if table is not None else child
