@@ -150,10 +150,9 @@ def _record_build(proof: Proofs, layouts, lirpa, x, c, rhs, global_lb, result) -
 
 
 def _output_slopes(layouts, lirpa, relus: list, claims: dict) -> dict:
-    """The lower slopes α-CROWN kept for each output row it optimised (the rows of the build's ``c``:
-    those initial CROWN did not prove, where α,β-CROWN pruned them), by the row's :func:`c_key`: per
-    ReLU index, at the neurons the claims leave unstable, a leaf's ``alpha`` (docs/proofs.md). At P > 1
-    each rank holds the α of its own spec rows (``layouts``, :mod:`.rows.alpha`) and gives those."""
+    """The lower slopes α-CROWN kept for each output row it optimised (the build's ``c``: the rows initial
+    CROWN left open), by :func:`c_key`: per ReLU index, at the neurons the claims leave unstable, a
+    leaf's ``alpha`` (docs/proofs.md); at P > 1 each rank gives those of the spec rows it holds."""
     final, c = lirpa.final_name, getattr(lirpa, "c", None)
     if c is None or c.shape[0] != 1:
         return {}
@@ -164,8 +163,7 @@ def _output_slopes(layouts, lirpa, relus: list, claims: dict) -> dict:
             continue
         layout = (layouts.get(relu) or {}).get(final)
         if layout is not None and layout.owns(a):
-            held = layout.held[comm.rank()].tolist()
-            local = range(1, 1 + len(held))
+            held, local = layout.held[comm.rank()].tolist(), range(1, 1 + layout.sizes[comm.rank()])
         elif a.shape[1] == len(rows):
             held = local = range(len(rows))
         else:
@@ -225,13 +223,10 @@ def _record_slopes(
     proof: Proofs, layouts, acts: list, interm_bounds: dict | None, fixed: bool, kept: dict | None
 ) -> None:
     """(``layouts``: ReLU -> start node name -> the :class:`~.rows.alpha.AlphaLayout` of α rows this rank
-    keeps, at P > 1: it records the rows it keeps, :mod:`.proof_write` joins the ranks'; ``kept``:
-    auto_LiRPA's best intermediate bounds by activation, before this call updates them. α-CROWN calls
-    this only at an iteration whose output bound improved, often not its first: a start node's
-    ``first`` bounds are those of iteration 0, as ``kept`` has them at the first call, so that the
-    neurons a later iteration made stable before the first call keep their rows. A neuron's slopes
-    are those of the iteration that strictly improved its bound: at one that left it alone (stable in
-    the best bounds so far, not bounded again) its α rows were not used.)"""
+    keeps, at P > 1: it records those, :mod:`.proof_write` joins the ranks'; ``kept``: auto_LiRPA's best
+    intermediate bounds, which hold iteration 0's at the first call: α-CROWN calls this only at an
+    iteration whose output improved, often a later one. A neuron's slopes are those of the iteration
+    that strictly improved its bound: one that left it alone did not use its α rows.)"""
     import torch
 
     for node in acts:
@@ -242,11 +237,10 @@ def _record_slopes(
             continue  # one box only
         lo, hi = start.lower.detach().flatten(), start.upper.detach().flatten()
         rec, new = proof.slopes.get(start.name), start.name not in proof.slopes
-        if rec is None:
-            zero = [b.detach().flatten() for b in (kept or {}).get(node.name, ())]
-            first = tuple(zero) if len(zero) == 2 and zero[0].shape == lo.shape else (lo, hi)
-            rec = StartSlopes(tuple(b.clone() for b in first), [lo.clone(), hi.clone()])
-            proof.slopes[start.name] = rec
+        if new:
+            zero = [b.detach().flatten().clone() for b in (kept or {}).get(node.name, ())]
+            first = tuple(zero) if len(zero) == 2 and zero[0].shape == lo.shape else (lo.clone(), hi.clone())
+            rec = proof.slopes[start.name] = StartSlopes(first, [lo.clone(), hi.clone()])
         better = (new | (lo > rec.best[0]), new | (hi < rec.best[1]))
         rec.best = [torch.maximum(rec.best[0], lo), torch.minimum(rec.best[1], hi)]
         for relu in acts:  # (or a sigmoid)
