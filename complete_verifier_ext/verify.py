@@ -167,8 +167,7 @@ class RegionRun:
         if lb is None:
             return None
         rows = np.flatnonzero(self.clauses.owner.numpy() == i)
-        margin = lb.detach()[0].double().cpu().numpy()[rows] - self.clauses.d.numpy()[rows]
-        m = int(np.argmax(np.nan_to_num(margin, nan=-np.inf)))  # (a NaN bound proves nothing)
+        m = int(np.argmax(self.clauses.row_margins(lb.detach().cpu())[0].numpy()[rows]))
         return int(rows[m]), m, len(rows)
 
 

@@ -788,6 +788,8 @@ def test_the_side_of_a_claim_that_does_not_decide_a_neurons_phase_is_left_at_the
         [[-2.0]],
         [[-1.0]],
     ]
+    nan = checker._deciding(0, np.array([np.nan, -1.0]), np.array([-1.0, np.nan]))  # (NaN: nothing dropped)
+    assert np.isnan(nan[0][0, 0]) and nan[0][0, 1] == -1.0 and nan[1][0, 0] == -1.0 and np.isnan(nan[1][0, 1])
 
 
 def test_a_claim_whose_slopes_give_nan_or_inf_is_left_to_the_lp(monkeypatch):

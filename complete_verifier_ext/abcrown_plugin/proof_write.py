@@ -223,10 +223,10 @@ def _clause_tree(proof: Proofs, share: Share, clause_of: tuple, tables: dict, wh
 def _build_evidence(built: Bounded, cl) -> dict:
     """The leaf evidence of a clause a build proved: the first of its rows the build proved with
     output slopes recorded, as ``lambda``, and those slopes (none: the checker's own, as CROWN's)."""
-    for m, (c, d) in enumerate(zip(cl.C, cl.d, strict=True)):
+    for c, d in zip(cl.C, cl.d, strict=True):
         slopes = built.output.get(c_key(c))
         if slopes is not None and row_key(c, d) in built.proven:
-            return {"lambda": [float(k == m) for k in range(len(cl.d))], "alpha": slopes}
+            return _evidence({"row": row_key(c, d), "alpha": slopes, "beta": None}, cl)
     return {}
 
 
