@@ -206,6 +206,10 @@ def verifier(
     return {"verdict": s["verdict"], "time_s": s["time_s"], "wall_s": round(s["wall_s"], 2), "notes": notes}
 
 
+# the counts the checker's command reports on stderr, by their labels there
+COUNTS = ("leaves", "closed by their bounds", "in halves", "by the LP fallback", "s$")
+
+
 def checker(row: dict, proof: Path, tmp: Path, P: int) -> dict:
     """``complete-verifier-ext check --workers P`` on the proof: its answer, time and leaf counts."""
     networks = row.get("networks", {"N": plain(row["onnx"], tmp)})
@@ -215,11 +219,11 @@ def checker(row: dict, proof: Path, tmp: Path, P: int) -> dict:
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     counts = next((ln for ln in out.stderr.splitlines() if ln.startswith("complete-verifier-ext check:")), "")
-    words = counts.replace(",", "").split()
-    numbers = [float(w) for w in words if w.replace(".", "", 1).isdigit()]
-    leaves, by_bounds, by_lp, seconds = (numbers + [0, 0, 0, 0])[:4]
+    found = {label: float(m.group(1)) for label in COUNTS if (m := re.search(rf"([\d.]+) {label}", counts))}
+    leaves, by_bounds, by_halves, by_lp, seconds = (found.get(label, 0) for label in COUNTS)
     answer = out.stdout.strip() or out.stderr.strip()[-200:]
     return {"answer": answer, "check_s": round(time.monotonic() - t0, 2), "check_inner_s": seconds,
+            "by_halves": int(by_halves),
             "leaves": int(leaves), "by_bounds": int(by_bounds), "by_lp": int(by_lp)}  # fmt: skip
 
 
@@ -290,6 +294,7 @@ def summarize(rows: dict) -> list[dict]:
             "inner_vs_verify_total": round(sum(r["check_inner_s"] for r in written) / verify_s, 2)
             if written and verify_s > 0 else None,
             "leaves": sum(r["leaves"] for r in written), "by_bounds": sum(r["by_bounds"] for r in written),
+            "by_halves": sum(r.get("by_halves", 0) for r in written),
             "by_lp": sum(r["by_lp"] for r in written),
             "not_written": sorted({n for r in unsat if "answer" not in r for n in r["proved"]["notes"]}),
         })  # fmt: skip
@@ -299,7 +304,7 @@ def summarize(rows: dict) -> list[dict]:
 def table(summary: list[dict]) -> str:
     cols = ["suite", "engine", "P", "instances", "unsat", "written", "valid", "median_kb", "overhead_total",
             "overhead_median", "check_vs_verify_median", "inner_vs_verify_median", "inner_vs_verify_total",
-            "leaves", "by_bounds", "by_lp"]  # fmt: skip
+            "leaves", "by_bounds", "by_halves", "by_lp"]  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(s[c]) for c in cols) + " |" for s in summary]
     notes = [

@@ -98,6 +98,19 @@ def obligation(lower, upper, rows, node: dict) -> dict:
     return {"box": box, "rows": {"C": C, "d": d}, "tree": node}
 
 
+def without_halves(monkeypatch) -> None:
+    """The checker without its halving fallback (``by_halves``): a leaf its bound passes leave open goes
+    to the LP."""
+    import complete_verifier_ext.check as checker
+
+    monkeypatch.setattr(checker, "HALVES", (0, *checker.HALVES[1:]))
+
+
+@pytest.fixture
+def no_halves(monkeypatch):
+    without_halves(monkeypatch)
+
+
 def check(tmp_path: Path, doc: dict, q: Path, n: Path, workers: int = 1):
     p = tmp_path / "proof.json"
     p.write_text(json.dumps(doc))
@@ -185,13 +198,17 @@ def count_leaves(node: dict) -> int:
 # ------------------------------------------------------------------------------------------------------
 
 
-def test_abs_by_hand(tmp_path):
+def test_abs_by_hand(tmp_path, monkeypatch):
     """``|x| = relu(x) + relu(-x)`` on ``[-1, 2]``, ``|x| <= -1/4`` unsat: the exact bound is 1/4 (at x = 0).
-    CROWN's adaptive slopes (1 and 0) give ``y >= x``, ``-3/4``; the LP fallback closes the leaf; slopes
-    1/2 and 1/2 as evidence give ``y >= 0`` and close it with the bound pass, at 1/4 from below."""
+    CROWN's adaptive slopes (1 and 0) give ``y >= x``, ``-3/4``; halving the box closes the leaf, and
+    without that the LP fallback does; slopes 1/2 and 1/2 as evidence give ``y >= 0`` and close it
+    with the bound pass, at 1/4 from below."""
     doc, q, n = abs_instance(tmp_path)
     r = check(tmp_path, doc, q, n)
-    assert (r.status, r.leaves, r.by_bounds, r.by_lp) == ("valid", 1, 0, 1), r
+    assert (r.status, r.leaves, r.by_bounds, r.by_halves, r.by_lp) == ("valid", 1, 0, 1, 0), r
+    without_halves(monkeypatch)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds, r.by_halves, r.by_lp) == ("valid", 1, 0, 0, 1), r
     doc["obligations"][0]["tree"] = {"leaf": {"alpha": {"0": [0.5, 0.5]}, "lambda": [1.0]}}
     r = check(tmp_path, doc, q, n)
     assert (r.status, r.by_bounds, r.by_lp) == ("valid", 1, 0), r
@@ -223,7 +240,7 @@ def test_alpha_for_some_neurons_is_read_by_neuron(tmp_path):
     assert r.status == "invalid" and "alpha of layer 0: neuron" in r.message, r
 
 
-def test_phase_split_closed_by_beta_or_the_lp(tmp_path):
+def test_phase_split_closed_by_beta_or_the_lp(tmp_path, no_halves):
     """Split ``relu(x)``: where ``x <= 0`` the bound pass proves ``y >= 0``; where ``x >= 0`` it needs the
     phase: ``β = 1`` adds ``-x`` (``y >= x + 0 - x``), or the LP fallback (which has ``z >= 0``) does it."""
     split = {"relu": {"layer": 0, "neuron": 0}, "children": [{"leaf": {}}, {"leaf": {}}]}
@@ -315,7 +332,7 @@ def sigmoid_instance(tmp_path: Path, margin: float, cuts: tuple = ()):
     return doc, q, n
 
 
-def test_sigmoid_net_proofs(tmp_path):
+def test_sigmoid_net_proofs(tmp_path, no_halves):
     """A sigmoid net (dist_shift's generator ends in a Sigmoid): a property with a margin of a fifth of
     the sampled range closes on the whole box by the bound pass; one of a tenth by the LP (CROWN's
     lines alone leave it at 0, the tangents of ``lp.TANGENTS`` close it); one of a twentieth not on
@@ -335,6 +352,65 @@ def test_sigmoid_net_proofs(tmp_path):
     doc, q, n = sigmoid_instance(tmp_path, -0.01)
     r = check(tmp_path, doc, q, n)
     assert r.status == "invalid" and "not discharged" in r.message, r
+
+
+def relu_counterexample_instance(tmp_path: Path, seed: int):
+    """A random 3-8-8-2 ReLU net on ``[-1, 1]^3``, counterexamples ``y_0 - y_1 <= d`` with ``d`` just above
+    a sampled point's margin (that point is one); a proof of one leaf, the whole box."""
+    layers = random_layers(seed)
+    lo, hi = -np.ones(3), np.ones(3)
+    margins = forward(layers, np.random.default_rng(seed).uniform(lo, hi, (4000, 3))) @ np.array([1.0, -1.0])
+    rows = [([1.0, -1.0], float(margins.min() + 1e-3))]
+    q, n = save_query(tmp_path / "q.vnnlib", lo, hi, rows), save_net(tmp_path / "n.onnx", layers)
+    return proof(q, n, layers, [obligation(lo, hi, rows, {"leaf": {}})]), q, n
+
+
+def test_halving_closes_a_leaf_in_parts_and_never_one_with_a_counterexample(tmp_path):
+    """The checker's halving fallback (``by_halves``): the sigmoid net's one-leaf proof with a margin of a
+    twentieth of the range, which the bound pass and the LP leave open on the whole box, closes in
+    halves; a leaf whose box holds a counterexample (the sigmoid net's, three ReLU nets') stays open
+    whatever the parts: ``invalid``, naming the leaf."""
+    doc, q, n = sigmoid_instance(tmp_path, 0.05)
+    r = check(tmp_path, doc, q, n)
+    assert (r.status, r.leaves, r.by_bounds, r.by_halves, r.by_lp) == ("valid", 1, 0, 1, 0), r
+    for k in range(4):
+        (tmp_path / str(k)).mkdir()
+        made = relu_counterexample_instance if k else lambda t, _: sigmoid_instance(t, -0.01)
+        doc, q, n = made(tmp_path / str(k), k)
+        r = check(tmp_path / str(k), doc, q, n)
+        assert r.status == "invalid" and r.message.startswith("obligation 0 leaf 0: at root: not"), r
+
+
+def test_halved_parts_tile_the_leafs_box():
+    """``_halved``: ``2^k`` parts across the ``k`` widest inputs of non-zero width, each inside the box,
+    the cut dimensions' volumes summing to the box's exactly (as rationals) and every sampled point,
+    corner and midpoint in some part: they tile it, also where the midpoint rounds (a subnormal width,
+    a width of 2e308)."""
+    from complete_verifier_ext.check import _halved
+
+    rng = np.random.default_rng(0)
+    boxes = [np.sort(rng.uniform(-3, 3, (2, 5)), axis=0) for _ in range(5)]
+    boxes += [np.array([[0.0, 1.0, 2.0, -1e308], [5e-324, 1.0, 3.0, 1e308]])]  # (a width of 0)
+    boxes += [np.array([[0.1, 0.2], [0.1 + 2**-52, 0.7]])]
+    for lo, hi in boxes:
+        leaf = tree.Leaf(0, 0, "root", lo, hi, (), tree.Evidence())
+        parts = _halved(leaf, 2)
+        cut = [d for d in np.argsort(-(hi / 2 - lo / 2), kind="stable") if hi[d] > lo[d]][:2]
+        assert len(parts) == 2 ** len(cut)
+        for p in parts:
+            assert (lo <= p.lower).all() and (p.lower <= p.upper).all() and (p.upper <= hi).all()
+            rest = [d for d in range(len(lo)) if d not in cut]
+            assert np.array_equal(p.lower[rest], lo[rest]) and np.array_equal(p.upper[rest], hi[rest])
+        whole = np.prod([Fraction(hi[d]) - Fraction(lo[d]) for d in cut])
+        volumes = [np.prod([Fraction(p.upper[d]) - Fraction(p.lower[d]) for d in cut]) for p in parts]
+        assert sum(volumes) == whole
+        f = rng.uniform(0, 1, (200, len(lo)))
+        points = list((1 - f) * lo + f * hi)
+        points += [np.where(c, hi, lo) for c in itertools.product([0, 1], repeat=len(lo))]
+        points += [np.array([p.upper for p in parts]).min(0)]
+        for x in points:
+            x = np.clip(x, lo, hi)
+            assert any(((p.lower <= x) & (x <= p.upper)).all() for p in parts), x
 
 
 def test_the_sigmoid_hulls_lines_where_the_bound_is_attained_close_what_crowns_lines_do_not(tmp_path):
@@ -446,7 +522,7 @@ def test_a_leaf_only_a_weighting_of_its_rows_closes(tmp_path):
     assert alone < 0 < weighted and np.isclose(lam.sum(), 1.0), (alone, lam, weighted)
 
 
-def test_an_lp_stopped_at_its_time_limit_is_undecided_not_invalid(tmp_path, monkeypatch):
+def test_an_lp_stopped_at_its_time_limit_is_undecided_not_invalid(tmp_path, monkeypatch, no_halves):
     """The leaf that needs the LP fallback (``x >= 0`` without β), its LP given no time: ``undecided``
     (exit 2), naming the leaf; an LP that runs and refutes stays ``invalid``."""
     from complete_verifier_ext.check import lp
@@ -1299,7 +1375,7 @@ def test_the_command(tmp_path, capsys):
     argv = ["check", str(q), "--network", f"N={n}", "--proof", str(p)]
     assert solver_cli.main(argv) == 0
     out, err = capsys.readouterr()
-    assert out == "valid\n" and "1 leaves, 0 closed by their bounds, 1 by the LP fallback" in err
+    assert out == "valid\n" and "1 leaves, 0 closed by their bounds, 1 in halves, 0 by the LP fallback" in err
     doc["obligations"][0]["box"]["lower"] = [-0.5]
     p.write_text(json.dumps(doc))
     assert solver_cli.main([*argv, "--workers", "2"]) == 1

@@ -11,8 +11,9 @@ box, its rows among the term's rows); every tree walked (:mod:`.tree`); a leaf u
 tried by the bound pass with its evidence alone; the claims of the bounds nodes above the other
 leaves and those still open verified (those above first; bounds nodes alike in region and claims, as
 a query's obligations under the root's bounds are, once), then each such leaf by the bound pass under
-those claims (first without back-substitution where a claim is) or else by the LP fallback (on MLPs,
-last, by an LP over intermediate bounds that LPs made: :func:`by_lp_bounds`). An
+those claims (first without back-substitution where a claim is), or in parts (a small input's box
+halved: :func:`by_halves`), or else by the LP fallback (on MLPs, last, by an LP over intermediate
+bounds that LPs made: :func:`by_lp_bounds`). An
 APTP proof (:mod:`.aptp`) becomes such a document first. ``workers > 1`` deals the bounds nodes and
 the leaves over forked processes (the leaves round-robin; the network reaches them by the fork).
 """
@@ -53,6 +54,7 @@ class Result:
     leaves: int = 0
     by_bounds: int = 0  # leaves closed by the bound pass (their evidence, or the checker's defaults)
     by_lp: int = 0  # leaves closed by the LP fallback
+    by_halves: int = 0  # leaves closed in parts (:func:`by_halves`)
     seconds: float = 0.0
 
     def line(self) -> str:
@@ -72,6 +74,7 @@ def check_proof(query_path: str, networks: dict[str, str], proof_path: str, work
         return Result("invalid", str(e), seconds=time.monotonic() - start)
     kinds = [o[2] for o in outcomes]
     counts = dict(leaves=n_leaves, by_bounds=kinds.count("bounds"), by_lp=kinds.count("lp"))
+    counts["by_halves"] = kinds.count("halves")
     failed = sorted(o for o in outcomes if not o[2]) or sorted(o for o in outcomes if o[2] == UNDECIDED)
     status, why = ("valid", "")
     if failed:
@@ -341,6 +344,9 @@ def discharge(
                 if best[b] > 0 or verified is None:
                     out.append((k, leaf.index, "bounds" if best[b] > 0 else "", "by its own bounds alone"))
                     continue
+                if by_halves(net, rows[k], leaf, verified):
+                    out.append((k, leaf.index, "halves", "by halving its box"))
+                    continue
                 over, i = at.get(b, (bnd, b))
                 value, status = (
                     lp.Solver(lp.build(net, over, i, rows[k])).minimum()
@@ -388,6 +394,43 @@ def _every_neuron(
             )
             best = np.fmax(best, bounds.objective(net, rows, bnd, batch))
     return best, bnd
+
+
+HALVES = (8, 2, 3)  # the halving fallback: inputs of non-zero width at most, inputs halved per step, steps
+
+
+def by_halves(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict) -> bool:
+    """Whether the leaf closes in parts: its box halved across its ``HALVES[1]`` widest inputs, each part
+    bounded with CROWN on every neuron, those left open halved again, up to ``HALVES[2]`` times; on
+    inputs of at most ``HALVES[0]`` non-zero widths, where this closes a leaf α-CROWN closed with slopes
+    the proof does not carry (α,β-CROWN's input split: each box's intermediate slopes) more cheaply
+    than its LPs. Parts ``[l, m]`` and ``[m, u]`` share the float ``m``: they tile the box exactly."""
+    if np.count_nonzero(leaf.upper > leaf.lower) > HALVES[0]:
+        return False
+    open_ = [leaf]
+    for _ in range(HALVES[2]):
+        parts = [p for x in open_ for p in _halved(x, HALVES[1])]
+        batch = _batch(net, parts, len(rows.d), verified)
+        with np.errstate(all="ignore"):
+            best = bounds.objective(net, rows, bounds.node_bounds(net, batch, every=True), batch)
+        open_ = [p for p, b in zip(parts, best, strict=True) if not b > 0]
+        if not open_:
+            return True
+    return False
+
+
+def _halved(leaf: Leaf, k: int) -> list[Leaf]:
+    """The leaf's box cut in half across each of its ``k`` widest inputs (``2^k`` parts)."""
+    parts = [leaf]
+    width = 0.5 * leaf.upper - 0.5 * leaf.lower  # (no overflow)
+    for dim in [d for d in np.argsort(-width, kind="stable") if width[d] > 0][:k]:
+        halves = []
+        for x in parts:
+            lo, hi = x.lower.copy(), x.upper.copy()
+            lo[dim] = hi[dim] = min(max(0.5 * x.lower[dim] + 0.5 * x.upper[dim], x.lower[dim]), x.upper[dim])
+            halves += [dataclasses.replace(x, upper=hi), dataclasses.replace(x, lower=lo)]
+        parts = halves
+    return parts
 
 
 LP_BOUNDS_MAX = (2000, 5000)  # the LP over LP bounds: unstable neurons (2 LPs each), the LP's variables

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     print(
         f"complete-verifier-ext check: {result.leaves} leaves, {result.by_bounds} closed by their bounds, "
-        f"{result.by_lp} by the LP fallback, {result.seconds:.2f} s",
+        f"{result.by_halves} in halves, {result.by_lp} by the LP fallback, {result.seconds:.2f} s",
         file=sys.stderr,
     )
     return EXIT[result.status]
