@@ -25,7 +25,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from complete_verifier_ext import proofs, solver_cli
-from complete_verifier_ext.check import bounds, check_proof, discharge, onnx_net, query, tree
+from complete_verifier_ext.check import batches, bounds, check_proof, discharge, onnx_net, query, tree
 from complete_verifier_ext.check.files import read_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -797,7 +797,8 @@ def test_false_claims_at_every_layer_are_proved_over_what_the_layers_before_prov
     neuron's own bounds, 1e-3 wide): each layer's claims are verified over the bounds proved for the
     layers before it (only the nodes from a layer whose claims changed on are bounded again), so what
     ``verify`` proves contains every sampled input's values, and equals one fresh pass over the proved
-    claims."""
+    claims as ``verify`` bounds (CROWN at a claimed layer only for the claims that need it, folded into
+    what is proved)."""
     from complete_verifier_ext import check as checker
 
     net = onnx_net.parse(
@@ -805,7 +806,7 @@ def test_false_claims_at_every_layer_are_proved_over_what_the_layers_before_prov
     )
     lo, hi = -np.ones(3), np.ones(3)
     own = bounds.node_bounds(net, bounds.Batch(lo[None], hi[None], {}, {}, {}, np.ones((1, 1, 1))))
-    pre = checker._inputs(net)
+    pre = batches.claim_inputs(net)
     mid = {i: (own.lower[z][0] + own.upper[z][0]) / 2 for i, z in pre.items()}
     claimed = {i: (m - 5e-4, m + 5e-4) for i, m in mid.items()}
     ok, proved = checker.verify(net, tree.Claims(0, 0, "root", lo, hi, (), (), claimed, {}), {})
@@ -818,9 +819,9 @@ def test_false_claims_at_every_layer_are_proved_over_what_the_layers_before_prov
     for i, z in pre.items():
         assert (proved[i][0] <= values[z].min(axis=0) + 1e-9).all()
         assert (values[z].max(axis=0) <= proved[i][1] + 1e-9).all()
-    batch = checker._batch(net, [tree.Claims(0, 0, "root", lo, hi, (), (), {}, {})], 0, {})
+    batch = batches.of(net, [tree.Claims(0, 0, "root", lo, hi, (), (), {}, {})], 0, {})
     batch.checking = {z: (proved[i][0][None].copy(), proved[i][1][None].copy()) for i, z in pre.items()}
-    fresh = bounds.node_bounds(net, batch)
+    fresh = bounds.node_bounds(net, batch, checked_crown=False)
     for i, z in pre.items():
         assert np.array_equal(fresh.lower[z][0], proved[i][0]) and np.array_equal(
             fresh.upper[z][0], proved[i][1]
@@ -841,7 +842,7 @@ def test_the_side_of_a_claim_that_does_not_decide_a_neurons_phase_is_left_at_the
     net = onnx_net.parse(read_bytes(str(save_net(tmp_path / "n.onnx", random_layers(3, (3, 8, 8, 1))))), "n")
     lo, hi = -np.ones(3), np.ones(3)
     own = bounds.node_bounds(net, bounds.Batch(lo[None], hi[None], {}, {}, {}, np.ones((1, 1, 1))))
-    first, z = min(checker._inputs(net).items(), key=lambda kv: kv[1])
+    first, z = min(batches.claim_inputs(net).items(), key=lambda kv: kv[1])
     l, u = own.lower[z][0], own.upper[z][0]
     unstable = np.flatnonzero((l < 0) & (u > 0))
     assert len(unstable) >= 4
@@ -866,6 +867,40 @@ def test_the_side_of_a_claim_that_does_not_decide_a_neurons_phase_is_left_at_the
     ]
     nan = checker._deciding(0, np.array([np.nan, -1.0]), np.array([-1.0, np.nan]))  # (NaN: nothing dropped)
     assert np.isnan(nan[0][0, 0]) and nan[0][0, 1] == -1.0 and nan[1][0, 0] == -1.0 and np.isnan(nan[1][0, 1])
+
+
+def test_claims_crown_shows_stable_take_no_lp_and_false_sides_are_not_taken(tmp_path, monkeypatch):
+    """Every layer of a 3-8-8-8-1 net on ``[-0.1, 0.1]^3`` claims CROWN's own bounds, with no slopes,
+    each neuron that CROWN shows stable claimed 0.01 tighter on the side that decides its phase (a
+    false claim). ``verify``
+    runs CROWN at a claimed layer only for the claims interval propagation leaves open: it solves no
+    LP (a neuron CROWN shows stable takes no claim; the true claims are CROWN's own bounds) and proves
+    CROWN's bounds, never a false side."""
+    from complete_verifier_ext import check as checker
+
+    net = onnx_net.parse(
+        read_bytes(str(save_net(tmp_path / "n.onnx", random_layers(1, (3, 8, 8, 8, 1))))), "n"
+    )
+    lo, hi = np.full(3, -0.1), np.full(3, 0.1)
+    own = bounds.node_bounds(net, bounds.Batch(lo[None], hi[None], {}, {}, {}, np.ones((1, 1, 1))))
+    claimed, active, inactive = {}, {}, {}
+    for i, z in batches.claim_inputs(net).items():
+        l, u = own.lower[z][0], own.upper[z][0]
+        active[i], inactive[i] = l >= 0, u <= 0
+        claimed[i] = (np.where(active[i], l + 0.01, l), np.where(inactive[i], u - 0.01, u))
+    assert sum(a.sum() + b.sum() for a, b in zip(active.values(), inactive.values(), strict=True)) >= 4
+    asked = []
+    real = checker._minima
+    monkeypatch.setattr(checker, "_minima", lambda n, m, cols: asked.extend(cols) or real(n, m, cols))
+    ok, proved = checker.verify(net, tree.Claims(0, 0, "root", lo, hi, (), (), claimed, {}), {})
+    assert ok and asked == []
+    for i, z in batches.claim_inputs(net).items():
+        l, u = own.lower[z][0], own.upper[z][0]
+        assert np.allclose(proved[i][0][active[i]], l[active[i]], rtol=0, atol=1e-9)
+        assert np.allclose(proved[i][1][inactive[i]], u[inactive[i]], rtol=0, atol=1e-9)
+        unstable = ~active[i] & ~inactive[i]
+        assert (proved[i][0][unstable] <= l[unstable] + 1e-9).all()
+        assert (proved[i][1][unstable] >= u[unstable] - 1e-9).all()
 
 
 def test_a_claim_whose_slopes_give_nan_or_inf_is_left_to_the_lp(monkeypatch):

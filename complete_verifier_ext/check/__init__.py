@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import aptp, bounds, lp, onnx_net, query, tree
+from . import aptp, batches, bounds, lp, onnx_net, query, tree
 from .files import Unsupported, read_bytes, sha256
 from .rounding import subnormals_kept
 from .tree import FORMAT, Invalid, Leaf
@@ -325,7 +325,7 @@ def discharge(
         group = [leaf for leaf in leaves if leaf.obligation == k]
         for start in range(0, len(group), size):
             chunk = group[start : start + size]
-            batch = _batch(net, chunk, len(rows[k].d), verified)
+            batch = batches.of(net, chunk, len(rows[k].d), verified)
             with np.errstate(all="ignore"):  # an overflow is a bound that is not finite: nothing proved
                 bnd = bounds.node_bounds(net, batch, claimed_crown=not batch.claims)
                 best = bounds.objective(net, rows[k], bnd, batch)
@@ -380,7 +380,7 @@ def _every_neuron(
     engine's input split on small networks: 12 of the 113 leaves of a two-network ACAS Xu query, each
     an LP over LP bounds without this, 0 with it); α,β-CROWN's clipping drops what lies outside several
     rows' half-spaces at once (ACAS Xu 1_1 property 3: 433 of 22,393 leaves that no row alone closes)."""
-    batch = _batch(net, items, len(rows.d), verified)
+    batch = batches.of(net, items, len(rows.d), verified)
     before, mine = first
     for z in range(len(net.nodes)):  # (every bound of either pass is valid: their intersection is)
         lo, hi = batch.claims.get(z, (-np.inf, np.inf))
@@ -410,7 +410,7 @@ def by_halves(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict) -
     open_ = [leaf]
     for _ in range(HALVES[2]):
         parts = [p for x in open_ for p in _halved(x, HALVES[1])]
-        batch = _batch(net, parts, len(rows.d), verified)
+        batch = batches.of(net, parts, len(rows.d), verified)
         with np.errstate(all="ignore"):
             best = bounds.objective(net, rows, bounds.node_bounds(net, batch, every=True), batch)
         open_ = [p for p, b in zip(parts, best, strict=True) if not b > 0]
@@ -447,7 +447,7 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
     ``LP_BOUNDS_MAX`` (MLPs, not conv nets); else None."""
     if sum(net.sizes) > LP_BOUNDS_MAX[1]:
         return None
-    batch = _batch(net, [leaf], len(rows.d), verified)
+    batch = batches.of(net, [leaf], len(rows.d), verified)
     count = 0
     smooth = {n.src for n in net.nodes if isinstance(n, onnx_net.Sigmoid)}  # every neuron is curved
     for z in sorted({n.src for n in net.nodes if isinstance(n, (onnx_net.Relu, onnx_net.Sigmoid))}):
@@ -487,31 +487,27 @@ def by_lp_bounds(net: onnx_net.Net, rows: query.Rows, leaf: Leaf, verified: dict
     return lp.Solver(lp.build(net, bnd, 0, rows)).minimum()
 
 
-def _inputs(net: onnx_net.Net) -> dict:
-    """The node a claim of each layer bounds, by the layer's key: a ReLU layer's id, a Sigmoid's ``sID``."""
-    out = {r.id: net.nodes[r.node].src for r in net.relu_layers if r.node >= 0}
-    return out | {f"s{r.id}": net.nodes[r.node].src for r in net.sigmoid_layers if r.node >= 0}
-
-
 def verify(
     net: onnx_net.Net, item: tree.Claims, above: dict, pool: _Pool | None = None
 ) -> tuple[bool, object]:
     """A bounds node's claims, as hints, layer by layer over its region (``above``: the verified bounds
-    of the bounds nodes above it). Where the checker's own bounds leave a neuron unstable (elsewhere a
-    claim changes nothing the bounds use, and is left out) and the claim is tighter, an LP over the
-    nodes up to its layer decides: the claim where the LP reaches it, else the LP's own rigorous bound
+    of the bounds nodes above it). Where the checker's own bounds (interval propagation; CROWN only
+    where a claim needs it, :func:`_layer_claims`) leave a neuron unstable (elsewhere a claim changes
+    nothing the bounds use, and is left out) and the claim is tighter, the claim's slopes, CROWN, or
+    an LP over the nodes up to its layer decide: the claim where one reaches it, else the rigorous bound
     (a float32 claim may miss the truth by its rounding; the later layers are then bounded again over
     what was proved). ``(True, {layer id: (lower, upper)})``: the bounds proved; ``(False, (obligation,
     index, "undecided", why))`` where an LP stopped at its time limit. ``pool``: where a layer's LPs
     are dealt (else in this process)."""
-    batch = _batch(net, [item], 0, above)
-    pre = _inputs(net)
+    batch = batches.of(net, [item], 0, above)
+    pre = batches.claim_inputs(net)
     batch.checking = {pre[i]: _deciding(i, lo, hi) for i, (lo, hi) in item.claimed.items() if i in pre}
     order = sorted(((i, z) for i, z in pre.items() if z in batch.checking), key=lambda p: p[1])
     bnd, first = None, 0  # the nodes bounded up to each layer's input, its claims verified, and on
     for layer, z in [*order, (None, None)]:  # (the last: the nodes after every claimed layer)
         with np.errstate(all="ignore"):
-            bnd = bounds.node_bounds(net, batch, since=None if bnd is None else (bnd, first), until=z)
+            since = None if bnd is None else (bnd, first)
+            bnd = bounds.node_bounds(net, batch, since=since, until=z, checked_crown=False)
         if z is not None:
             stale, outcome = _layer_claims(net, bnd, batch.checking[z], z, item, layer, pool or _Pool(net, 1))
             if outcome is not None:
@@ -537,7 +533,8 @@ def _layer_claims(
     net: onnx_net.Net, bnd: bounds.Bounds, claim: tuple, z: int, item: tree.Claims, layer: int, pool
 ):
     """One layer's claims (``claim``: its ``(lower, upper)``, (1, n)) where the own bounds fall short:
-    by a backward pass with the claims' slopes (:func:`_by_claim_alpha`), else by an LP (dealt over
+    by a backward pass with the claims' slopes (:func:`_by_claim_alpha`), else by CROWN's own
+    (:func:`_by_own_crown`), else by an LP (dealt over
     ``pool``); a claim either misses (by float32 rounding, or more) becomes the bound it proved (never
     looser than the own). ``(whether a claim changed, None)``, or ``(…, outcome)`` where an LP stopped
     at its time limit."""
@@ -549,7 +546,13 @@ def _layer_claims(
     }
     need = [x for x in need if x not in near]  # the own bound within rounding of the claim
     need, by_slopes = _by_claim_alpha(net, bnd, z, item.alpha.get(layer), need, used)
-    missed = near | by_slopes
+    # CROWN's own bound, skipped by the pass, where the slopes fell short and where a neuron stays
+    # unstable under the claims (its own bound may be the tighter there: looser bounds below it would
+    # leave later claims to LPs)
+    unstable = (used[0] < 0) & (used[1] > 0) if isinstance(layer, int) else used[0] <= used[1]
+    tighten = [(j, s) for j in np.flatnonzero(unstable) for s in (1.0, -1.0) if (j, s) not in set(need)]
+    need, by_own = _by_own_crown(net, bnd, z, (need, tighten), used, own, isinstance(layer, int))
+    missed = near | by_slopes | by_own
     if need:
         model, first, w = lp.build(net, bnd, 0, top=z), sum(net.sizes[:z]), min(pool.workers, len(need))
         parts = pool.map(_minima, [(model, [(first + j, s) for j, s in need[k::w]]) for k in range(w)])
@@ -621,6 +624,34 @@ def _by_claim_alpha(net: onnx_net.Net, bnd: bounds.Bounds, z: int, alpha, need: 
     return [x for x in need if x not in done and x not in near], near
 
 
+def _by_own_crown(
+    net: onnx_net.Net, bnd: bounds.Bounds, z: int, todo: tuple, used: tuple, own: tuple, relu: bool
+):
+    """CROWN's own bounds (adaptive slopes) of the claims ``todo``: ``(need, tighten)``, those the claims'
+    slopes left, and proved ones where the own bound may be the tighter; each own bound (``own``, (1, n)
+    arrays) raised to what it proves; ``(the claims of need left to the LP, {claim: the bound proved}
+    where it misses by at most NEAR, the own bound is the tighter, or (``relu``: of a ReLU's input)
+    it makes the neuron stable, where no claim is used)``."""
+    left, proved = [], {}
+    step, need = max(1, _BATCH_FLOATS // max(net.sizes)), set(todo[0])
+    every = todo[0] + todo[1]
+    for start in range(0, len(every), step):
+        part = every[start : start + step]
+        A = np.zeros((1, len(part), net.sizes[z]))
+        A[0, np.arange(len(part)), [j for j, _ in part]] = [s for _, s in part]
+        with np.errstate(all="ignore"):
+            res = bounds.best_backward(net.nodes, bnd, z, A, None)[0]
+        for (j, s), value in zip(part, res, strict=True):
+            side = own[0 if s > 0 else 1][0]
+            side[j] = max(side[j], value) if s > 0 else min(side[j], -value)
+            reached = _reached(value, s, used, j) if (j, s) in need else "yes"
+            if reached is None and not (relu and (own[0][0][j] >= 0 or own[1][0][j] <= 0)):
+                left.append((j, s))
+            elif reached != "yes" or s * side[j] > s * used[0 if s > 0 else 1][j]:
+                proved[j, s] = value
+    return left, proved
+
+
 def _given(layers: dict, sides: dict, part: list, row: dict) -> dict:
     """What the claims of ``part`` give at the layers ``layers`` (key -> its node): a ReLU layer's slopes
     (1, Q, n), a Sigmoid layer's pair of those, its two lines' points (NaN: none given)."""
@@ -663,37 +694,3 @@ def _failed(lp_status: str) -> str:
     """The kind of an outcome the LP did not close: refuted (``""``: solved, or a bound not finite), or
     undecided (it stopped at its time limit, or HiGHS gave no answer)."""
     return "" if lp_status in ("optimal", "infeasible", NOT_FINITE) else UNDECIDED
-
-
-def _batch(net: onnx_net.Net, items: list, k: int, verified: dict | None) -> bounds.Batch:
-    """Leaves (or a bounds node) as arrays over ReLU nodes: regions, evidence, the verified claims of the
-    bounds nodes above them (at ReLUs' and Sigmoids' inputs; ``None``: none used); the row weightings
-    tried: each of the ``k`` rows, the sum, and the leaf's ``lambda`` (else the sum)."""
-    B = len(items)
-    layers, inputs = {r.id: r for r in net.relu_layers if r.node >= 0}, _inputs(net)
-    batch = bounds.Batch(np.stack([x.lower for x in items]), np.stack([x.upper for x in items]), {}, {}, {},
-                         np.concatenate([np.eye(k), np.ones((2, k))])[None].repeat(B, axis=0))  # fmt: skip
-
-    def put(store: dict, node: int, n: int, fill: float, dtype=np.float64) -> np.ndarray:
-        return store.setdefault(node, np.full((B, n), fill, dtype=dtype))
-
-    lows: dict = {}
-    highs: dict = {}
-    for i, x in enumerate(items):
-        for layer, j, sign in (p for p in x.phases if p[0] in layers):
-            put(batch.phase, layers[layer].node, layers[layer].size, 0, np.int8)[i, j] = sign
-        for key in x.claims if verified is not None else ():
-            for layer, (lo, hi) in ((c, v) for c, v in verified[key].items() if c in inputs):
-                z = inputs[layer]
-                low, high = put(lows, z, len(lo), -np.inf), put(highs, z, len(lo), np.inf)
-                low[i], high[i] = np.maximum(low[i], lo), np.minimum(high[i], hi)
-        ev = x.evidence if isinstance(x, Leaf) else tree.Evidence()
-        for layer, a in ((c, v) for c, v in ev.alpha.items() if c in layers):
-            put(batch.alpha, layers[layer].node, layers[layer].size, np.nan)[i] = a
-        for layer, by_neuron in ((c, v) for c, v in ev.beta.items() if c in layers):
-            for j, value in by_neuron.items():
-                put(batch.beta, layers[layer].node, layers[layer].size, 0.0)[i, j] = value
-        if ev.lam is not None:
-            batch.lam[i, -1] = ev.lam
-    batch.claims = {z: (low, highs[z]) for z, low in lows.items()}
-    return batch

@@ -92,6 +92,7 @@ def node_bounds(
     every: bool = False,
     since: tuple | None = None,
     until: int | None = None,
+    checked_crown: bool = True,
 ) -> Bounds:
     """Step 1 of the module docstring; ``claimed_crown=False``: no back-substitution at a node with a
     verified claim (its bounds: interval propagation, the claim and the phases, as a verifier's BaB
@@ -99,7 +100,9 @@ def node_bounds(
     every neuron of a ReLU's input, the stable ones too (tighter later layers, at more cost); ``since``:
     ``(bnd, z)``, the bounds ``bnd`` made of this batch again from node ``z`` on, the nodes before it
     kept, node ``z``'s own bounds too where ``bnd`` has them (where only ``batch.checking`` at ``z`` and
-    after it has changed); ``until``: the last node bounded (the later ones left ``None``)."""
+    after it has changed); ``until``: the last node bounded (the later ones left ``None``);
+    ``checked_crown=False``: no back-substitution at a node of ``batch.checking`` (the caller runs it
+    for the claims that need it)."""
     B, N = len(batch.lower), len(net.nodes)
     bnd = Bounds([None] * N, [None] * N, {}, {}, np.zeros(B, dtype=bool), np.ones(B, dtype=bool))
     first = 0 if since is None else since[1]
@@ -120,6 +123,7 @@ def node_bounds(
             phases = [batch.phase.get(r) for r in acts[k]]
             _restrict(bnd, k, phases, batch.claims.get(k))
             crown = acts[k] and not _activation(node) and any(deep[s] for s in sources(node))
+            crown = crown and (checked_crown or k not in batch.checking)
             if crown and (claimed_crown or k not in batch.claims):  # (an activation's output: its own)
                 _crown(net, bnd, k, every, any(isinstance(net.nodes[r], Sigmoid) for r in acts[k]))
                 _restrict(bnd, k, phases, None)
