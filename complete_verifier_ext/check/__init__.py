@@ -550,7 +550,8 @@ def _layer_claims(
     # unstable under the claims (its own bound may be the tighter there: looser bounds below it would
     # leave later claims to LPs)
     unstable = (used[0] < 0) & (used[1] > 0) if isinstance(layer, int) else used[0] <= used[1]
-    tighten = [(j, s) for j in np.flatnonzero(unstable) for s in (1.0, -1.0) if (j, s) not in set(need)]
+    asked = set(need)
+    tighten = [(j, s) for j in np.flatnonzero(unstable) for s in (1.0, -1.0) if (j, s) not in asked]
     need, by_own = _by_own_crown(net, bnd, z, (need, tighten), used, own, isinstance(layer, int))
     missed = near | by_slopes | by_own
     if need:
