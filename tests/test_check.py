@@ -917,6 +917,26 @@ def test_a_claim_whose_slopes_give_nan_or_inf_is_left_to_the_lp(monkeypatch):
     alpha = (np.arange(4), {"lower": {}, "upper": {}})
     rest, near = checker._by_claim_alpha(net, bnd, 0, alpha, need, used)
     assert rest == [(0, 1.0), (1, 1.0), (3, 1.0)] and list(near) == [(2, 1.0)]
+    # CROWN's own pass alike, and a NaN or -inf leaves the own bound as it was (unstable: no shortcut)
+    own = (np.full((1, 4), -5.0), np.full((1, 4), 5.0))
+    rest, proved = checker._by_own_crown(net, bnd, 0, (need, []), used, own, True)
+    assert rest == [(0, 1.0), (1, 1.0), (3, 1.0)] and list(proved) == [(2, 1.0)]
+    assert own[0].tolist() == [[-5.0, -5.0, -1.0 - 1e-9, -2.0]] and own[1].tolist() == [[5.0] * 4]
+
+
+def test_halves_close_nothing_on_a_nan_or_minus_inf_bound(tmp_path, monkeypatch):
+    """``by_halves`` closes a leaf only where every part's bound is a number ``> 0``: NaN or ``-inf``
+    bounds of the parts leave it open (the LP decides)."""
+    from complete_verifier_ext import check as checker
+
+    doc, q, n = abs_instance(tmp_path)
+    net = onnx_net.parse(read_bytes(str(n)), "abs")
+    rows = query.parse(read_bytes(str(q))).obligations[0].rows
+    leaf = tree.Leaf(0, 0, "root", np.array([-1.0]), np.array([2.0]), (), tree.Evidence())
+    assert checker.by_halves(net, rows, leaf, {})
+    for bad in (np.nan, -np.inf):
+        monkeypatch.setattr(checker.bounds, "objective", lambda *a, v=bad: np.full(len(a[3].lower), v))
+        assert not checker.by_halves(net, rows, leaf, {})
 
 
 def test_regions_are_within_the_query_box(tmp_path):

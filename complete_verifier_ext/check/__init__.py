@@ -607,11 +607,7 @@ def _by_claim_alpha(net: onnx_net.Net, bnd: bounds.Bounds, z: int, alpha, need: 
     layers = {r.id: r.node for r in net.relu_layers if r.node >= 0}
     smooth = {f"s{r.id}": r.node for r in net.sigmoid_layers if r.node >= 0}
     done, near = set(), {}
-    step = max(1, _BATCH_FLOATS // max(net.sizes))
-    for start in range(0, len(given), step):
-        part = given[start : start + step]
-        A = np.zeros((1, len(part), net.sizes[z]))
-        A[0, np.arange(len(part)), [j for j, _ in part]] = [s for _, s in part]
+    for part, A in _claim_rows(net, z, given):
         slopes, points = _given(layers, sides, part, row), _given(smooth, sides, part, row)
         batch = bounds.Batch(bnd.lower[0], bnd.upper[0], {}, slopes, {}, A, points=points)
         with np.errstate(all="ignore"):
@@ -633,13 +629,8 @@ def _by_own_crown(
     arrays) raised to what it proves; ``(the claims of need left to the LP, {claim: the bound proved}
     where it misses by at most NEAR, the own bound is the tighter, or (``relu``: of a ReLU's input)
     it makes the neuron stable, where no claim is used)``."""
-    left, proved = [], {}
-    step, need = max(1, _BATCH_FLOATS // max(net.sizes)), set(todo[0])
-    every = todo[0] + todo[1]
-    for start in range(0, len(every), step):
-        part = every[start : start + step]
-        A = np.zeros((1, len(part), net.sizes[z]))
-        A[0, np.arange(len(part)), [j for j, _ in part]] = [s for _, s in part]
+    left, proved, need = [], {}, set(todo[0])
+    for part, A in _claim_rows(net, z, todo[0] + todo[1]):
         with np.errstate(all="ignore"):
             res = bounds.best_backward(net.nodes, bnd, z, A, None)[0]
         for (j, s), value in zip(part, res, strict=True):
@@ -651,6 +642,17 @@ def _by_own_crown(
             elif reached != "yes" or s * side[j] > s * used[0 if s > 0 else 1][j]:
                 proved[j, s] = value
     return left, proved
+
+
+def _claim_rows(net: onnx_net.Net, z: int, claims: list):
+    """Node ``z``'s claims ``(neuron, ±1)`` in parts that fit one backward pass, each with its rows
+    ``(1, len(part), n)``: ``±1`` at the claim's neuron."""
+    step = max(1, _BATCH_FLOATS // max(net.sizes))
+    for start in range(0, len(claims), step):
+        part = claims[start : start + step]
+        A = np.zeros((1, len(part), net.sizes[z]))
+        A[0, np.arange(len(part)), [j for j, _ in part]] = [s for _, s in part]
+        yield part, A
 
 
 def _given(layers: dict, sides: dict, part: list, row: dict) -> dict:
